@@ -1,0 +1,93 @@
+"""Plain and residual MLPs: stem, hidden layers or residual blocks, linear head.
+
+``PlainMLP(width, depth)``: ``in -> width`` stem with activation, ``depth`` hidden ``width -> width``
+layers (each linear -> norm -> activation), and a linear head. ``depth`` counts the hidden
+width-to-width layers, as the lecture does: "plain depth 8" has 8 hidden 64-to-64 layers.
+
+``ResidualMLP(width, num_blocks)``: a linear stem ``in -> width``, ``num_blocks`` ``ResidualBlock``s,
+and a linear head. With ``order='post'`` the stem is followed by the activation (``h_0 = relu(A x)``,
+as in Zhang et al.'s model); with ``order='pre'`` the stem is linear and every branch begins with its
+own norm and activation (the udlbook residual MLPs). ``scan=True`` builds the blocks with ``nn.scan``
+(compile time independent of depth; same outputs for the same parameters, see
+``resjax.nn.residual.stack_unrolled``). With ``scaling='fixup'`` the head starts at zero.
+
+Both return logits, take ``train`` (BatchNorm mode) at call time, and sow their stem output and every
+block's output into ``'intermediates'`` when it is mutable.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import flax.linen as nn
+
+from resjax.nn.init import get_initializer
+from resjax.nn.norms import check_norm, make_norm
+from resjax.nn.residual import ResidualBlock, check_positive, residual_stack
+
+
+class PlainMLP(nn.Module):
+    width: int
+    depth: int
+    num_classes: int = 10
+    norm: str | Callable = "none"
+    kernel_init: str | Callable = "he_uniform"
+    use_bias: bool = True
+    activation: Callable = nn.relu
+
+    def __post_init__(self):
+        check_positive("width", self.width)
+        check_positive("depth", self.depth)
+        check_positive("num_classes", self.num_classes)
+        check_norm(self.norm)
+        get_initializer(self.kernel_init)
+        super().__post_init__()
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        init = get_initializer(self.kernel_init)
+        h = self.activation(nn.Dense(self.width, use_bias=self.use_bias, kernel_init=init, name="stem")(x))
+        self.sow("intermediates", "stem", h)
+        for k in range(self.depth):
+            h = nn.Dense(self.width, use_bias=self.use_bias, kernel_init=init, name=f"hidden_{k}")(h)
+            h = self.activation(make_norm(self.norm, train=train, name=f"norm_{k}")(h))
+            self.sow("intermediates", "hidden_out", h)
+        return nn.Dense(self.num_classes, kernel_init=init, name="head")(h)
+
+
+class ResidualMLP(nn.Module):
+    width: int
+    num_blocks: int
+    num_classes: int = 10
+    num_layers: int = 1
+    order: str = "pre"
+    norm: str | Callable = "none"
+    scaling: str = "none"
+    tau: float | str = "1/sqrt(K)"
+    kernel_init: str | Callable = "he_uniform"
+    use_bias: bool = True
+    activation: Callable = nn.relu
+    scan: bool = False
+
+    def __post_init__(self):
+        check_positive("num_classes", self.num_classes)
+        self.block_kwargs()  # validates every block setting before anything is traced
+        super().__post_init__()
+
+    def block_kwargs(self) -> dict:
+        kwargs = dict(features=self.width, num_layers=self.num_layers, order=self.order, norm=self.norm,
+                      scaling=self.scaling, tau=self.tau, num_blocks=self.num_blocks,
+                      kernel_init=self.kernel_init, use_bias=self.use_bias, activation=self.activation)
+        ResidualBlock(**kwargs, parent=None)
+        return kwargs
+
+    @nn.compact
+    def __call__(self, x, train: bool = False, tau=None):
+        init = get_initializer(self.kernel_init)
+        h = nn.Dense(self.width, use_bias=self.use_bias, kernel_init=init, name="stem")(x)
+        if self.order == "post":
+            h = self.activation(h)
+        self.sow("intermediates", "stem", h)
+        h = residual_stack(self.block_kwargs(), self.num_blocks, h, train, tau, self.scan)
+        head_init = get_initializer("zeros" if self.scaling == "fixup" else self.kernel_init)
+        return nn.Dense(self.num_classes, kernel_init=head_init, name="head")(h)

@@ -1,0 +1,225 @@
+"""The residual contract: one shape-checked addition, one block class, every branch scaling.
+
+``residual_add(skip, branch)`` is the only place in resjax where a skip and a branch are added. It
+checks with chex that the two have exactly equal shapes (a ``(B, 1)`` branch on a ``(B, D)`` stream is
+an error, not a broadcast) and raises ``ValueError`` naming both shapes.
+
+``ResidualBlock`` covers every placement the seed documents use:
+
+- ``order='pre'``: ``x + s * [norm -> act -> linear] * m`` (He et al. 2016b; the lecture's "BatchNorm at
+  the start of each branch"). Nothing follows the sum.
+- ``order='post'``: ``act(x + s * [linear -> norm (-> act)] * m)``, the original ResNet and Zhang et
+  al.'s ``h_l = relu(h_{l-1} + tau W_l h_{l-1})``; with ``norm='batch'`` and one layer this is Zhang et
+  al.'s Section 3.4 form ``relu(h + BN(W h))``, BatchNorm after the branch.
+
+``m = num_layers`` linear layers per branch. The branch scale ``s`` comes from ``scaling``:
+
+- ``none``: s = 1;
+- ``tau``: s = tau, a traced value passed at call time (so a sweep over tau is a ``vmap``), or, when
+  none is passed, the block's ``tau`` field: a number or a rule of the number of blocks K
+  (``'1/sqrt(K)'``, ``'1/K'``, ``'K^(-1/4)'``, ``'1'``);
+- ``rescale``: the sum is multiplied by 1/sqrt(2): ``(x + f(x)) / sqrt(2)``, which keeps the variance
+  of a sum of independent equal-variance terms constant;
+- ``skipinit``: s is a learned scalar ``alpha`` initialised at 0 (De & Smith 2020);
+- ``fixup``: Fixup (Zhang, Dauphin & Ma 2019): scalar biases before every linear layer and activation,
+  a learned scalar multiplier (init 1) at the end of the branch, the branch's last linear layer at
+  zero and its other layers drawn from the kernel initialiser times ``K^(-1/(2m-2))``. The network
+  zeroes its classifier (``ResidualMLP`` does this). With m = 1 the only layer starts at zero.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Callable
+
+import chex
+import flax.linen as nn
+import jax.numpy as jnp
+
+from resjax.nn.init import get_initializer
+from resjax.nn.norms import check_norm, make_norm
+
+ORDERS = ("pre", "post")
+SCALINGS = ("none", "tau", "rescale", "skipinit", "fixup")
+
+
+def residual_add(skip: jnp.ndarray, branch: jnp.ndarray) -> jnp.ndarray:
+    """``skip + branch`` after asserting (chex) that both have exactly the same shape."""
+    try:
+        chex.assert_equal_shape([skip, branch])
+    except AssertionError as err:
+        raise ValueError(
+            f"residual_add: skip shape {tuple(jnp.shape(skip))} and branch shape {tuple(jnp.shape(branch))} "
+            "differ; project the skip or fix the branch (resjax never broadcasts a residual addition)"
+        ) from err
+    return skip + branch
+
+
+_TAU_RULES: dict[str, Callable[[int], float]] = {
+    "1": lambda k: 1.0,
+    "1/sqrt(K)": lambda k: 1.0 / math.sqrt(k),
+    "1/K": lambda k: 1.0 / k,
+    "K^(-1/4)": lambda k: k ** -0.25,
+    "K^(-1/2)": lambda k: k ** -0.5,
+    "K^(-1)": lambda k: 1.0 / k,
+}
+
+
+def resolve_tau(tau: float | str, num_blocks: int) -> float:
+    """tau as a number: a number is returned as it is; a rule is evaluated at K = ``num_blocks``.
+
+    Rules may name the number of blocks K or L: ``'1/sqrt(L)'`` is ``'1/sqrt(K)'``.
+    """
+    if isinstance(tau, str):
+        rule = re.sub(r"\s+", "", tau).replace("L", "K")
+        if rule not in _TAU_RULES:
+            try:
+                return float(rule)
+            except ValueError:
+                raise ValueError(f"tau: unknown rule {tau!r}; use a number or one of {tuple(_TAU_RULES)}") from None
+        return _TAU_RULES[rule](num_blocks)
+    return float(tau)
+
+
+def check_choice(setting: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"{setting}: unknown value {value!r}; choose one of {choices}")
+
+
+def check_positive(setting: str, value: int) -> None:
+    if not isinstance(value, (int,)) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{setting}: must be an integer >= 1, got {value!r}")
+
+
+class ResidualBlock(nn.Module):
+    """One residual block on a ``(..., features)`` stream; see the module docstring.
+
+    Call as ``block(x, train, tau)``; ``tau`` is only read when ``scaling='tau'``.
+    """
+
+    features: int
+    num_layers: int = 1
+    order: str = "pre"
+    norm: str | Callable = "none"
+    scaling: str = "none"
+    tau: float | str = "1/sqrt(K)"
+    num_blocks: int = 1
+    kernel_init: str | Callable = "he_uniform"
+    use_bias: bool = True
+    activation: Callable = nn.relu
+
+    def __post_init__(self):
+        check_positive("width", self.features)
+        check_positive("num_layers", self.num_layers)
+        check_positive("num_blocks", self.num_blocks)
+        check_choice("order", self.order, ORDERS)
+        check_choice("scaling", self.scaling, SCALINGS)
+        check_norm(self.norm)
+        get_initializer(self.kernel_init)  # raises on an unknown name
+        if self.scaling == "tau" and not isinstance(self.tau, (int, float)):
+            resolve_tau(self.tau, self.num_blocks)
+        super().__post_init__()
+
+    def _kernel_init(self, layer: int):
+        if self.scaling != "fixup":
+            return get_initializer(self.kernel_init)
+        if layer == self.num_layers - 1:
+            return get_initializer("zeros")
+        m = self.num_layers
+        return get_initializer(self.kernel_init, gain=self.num_blocks ** (-1.0 / (2 * m - 2)))
+
+    def _bias(self, name: str, h):
+        """Fixup's scalar bias (zero at init); the identity otherwise."""
+        if self.scaling != "fixup":
+            return h
+        return h + self.param(name, nn.initializers.zeros, (), h.dtype)
+
+    def _linear(self, layer: int, h):
+        h = self._bias(f"bias_in_{layer}", h)
+        return nn.Dense(self.features, use_bias=self.use_bias, kernel_init=self._kernel_init(layer),
+                        name=f"linear_{layer}")(h)
+
+    @nn.compact
+    def __call__(self, x, train: bool = False, tau=None):
+        h = x
+        for i in range(self.num_layers):
+            if self.order == "pre":
+                h = make_norm(self.norm, train=train, name=f"norm_{i}")(h)
+                h = self.activation(self._bias(f"bias_act_{i}", h))
+                h = self._linear(i, h)
+            else:
+                h = self._linear(i, h)
+                h = make_norm(self.norm, train=train, name=f"norm_{i}")(h)
+                if i < self.num_layers - 1:
+                    h = self.activation(self._bias(f"bias_act_{i}", h))
+        h = self._bias("bias_out", self._scale_branch(h, tau))
+        out = residual_add(x, h)
+        if self.scaling == "rescale":
+            out = out * (1.0 / math.sqrt(2.0))
+        if self.order == "post":
+            out = self.activation(out)
+        self.sow("intermediates", "block_out", out)
+        return out
+
+    def _scale_branch(self, h, tau):
+        if self.scaling == "tau":
+            t = resolve_tau(self.tau, self.num_blocks) if tau is None else tau
+            return h * jnp.asarray(t, h.dtype)
+        if self.scaling == "skipinit":
+            return h * self.param("skipinit_alpha", nn.initializers.zeros, (), h.dtype)
+        if self.scaling == "fixup":
+            return h * self.param("fixup_scale", nn.initializers.ones, (), h.dtype)
+        return h
+
+
+class _ScanStep(nn.Module):
+    """Adapts a block to ``nn.scan``'s ``(carry, *broadcast) -> (carry, out)`` signature."""
+
+    block_kwargs: Any
+
+    @nn.compact
+    def __call__(self, x, train, tau):
+        return ResidualBlock(**dict(self.block_kwargs), name="block")(x, train, tau), None
+
+
+def residual_stack(block_kwargs: dict, num_blocks: int, x, train: bool, tau, scan: bool, name: str = "blocks"):
+    """Apply ``num_blocks`` residual blocks, unrolled (``blocks_0`` ... ``blocks_{K-1}``) or with ``nn.scan``
+    (one ``blocks/block`` subtree whose leaves have a leading axis of size K).
+
+    Must be called inside a ``@nn.compact`` method. ``unstack_scanned``/``stack_unrolled`` convert
+    between the two parameter layouts.
+    """
+    if scan:
+        stack = nn.scan(
+            _ScanStep,
+            variable_axes={"params": 0, "batch_stats": 0, "intermediates": 0},
+            split_rngs={"params": True},
+            in_axes=(nn.broadcast, nn.broadcast),
+            length=num_blocks,
+        )(block_kwargs=tuple(sorted(block_kwargs.items())), name=name)
+        x, _ = stack(x, train, tau)
+        return x
+    for k in range(num_blocks):
+        x = ResidualBlock(**block_kwargs, name=f"{name}_{k}")(x, train, tau)
+    return x
+
+
+def stack_unrolled(collection: dict, num_blocks: int, name: str = "blocks") -> dict:
+    """Convert an unrolled collection (``blocks_0`` ...) into the scanned layout (``blocks/block``)."""
+    import jax
+
+    out = {k: v for k, v in collection.items() if not re.fullmatch(rf"{name}_\d+", k)}
+    per_block = [collection[f"{name}_{k}"] for k in range(num_blocks)]
+    out[name] = {"block": jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *per_block)}
+    return out
+
+
+def unstack_scanned(collection: dict, num_blocks: int, name: str = "blocks") -> dict:
+    """Inverse of ``stack_unrolled``."""
+    import jax
+
+    out = {k: v for k, v in collection.items() if k != name}
+    for k in range(num_blocks):
+        out[f"{name}_{k}"] = jax.tree_util.tree_map(lambda a: a[k], collection[name]["block"])
+    return out
