@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -185,7 +184,7 @@ class Trainer:
 
         epochs = self.config.epochs
         chunk_epochs = epochs if chunk_epochs is None else max(1, min(chunk_epochs, epochs))
-        carry = jax.jit(jax.vmap(self.init))(keys, hp)
+        carry = self._init_fn(keys, hp)
         chunks, done = [], 0
         bar = _progress(epochs, progress)
         while done < epochs:
@@ -195,7 +194,8 @@ class Trainer:
             done += n
             if bar is not None:
                 bar.update(n)
-                bar.set_postfix(train_error=f"{np.nanmean(chunks[-1]['train_error'][:, -1]):.4f}")
+                last = chunks[-1]["train_error"][:, -1]
+                bar.set_postfix(train_error=f"{np.mean(last[np.isfinite(last)]) if np.isfinite(last).any() else np.nan:.4f}")
             if callback is not None:
                 callback(done, _concat(chunks))
         if bar is not None:
@@ -203,6 +203,10 @@ class Trainer:
         metrics = _concat(chunks)
         metrics["diverged_epoch"] = np.asarray(jax.device_get(carry.diverged_epoch))
         return carry.state, metrics
+
+    @functools.cached_property
+    def _init_fn(self):
+        return jax.jit(jax.vmap(self.init))
 
     @functools.lru_cache(maxsize=None)
     def _chunk_fn(self, num_epochs: int):
@@ -219,7 +223,8 @@ def _progress(total: int, progress: bool | str):
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=progress if isinstance(progress, str) else "epochs", unit="epoch", leave=False)
+    desc = progress if isinstance(progress, str) else "epochs"
+    return tqdm(total=total, desc=desc, unit="epoch", leave=False, disable=None)  # silent when not a terminal
 
 
 def shard_over_seeds(tree):
@@ -252,15 +257,3 @@ def make_train(config, data: Dataset | None = None) -> Trainer:
     tx = optax.inject_hyperparams(optax.sgd)(learning_rate=config.learning_rate,
                                              momentum=config.momentum or None)
     return Trainer(config=config, model=model, data=data, tx=tx, uses_tau=uses_tau)
-
-
-def steps_per_epoch(config, data: Dataset) -> int:
-    return len(data.y_train) // config.batch_size
-
-
-def flops_per_example(model, x_shape) -> float:  # pragma: no cover - used by benchmarks
-    """Multiply-adds x2 of the dense layers for one forward pass of one example (weights counted from
-    the parameter tree's 2-D kernels)."""
-    params = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, *x_shape))))["params"]
-    kernels = [p for p in jax.tree_util.tree_leaves(params) if p.ndim >= 2]
-    return 2.0 * sum(math.prod(k.shape) for k in kernels)

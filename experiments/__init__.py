@@ -1,0 +1,6 @@
+"""Experiment scripts: ``python -m experiments.<name> [--quick] [--out DIR] [--<setting> VALUE ...]``.
+
+Each module defines ``NAME``, ``get_config(size)`` (size: ``'quick'``, ``'default'`` or ``'full'``),
+``run(config, out_dir) -> metrics`` (which also writes ``out_dir/<NAME>.png``) and ``CLAIMS``, the seed
+documents' claims that ``experiments.reproduce`` checks against ``results.json``.
+"""

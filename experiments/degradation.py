@@ -1,0 +1,297 @@
+"""Degradation of deep plain MLPs on MNIST-1D, and depth-32 residual networks (lecture 000,
+"Degradation" and "Training at depth 32").
+
+Settings the lecture states: MNIST-1D (4,000 train / 1,000 test, length 40), width 64, SGD at learning
+rate 0.005, 300 epochs, three seeds; plain networks with 2, 8 and 32 hidden 64-to-64 layers; a residual
+network of 32 blocks whose branch is one 64-to-64 linear layer with BatchNorm at its start
+(pre-activation: BN -> ReLU -> linear, added to the stream), and the same network without
+normalisation. Configs: ``plain_d2``, ``plain_d8``, ``plain_d32``, ``residual_bn_d32``, ``residual_d32``.
+
+Settings the lecture leaves open, and what is used:
+
+- optimiser: plain SGD, no momentum, no weight decay ("SGD at learning rate 0.005");
+- initialisation: He (Kaiming) uniform on the fan-in with zero biases, what the udlbook notebooks use
+  (``nn.init.kaiming_uniform_`` with its defaults); the head is initialised the same way;
+- stem and head: a linear stem 40 -> 64 (followed by ReLU in the plain networks, as in any plain MLP;
+  without one in the pre-activation residual networks, whose branches begin with their own ReLU) and a
+  linear head 64 -> 10; the residual networks have no final norm before the head (the udlbook's form);
+- BatchNorm: PyTorch's defaults (epsilon 1e-5, running-estimate rate 0.1, i.e. flax momentum 0.9);
+  training error is measured in evaluation mode (running estimates) on the whole training set after
+  every epoch, as the lecture's "final training error" of a trained network;
+- batches: each epoch is a fresh permutation; the last partial batch is dropped (fixed shapes);
+- divergence: a run diverges at the first step whose loss or gradient norm is not finite; it is
+  recorded and frozen, never a crash;
+- batch size. Selection rule, written before any run: sweep B in {16, 32, 64, 100, 128} for all five
+  configs (three seeds each) and make the default the LARGEST B at which all five claims of the issue
+  hold: (1) every ``plain_d32`` seed ends with a higher training error than every ``plain_d8`` seed;
+  (2) ``plain_d8`` mean at or below 1%; (3) ``plain_d2`` mean worse than ``plain_d8`` mean;
+  (4) ``residual_bn_d32`` mean at or below 3%; (5) ``residual_d32`` diverges in epoch 1 in every seed.
+  If no B satisfies all five, the default is 100 (the udlbook's). Every cell is reported
+  (``batch_sweep.*`` metrics and the report); ``batch_sweep.selected_batch_size`` re-applies the rule
+  to the measured cells, so a change of outcome shows in the report rather than silently.
+
+Beyond the lecture (``--ablations true``, on by default): plain + BatchNorm at depth 32 (separates the
+skip's contribution from BatchNorm's), the un-normalised residual network at learning rates 0.0005 and
+0.001 (one vmapped program over learning rate and seed; separates too large a step from an unusable
+forward pass), and depth-32 residual networks with the 1/sqrt(2) sum, tau = 1/sqrt(K), SkipInit and
+Fixup instead of BatchNorm.
+
+Metrics (lists over seeds): ``final_train_error_pct.<config>``, ``final_test_error_pct.<config>``,
+``diverged_epoch.<config>`` (null where it never diverged), per-epoch ``curves.<config>.{train_error_pct,
+test_error_pct,train_loss}`` (a list per seed), and the sweep cells
+``batch_sweep.B<b>.{final_train_error_pct,diverged_epoch}.<config>`` with ``batch_sweep.B<b>.claims``
+(1/0 per claim above) and ``batch_sweep.selected_batch_size``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import ml_collections
+import numpy as np
+
+from experiments import common
+from resjax.data import load_dataset
+from resjax.train import default_config, make_train
+
+NAME = "degradation"
+WIDTH = 64
+SWEEP_BATCH_SIZES = (16, 32, 64, 100, 128)
+FALLBACK_BATCH_SIZE = 100
+DEFAULT_BATCH_SIZE = 100  # set by the selection rule in the docstring from the sweep's cells
+
+CONFIGS = {
+    "plain_d2": dict(kind="plain_mlp", depth=2),
+    "plain_d8": dict(kind="plain_mlp", depth=8),
+    "plain_d32": dict(kind="plain_mlp", depth=32),
+    "residual_bn_d32": dict(kind="residual_mlp", num_blocks=32, order="pre", norm="batch"),
+    "residual_d32": dict(kind="residual_mlp", num_blocks=32, order="pre"),
+}
+ABLATIONS = {
+    "plain_bn_d32": dict(kind="plain_mlp", depth=32, norm="batch"),
+    "residual_rescale_d32": dict(kind="residual_mlp", num_blocks=32, order="pre", scaling="rescale"),
+    "residual_tau_d32": dict(kind="residual_mlp", num_blocks=32, order="pre", scaling="tau", tau="1/sqrt(K)"),
+    "residual_skipinit_d32": dict(kind="residual_mlp", num_blocks=32, order="pre", scaling="skipinit"),
+    "residual_fixup_d32": dict(kind="residual_mlp", num_blocks=32, order="pre", scaling="fixup"),
+}
+ABLATION_LEARNING_RATES = {"residual_d32_lr5e-4": 0.0005, "residual_d32_lr1e-3": 0.001}
+
+
+def get_config(size: str = "default") -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.data = "mnist1d"
+    c.width = WIDTH
+    c.learning_rate = 0.005
+    c.momentum = 0.0
+    c.epochs = 300
+    c.num_seeds = 3
+    c.seed = 0
+    c.batch_size = DEFAULT_BATCH_SIZE
+    c.sweep_batch_sizes = SWEEP_BATCH_SIZES
+    c.ablations = True
+    c.chunk_epochs = 25
+    if size == "quick":
+        c.epochs, c.num_seeds, c.sweep_batch_sizes, c.ablations, c.chunk_epochs = 2, 2, (), False, 2
+    elif size == "full":
+        c.num_seeds = 10
+    return c
+
+
+# ---- claims ------------------------------------------------------------------------------------------
+
+
+def _final(m: dict, name: str, prefix: str = "") -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in m[f"{prefix}final_train_error_pct.{name}"]], float)
+
+
+def _diverged(m: dict, name: str, prefix: str = "") -> list:
+    return m[f"{prefix}diverged_epoch.{name}"]
+
+
+def rule_claims(m: dict, prefix: str = "") -> list[bool]:
+    """The five claims of the batch-size selection rule, evaluated on one batch size's cells."""
+    d2, d8, d32, rbn = (_final(m, n, prefix) for n in ("plain_d2", "plain_d8", "plain_d32", "residual_bn_d32"))
+    return [
+        bool(np.nanmin(d32) > np.nanmax(d8)) if np.isfinite(d32).all() and np.isfinite(d8).all() else False,
+        bool(np.mean(d8) <= 1.0),
+        bool(np.mean(d2) > np.mean(d8)),
+        bool(np.mean(rbn) <= 3.0),
+        all(e == 1 for e in _diverged(m, "residual_d32", prefix)),
+    ]
+
+
+def select_batch_size(m: dict, batch_sizes) -> int:
+    """The selection rule of the docstring applied to measured cells."""
+    passing = [b for b in batch_sizes if all(rule_claims(m, f"batch_sweep.B{b}."))]
+    return max(passing) if passing else FALLBACK_BATCH_SIZE
+
+
+def _fmt(values) -> str:
+    return ", ".join("n/a" if v is None or not np.isfinite(v) else f"{v:.1f}" for v in values)
+
+
+SRC = "000 lecture, Degradation / Training at depth 32"
+CLAIMS = [
+    common.Claim("plain depth 8 final training error (%), mean of 3 seeds, at or below 1%", SRC, "0.2",
+                 lambda m: f"{np.mean(_final(m, 'plain_d8')):.2f} ({_fmt(_final(m, 'plain_d8'))})",
+                 lambda m: rule_claims(m)[1]),
+    common.Claim("plain depth 32 final training error (%), mean and seeds", SRC, "10.6 (5.4, 19.5, 7.0)",
+                 lambda m: f"{np.mean(_final(m, 'plain_d32')):.2f} ({_fmt(_final(m, 'plain_d32'))})",
+                 lambda m: None),
+    common.Claim("every depth-32 plain run ends worse than every depth-8 run", SRC, "yes",
+                 lambda m: f"min d32 {np.nanmin(_final(m, 'plain_d32')):.2f} vs max d8 {np.nanmax(_final(m, 'plain_d8')):.2f}",
+                 lambda m: rule_claims(m)[0]),
+    common.Claim("plain depth 2 ends worse than depth 8", SRC, "worse, still falling",
+                 lambda m: f"{np.mean(_final(m, 'plain_d2')):.2f} vs {np.mean(_final(m, 'plain_d8')):.2f}",
+                 lambda m: rule_claims(m)[2]),
+    common.Claim("residual + BatchNorm depth 32 final training error (%), mean at or below 3%", SRC, "1.2",
+                 lambda m: f"{np.mean(_final(m, 'residual_bn_d32')):.2f} ({_fmt(_final(m, 'residual_bn_d32'))})",
+                 lambda m: rule_claims(m)[3]),
+    common.Claim("residual without normalisation diverges in epoch 1 of every run (lr 0.005)", SRC, "epoch 1, 3/3",
+                 lambda m: f"diverged epochs {_diverged(m, 'residual_d32')}",
+                 lambda m: rule_claims(m)[4]),
+    common.Claim("degradation gap at depth 32 (points above plain depth 8): plain -> residual + BN", SRC,
+                 "10.4 -> 1.0",
+                 lambda m: (f"{np.mean(_final(m, 'plain_d32')) - np.mean(_final(m, 'plain_d8')):.1f} -> "
+                            f"{np.mean(_final(m, 'residual_bn_d32')) - np.mean(_final(m, 'plain_d8')):.1f}"),
+                 lambda m: bool(np.mean(_final(m, 'residual_bn_d32')) < np.mean(_final(m, 'plain_d32')))),
+]
+
+
+# ---- running -----------------------------------------------------------------------------------------
+
+
+def train_cell(config, model: dict, batch_size: int, data, learning_rates) -> dict:
+    """Train one model at one batch size for every seed (x learning rate) in one vmapped program."""
+    tc = default_config()
+    tc.data = config.data
+    tc.model = ml_collections.ConfigDict({**model, "width": config.width})
+    tc.batch_size, tc.epochs = batch_size, config.epochs
+    tc.learning_rate, tc.momentum = float(learning_rates[0]), config.momentum
+    trainer = make_train(tc, data)
+    seeds = jax.random.split(jax.random.key(config.seed), config.num_seeds)
+    keys = jax.numpy.concatenate([seeds] * len(learning_rates))
+    lrs = np.repeat(np.asarray(learning_rates, np.float32), config.num_seeds)
+    _, metrics = trainer.sweep(keys, {"learning_rate": lrs}, chunk_epochs=config.chunk_epochs,
+                               progress=f"B={batch_size} {model['kind']}")
+    return metrics
+
+
+def _record(out: dict, prefix: str, name: str, metrics: dict, curves: bool) -> None:
+    out[f"{prefix}final_train_error_pct.{name}"] = 100 * metrics["train_error"][:, -1]
+    out[f"{prefix}final_test_error_pct.{name}"] = 100 * metrics["test_error"][:, -1]
+    out[f"{prefix}diverged_epoch.{name}"] = [None if e < 0 else int(e) for e in metrics["diverged_epoch"]]
+    if curves:
+        out[f"curves.{name}.train_error_pct"] = 100 * metrics["train_error"]
+        out[f"curves.{name}.test_error_pct"] = 100 * metrics["test_error"]
+        out[f"curves.{name}.train_loss"] = metrics["train_loss"]
+
+
+def run(config, out_dir) -> dict:
+    if config.learning_rate < 0:
+        raise ValueError(f"learning_rate: must be >= 0, got {config.learning_rate}")
+    data = load_dataset(config.data)
+    out: dict = {}
+    batch_sizes = sorted(set(config.sweep_batch_sizes) | {config.batch_size})
+    for b in batch_sizes:
+        main_cell = b == config.batch_size
+        start = time.time()
+        for name, model in CONFIGS.items():
+            metrics = train_cell(config, model, b, data, [config.learning_rate])
+            if b in config.sweep_batch_sizes:
+                _record(out, f"batch_sweep.B{b}.", name, metrics, curves=False)
+            if main_cell:
+                _record(out, "", name, metrics, curves=True)
+        if b in config.sweep_batch_sizes:
+            out[f"batch_sweep.B{b}.claims"] = [int(c) for c in rule_claims(out, f"batch_sweep.B{b}.")]
+            out[f"batch_sweep.B{b}.seconds"] = time.time() - start
+        print(f"degradation: batch size {b} done in {time.time() - start:.0f} s", flush=True)
+    if config.sweep_batch_sizes:
+        out["batch_sweep.selected_batch_size"] = select_batch_size(out, config.sweep_batch_sizes)
+    if config.ablations:
+        for name, model in ABLATIONS.items():
+            _record(out, "", name, train_cell(config, model, config.batch_size, data, [config.learning_rate]), True)
+        lrs = list(ABLATION_LEARNING_RATES.values())
+        both = train_cell(config, CONFIGS["residual_d32"], config.batch_size, data, lrs)
+        s = config.num_seeds
+        for i, name in enumerate(ABLATION_LEARNING_RATES):
+            _record(out, "", name, {k: v[i * s:(i + 1) * s] for k, v in both.items()}, True)
+    plot(out, config, out_dir / f"{NAME}.png")
+    return out
+
+
+# ---- figure ------------------------------------------------------------------------------------------
+
+COLOURS = {"plain_d2": "tab:green", "plain_d8": "tab:blue", "plain_d32": "tab:red",
+           "residual_bn_d32": "tab:purple", "residual_d32": "tab:gray", "plain_bn_d32": "tab:orange",
+           "residual_rescale_d32": "tab:brown", "residual_tau_d32": "tab:olive",
+           "residual_skipinit_d32": "tab:cyan", "residual_fixup_d32": "tab:pink",
+           "residual_d32_lr5e-4": "black", "residual_d32_lr1e-3": "dimgray"}
+
+
+def _curves(ax, m, names, key="train_error_pct", faint=True):
+    for name in names:
+        k = f"curves.{name}.{key}"
+        if k not in m:
+            continue
+        runs = np.array([[np.nan if v is None else v for v in r] for r in m[k]], float)
+        epochs = np.arange(1, runs.shape[1] + 1)
+        if faint:
+            for r in runs:
+                ax.plot(epochs, r, color=COLOURS[name], alpha=0.25, lw=0.7)
+        mean = np.mean(runs, axis=0)
+        div = [e for e in m.get(f"diverged_epoch.{name}", []) if e is not None]
+        label = name + (f" (diverged, epochs {sorted(set(div))})" if div else "")
+        ax.plot(epochs, mean, color=COLOURS[name], lw=1.6, label=label)
+
+
+def plot(m: dict, config, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    ax = axes[0, 0]
+    _curves(ax, m, ["plain_d2", "plain_d8", "plain_d32"])
+    ax.set_title("Training error against depth (lecture fig. 'Training error against depth')\n"
+                 "plain MLPs, faint: single seeds, solid: mean")
+    ax = axes[0, 1]
+    _curves(ax, m, ["plain_d8", "plain_d32", "residual_bn_d32", "residual_d32"], faint=False)
+    ax.set_title("Training at depth 32 (lecture fig. 'Training at depth 32'), means over seeds")
+    ax = axes[1, 0]
+    for name in CONFIGS:
+        k = f"curves.{name}.train_error_pct"
+        if k in m:
+            tr = np.array(m[k], float)
+            te = np.array(m[f"curves.{name}.test_error_pct"], float)
+            ax.plot(np.arange(1, tr.shape[1] + 1), np.mean(te - tr, 0), color=COLOURS[name], label=name)
+    ax.set_title("Train-test gap (test error - training error), means over seeds\n"
+                 "(lecture 'Revision': degradation vs overfitting)")
+    ax.set_ylabel("gap (percentage points)")
+    ax = axes[1, 1]
+    names = [n for n in [*ABLATIONS, *ABLATION_LEARNING_RATES, "residual_bn_d32"] if f"curves.{n}.train_error_pct" in m]
+    if names and config.ablations:
+        _curves(ax, m, names, faint=False)
+        ax.set_title("Beyond the lecture: ablations at depth 32, means over seeds")
+    else:
+        ax.set_axis_off()
+    for a in [axes[0, 0], axes[0, 1], axes[1, 1]]:
+        a.set_ylabel("training error (%)")
+    for a in axes.flat:
+        if a.axison:
+            a.set_xlabel("epoch")
+            a.grid(alpha=0.3)
+            a.legend(fontsize=7)
+    fig.suptitle(f"MNIST-1D degradation: width {config.width}, SGD lr {config.learning_rate}, "
+                 f"batch {config.batch_size}, {config.epochs} epochs, {config.num_seeds} seeds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    import sys
+
+    common.main(sys.modules[__name__])
