@@ -19,7 +19,7 @@ Settings the lecture leaves open, and what is used:
   training error is measured in evaluation mode (running estimates) on the whole training set after
   every epoch, as the lecture's "final training error" of a trained network;
 - batches: each epoch is a fresh permutation; the last partial batch is dropped (fixed shapes);
-- divergence: a run diverges at the first step whose loss or gradient norm is not finite; it is
+- divergence: a run diverges at the first step whose loss or any gradient entry is not finite; it is
   recorded and frozen, never a crash;
 - batch size. Selection rule, written before any run: sweep B in {16, 32, 64, 100, 128} for all five
   configs (three seeds each) and make the default the LARGEST B at which all five claims of the issue
@@ -157,6 +157,31 @@ CLAIMS = [
                             f"{np.mean(_final(m, 'residual_bn_d32')) - np.mean(_final(m, 'plain_d8')):.1f}"),
                  lambda m: bool(np.mean(_final(m, 'residual_bn_d32')) < np.mean(_final(m, 'plain_d32')))),
 ]
+
+
+def report_section(m: dict) -> str:
+    """The batch-size sweep, every cell: final training error per seed, divergence, which claims hold."""
+    sizes = sorted(int(k.split(".")[1][1:]) for k in m if k.startswith("batch_sweep.B") and k.endswith(".claims"))
+    if not sizes:
+        return "No batch-size sweep in this run (`--sweep_batch_sizes ()`)."
+    names = list(CONFIGS)
+    lines = ["Batch-size sweep (final training error %, mean [seeds]; `residual_d32`: diverged epochs). "
+             "Claims 1-5 are the selection rule's (see the experiment's docstring).", "",
+             "| B | " + " | ".join(names) + " | claims 1-5 hold |", "|---" * (len(names) + 2) + "|"]
+    for b in sizes:
+        p = f"batch_sweep.B{b}."
+        cells = []
+        for n in names:
+            if n == "residual_d32":
+                cells.append(f"diverged {_diverged(m, n, p)}")
+            else:
+                v = _final(m, n, p)
+                cells.append(f"{np.mean(v):.2f} [{_fmt(v)}]")
+        claims = "".join("Y" if c else "n" for c in m[f"{p}claims"])
+        lines.append(f"| {b} | " + " | ".join(cells) + f" | {claims} |")
+    lines += ["", f"Selection rule applied to these cells: batch size {m['batch_sweep.selected_batch_size']} "
+              f"(the experiment's default is {DEFAULT_BATCH_SIZE})."]
+    return "\n".join(lines)
 
 
 # ---- running -----------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ own norm and activation (the udlbook residual MLPs). ``scan=True`` builds the bl
 (compile time independent of depth; same outputs for the same parameters, see
 ``resjax.nn.residual.stack_unrolled``). With ``scaling='fixup'`` the head starts at zero.
 
-Both return logits, take ``train`` (BatchNorm mode) at call time, and sow their stem output and every
+Both return logits, take ``train`` (BatchNorm mode) at call time, and sow their stem output (`stem_out`) and every
 block's output into ``'intermediates'`` when it is mutable.
 """
 
@@ -47,7 +47,7 @@ class PlainMLP(nn.Module):
     def __call__(self, x, train: bool = False):
         init = get_initializer(self.kernel_init)
         h = self.activation(nn.Dense(self.width, use_bias=self.use_bias, kernel_init=init, name="stem")(x))
-        self.sow("intermediates", "stem", h)
+        self.sow("intermediates", "stem_out", h)
         for k in range(self.depth):
             h = nn.Dense(self.width, use_bias=self.use_bias, kernel_init=init, name=f"hidden_{k}")(h)
             h = self.activation(make_norm(self.norm, train=train, name=f"norm_{k}")(h))
@@ -87,7 +87,7 @@ class ResidualMLP(nn.Module):
         h = nn.Dense(self.width, use_bias=self.use_bias, kernel_init=init, name="stem")(x)
         if self.order == "post":
             h = self.activation(h)
-        self.sow("intermediates", "stem", h)
+        self.sow("intermediates", "stem_out", h)
         h = residual_stack(self.block_kwargs(), self.num_blocks, h, train, tau, self.scan)
         head_init = get_initializer("zeros" if self.scaling == "fixup" else self.kernel_init)
         return nn.Dense(self.num_classes, kernel_init=head_init, name="head")(h)

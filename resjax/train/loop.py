@@ -16,7 +16,7 @@ with a thin host loop between them (progress bar, logging); one chunk is the who
 With more than one device the seeds are sharded across devices (``jax.sharding``, one mesh axis
 ``'seeds'``; nothing in the model names that axis, so BatchNorm never pools statistics across seeds).
 
-Divergence: a step whose loss or gradient norm is non-finite marks its seed as diverged; from then on
+Divergence: a step whose loss or any gradient entry is non-finite marks its seed as diverged; from then on
 that seed's state is frozen (``jnp.where``, no Python control flow), its epoch metrics are NaN, and
 ``diverged_epoch`` (1-based; -1 if never) records the epoch. Its seed-mates are unaffected.
 
@@ -129,7 +129,8 @@ class Trainer:
         updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
         new = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
                          batch_stats=batch_stats, opt_state=opt_state)
-        bad = ~(jnp.isfinite(loss) & jnp.isfinite(optax.global_norm(grads)))
+        finite = [jnp.all(jnp.isfinite(g)) for g in jax.tree_util.tree_leaves(grads)]
+        bad = ~jnp.all(jnp.stack([jnp.isfinite(loss), *finite]))
         was_diverged = carry.diverged_epoch >= 0
         frozen = was_diverged | bad
         state = jax.tree_util.tree_map(lambda old, upd: jnp.where(frozen, old, upd), state, new)

@@ -1,0 +1,317 @@
+"""Training throughput, seed-vmap speed-up and compile time of resjax on this machine.
+
+Run from the project root::
+
+    python -m benchmarks.throughput [--quick] [--out runs/benchmarks/throughput.json]
+
+Everything is measured in one run, printed as tables and written as JSON (``--out``). Nothing is
+asserted: the numbers depend on the machine and on whatever else runs on it (the 1-minute load average
+at the start is recorded beside them). Every timing uses ``time.perf_counter`` around a call followed by
+``jax.block_until_ready``, after one untimed warm-up call that compiles; the reported time is the best
+of ``repeats`` timed calls (all of them are in the JSON).
+
+1. Matmul references. *Peak*: a jitted ``jnp.matmul`` of two square float32 ``n x n`` matrices for n in
+   (512, 1024, 2048) (quick: 256, 512), counted as ``2 n^3`` flops; the peak is the largest rate.
+   *Shape-matched*: the matmul the degradation models actually do, a batched einsum of
+   ``(seeds=3, batch=100, 64) @ (3, 64, 64)``. One such einsum takes microseconds, so it is timed as a
+   chain of ``chain`` of them in one jitted ``lax.scan`` (dispatch amortised, as in training, where one
+   program runs many steps); the weights are orthogonal, so the values neither grow nor underflow. The
+   rate of a single dispatched call is reported too (it shows the per-call overhead).
+2. Training throughput of the five configs of ``experiments.degradation`` (width 64, batch 100, 3
+   seeds vmapped). What is timed is the jitted, seed-vmapped ``Trainer.train_step`` in a ``lax.scan``
+   over ``steps`` precomputed minibatches (200 steps = 5 epochs of 40, a fresh permutation each
+   epoch; quick: 10 steps), starting from the same initial state in every call. Training steps only:
+   the per-epoch evaluation (and the drawing of permutations) is excluded from both the time and the
+   flop count. Examples/s counts every seed's examples. Achieved FLOP/s counts only the dense layers:
+   ``6 x (sum of the dense kernel sizes of one seed) x examples`` (forward 2x, backward 4x); biases,
+   norms, activations, the loss and the optimiser are not counted, so it understates the work done.
+   It is printed as a fraction of the peak and of the shape-matched rate. (``residual_d32`` diverges
+   within its first epoch; a diverged seed is frozen with ``jnp.where``, which does the same work as a
+   normal step, so its rate is still a rate of training work.)
+3. Seeds vmapped against seeds one after another, for ``plain_d32``: the same ``S`` seeds (8; quick: 2)
+   run as one vmapped program, and as ``S`` calls of the single-seed program, each waited for before
+   the next starts. Both exclude compilation; the ratio sequential / vmapped is the vmap speed-up.
+4. Compile time against depth: ``ResidualMLP(width=64, num_blocks=K, norm='batch', scan=True)`` for K in
+   (10, 100, 1000) (quick: 10, 100), and ``scan=False`` (unrolled) for K in (10, 100). What is timed is
+   ``jax.jit(trainer.train_step).lower(...)`` (tracing and lowering) and ``.compile()`` for one
+   training step (forward, backward, SGD update, divergence check) of one seed, from abstract shapes
+   (``jax.eval_shape``), so no parameters are initialised. One measurement each (compile is not cached
+   between them: every K is a new function).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from experiments.degradation import CONFIGS, WIDTH
+from resjax.data import load_dataset
+from resjax.train import default_config, make_train
+
+BATCH_SIZE = 100
+NUM_SEEDS = 3
+
+SETTINGS = {
+    "default": dict(matmul_sizes=(512, 1024, 2048), matmul_repeats=5, chain=200, steps=200, repeats=3,
+                    vmap_seeds=8, scan_depths=(10, 100, 1000), unrolled_depths=(10, 100)),
+    "quick": dict(matmul_sizes=(256, 512), matmul_repeats=3, chain=50, steps=10, repeats=2,
+                  vmap_seeds=2, scan_depths=(10, 100), unrolled_depths=(10, 100)),
+}
+
+
+# ---- timing ----------------------------------------------------------------------------------------
+
+
+def time_call(fn: Callable, *args, repeats: int) -> dict:
+    """Best and all wall times (s) of ``fn(*args)`` after one untimed warm-up (compile) call."""
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return {"best_s": min(times), "times_s": times}
+
+
+# ---- 1. matmul references --------------------------------------------------------------------------
+
+
+def matmul_peak(sizes, repeats: int) -> dict:
+    """GFLOP/s of a jitted square float32 matmul for every n; ``peak_gflops`` is the largest."""
+    matmul = jax.jit(jnp.matmul)
+    rows = {}
+    for n in sizes:
+        ka, kb = jax.random.split(jax.random.key(n))
+        a = jax.random.normal(ka, (n, n), jnp.float32)
+        b = jax.random.normal(kb, (n, n), jnp.float32)
+        t = time_call(matmul, a, b, repeats=repeats)
+        rows[str(n)] = {**t, "gflops": 2 * n**3 / t["best_s"] / 1e9}
+    return {"sizes": rows, "peak_gflops": max(r["gflops"] for r in rows.values())}
+
+
+def _orthogonal(key, seeds: int, width: int) -> jnp.ndarray:
+    q, _ = jnp.linalg.qr(jax.random.normal(key, (seeds, width, width), jnp.float32))
+    return q
+
+
+def shape_matched_matmul(seeds: int, batch: int, width: int, chain: int, repeats: int) -> dict:
+    """GFLOP/s of ``(seeds, batch, width) @ (seeds, width, width)``: chained in one program, and one call."""
+    kx, kw = jax.random.split(jax.random.key(0))
+    x = jax.random.normal(kx, (seeds, batch, width), jnp.float32)
+    w = _orthogonal(kw, seeds, width)
+    flops = 2 * seeds * batch * width * width
+
+    def one(h, w):
+        return jnp.einsum("sbi,sij->sbj", h, w)
+
+    def chained(h, w):
+        return jax.lax.scan(lambda c, _: (one(c, w), None), h, None, length=chain)[0]
+
+    t_chain = time_call(jax.jit(chained), x, w, repeats=repeats)
+    t_one = time_call(jax.jit(one), x, w, repeats=max(repeats, 20))
+    return {"shape": f"({seeds}, {batch}, {width}) @ ({seeds}, {width}, {width})", "chain": chain,
+            "chained": {**t_chain, "gflops": chain * flops / t_chain["best_s"] / 1e9},
+            "single_call": {**t_one, "gflops": flops / t_one["best_s"] / 1e9}}
+
+
+# ---- 2. and 3. training throughput -----------------------------------------------------------------
+
+
+def build_trainer(model: dict, data, width: int = WIDTH, batch_size: int = BATCH_SIZE):
+    config = default_config()
+    config.model = ml_collections.ConfigDict({**model, "width": width})
+    config.batch_size = batch_size
+    return make_train(config, data)
+
+
+def dense_kernel_size(trainer) -> int:
+    """Number of entries in all ``Dense`` kernels of one seed's parameters (from abstract shapes)."""
+    carry = jax.eval_shape(trainer.init, jax.random.key(0))
+    leaves = jax.tree_util.tree_flatten_with_path(carry.state.params)[0]
+    return sum(int(np.prod(leaf.shape)) for path, leaf in leaves if path[-1].key == "kernel")
+
+
+def train_steps_fn(trainer) -> Callable:
+    """``(carry, batches, hparams) -> carry``: ``Trainer.train_step`` scanned over ``batches`` of indices."""
+
+    def run(carry, batches, hparams):
+        return jax.lax.scan(lambda c, idx: trainer.train_step(c, idx, hparams), carry, batches)[0]
+
+    return run
+
+
+def seed_inputs(trainer, num_seeds: int, steps: int):
+    """Initial carries, ``(S, steps, batch)`` minibatch indices and hparams for ``num_seeds`` seeds."""
+    keys = jax.random.split(jax.random.key(0), num_seeds)
+    hparams = {k: jnp.broadcast_to(v, (num_seeds,)) for k, v in trainer.default_hparams().items()}
+    carry = jax.jit(jax.vmap(trainer.init))(keys, hparams)
+    n, b = len(trainer.data.y_train), trainer.config.batch_size
+    batches = jax.vmap(lambda k: minibatches(k, n, b, steps))(keys)
+    return carry, batches, hparams
+
+
+def minibatches(key, n: int, batch_size: int, steps: int) -> jnp.ndarray:
+    """``(steps, batch_size)`` indices: epochs of fresh permutations, each epoch's last partial batch dropped."""
+    per_epoch = n // batch_size
+    epochs = -(-steps // per_epoch)
+    perms = [jax.random.permutation(jax.random.fold_in(key, e), n)[: per_epoch * batch_size] for e in range(epochs)]
+    return jnp.concatenate(perms).reshape(-1, batch_size)[:steps]
+
+
+def training_throughput(model: dict, data, num_seeds: int, steps: int, repeats: int) -> dict:
+    trainer = build_trainer(model, data)
+    carry, batches, hparams = seed_inputs(trainer, num_seeds, steps)
+    t = time_call(jax.jit(jax.vmap(train_steps_fn(trainer))), carry, batches, hparams, repeats=repeats)
+    kernels = dense_kernel_size(trainer)
+    examples = num_seeds * steps * trainer.config.batch_size
+    return {**t, "dense_kernel_size": kernels, "examples": examples,
+            "examples_per_s": examples / t["best_s"], "gflops": 6 * kernels * examples / t["best_s"] / 1e9}
+
+
+def vmap_vs_sequential(model: dict, data, num_seeds: int, steps: int, repeats: int) -> dict:
+    """The same seeds as one vmapped program and as one single-seed program per seed, in turn."""
+    trainer = build_trainer(model, data)
+    carry, batches, hparams = seed_inputs(trainer, num_seeds, steps)
+    run = train_steps_fn(trainer)
+    vmapped = time_call(jax.jit(jax.vmap(run)), carry, batches, hparams, repeats=repeats)
+
+    one_seed = jax.jit(run)
+    per_seed = [jax.tree_util.tree_map(lambda a, i=i: a[i], (carry, batches, hparams)) for i in range(num_seeds)]
+
+    def sequential():
+        for args in per_seed:
+            jax.block_until_ready(one_seed(*args))
+
+    sequential_t = time_call(sequential, repeats=repeats)
+    return {"seeds": num_seeds, "steps": steps, "vmapped": vmapped, "sequential": sequential_t,
+            "sequential_over_vmapped": sequential_t["best_s"] / vmapped["best_s"]}
+
+
+# ---- 4. compile time -------------------------------------------------------------------------------
+
+
+def compile_time(num_blocks: int, scan: bool, data) -> dict:
+    """Seconds to trace+lower and to compile one training step of a BatchNorm ResidualMLP."""
+    model = dict(kind="residual_mlp", num_blocks=num_blocks, norm="batch", scan=scan)
+    trainer = build_trainer(model, data)
+    carry = jax.eval_shape(trainer.init, jax.random.key(0))
+    idx = jax.ShapeDtypeStruct((trainer.config.batch_size,), jnp.int32)
+    hparams = jax.eval_shape(trainer.default_hparams)
+    step = jax.jit(trainer.train_step)
+    start = time.perf_counter()
+    lowered = step.lower(carry, idx, hparams)
+    lowered_at = time.perf_counter()
+    lowered.compile()
+    done = time.perf_counter()
+    return {"lower_s": lowered_at - start, "compile_s": done - lowered_at, "total_s": done - start}
+
+
+# ---- report ----------------------------------------------------------------------------------------
+
+
+def print_table(title: str, header: list[str], rows: list[list]) -> None:
+    cells = [[str(c) for c in row] for row in [header, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+
+    def line(r):
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+
+    print(f"\n{title}")
+    print(line(cells[0]))
+    print("  ".join("-" * w for w in widths))
+    for r in cells[1:]:
+        print(line(r))
+
+
+def report(res: dict) -> None:
+    mm, ref = res["matmul"], res["shape_matched_matmul"]
+    peak, matched = mm["peak_gflops"], ref["chained"]["gflops"]
+    print_table("1. float32 matmul (best of repeats, after warm-up)", ["shape", "time (ms)", "GFLOP/s"],
+                [[f"{n} x {n} @ {n} x {n}", f"{r['best_s'] * 1e3:.2f}", f"{r['gflops']:.1f}"]
+                 for n, r in mm["sizes"].items()]
+                + [[f"{ref['shape']}, chain of {ref['chain']}", f"{ref['chained']['best_s'] * 1e3:.2f}",
+                    f"{matched:.1f}"],
+                   [f"{ref['shape']}, one call", f"{ref['single_call']['best_s'] * 1e3:.3f}",
+                    f"{ref['single_call']['gflops']:.1f}"]])
+    print(f"peak (square): {peak:.1f} GFLOP/s; shape-matched (chained): {matched:.1f} GFLOP/s")
+
+    s = res["settings"]
+    print_table(f"2. training throughput: {NUM_SEEDS} seeds vmapped, batch {BATCH_SIZE}, width {WIDTH}, "
+                f"{s['steps']} train steps per call (no evaluation)",
+                ["config", "kernel params", "time (s)", "examples/s", "GFLOP/s", "of peak", "of shape-matched"],
+                [[name, r["dense_kernel_size"], f"{r['best_s']:.3f}", f"{r['examples_per_s']:,.0f}",
+                  f"{r['gflops']:.2f}", f"{r['gflops'] / peak:.1%}", f"{r['gflops'] / matched:.1%}"]
+                 for name, r in res["training"].items()])
+
+    v = res["vmap_vs_sequential"]
+    print_table(f"3. plain_d32, {v['seeds']} seeds, {v['steps']} train steps each",
+                ["mode", "time (s)"],
+                [["vmapped (one program)", f"{v['vmapped']['best_s']:.3f}"],
+                 ["sequential (one seed at a time)", f"{v['sequential']['best_s']:.3f}"]])
+    print(f"sequential / vmapped: {v['sequential_over_vmapped']:.2f}x (above 1: vmapping the seeds is faster)")
+
+    c = res["compile"]
+    print_table("4. compile time of one training step, ResidualMLP(width=64, norm='batch')",
+                ["blocks K", "mode", "trace+lower (s)", "compile (s)", "total (s)"],
+                [[k, mode, f"{r['lower_s']:.2f}", f"{r['compile_s']:.2f}", f"{r['total_s']:.2f}"]
+                 for mode in ("scan", "unrolled") for k, r in c[mode].items()])
+    scan = c["scan"]
+    ks = sorted(scan, key=int)
+    if len(ks) > 1:
+        lo, hi = ks[0], ks[-1]
+        print(f"scan: compile({hi}) / compile({lo}) = {scan[hi]['compile_s'] / scan[lo]['compile_s']:.2f} "
+              f"(total with tracing: {scan[hi]['total_s'] / scan[lo]['total_s']:.2f})")
+
+
+# ---- main ------------------------------------------------------------------------------------------
+
+
+def run(quick: bool) -> dict:
+    s = SETTINGS["quick" if quick else "default"]
+    data = load_dataset("mnist1d")
+    res = {"settings": {"quick": quick, **s, "batch_size": BATCH_SIZE, "width": WIDTH, "seeds": NUM_SEEDS},
+           "machine": {"backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
+                       "cpu_count": os.cpu_count(), "platform": platform.platform(), "jax": jax.__version__,
+                       "load_avg_1min_at_start": os.getloadavg()[0]}}
+    res["matmul"] = matmul_peak(s["matmul_sizes"], s["matmul_repeats"])
+    res["shape_matched_matmul"] = shape_matched_matmul(NUM_SEEDS, BATCH_SIZE, WIDTH, s["chain"], s["matmul_repeats"])
+    res["training"] = {name: training_throughput(model, data, NUM_SEEDS, s["steps"], s["repeats"])
+                       for name, model in CONFIGS.items()}
+    for r in res["training"].values():
+        r["fraction_of_peak"] = r["gflops"] / res["matmul"]["peak_gflops"]
+        r["fraction_of_shape_matched"] = r["gflops"] / res["shape_matched_matmul"]["chained"]["gflops"]
+    res["vmap_vs_sequential"] = vmap_vs_sequential(CONFIGS["plain_d32"], data, s["vmap_seeds"], s["steps"],
+                                                   s["repeats"])
+    res["compile"] = {"scan": {str(k): compile_time(k, True, data) for k in s["scan_depths"]},
+                      "unrolled": {str(k): compile_time(k, False, data) for k in s["unrolled_depths"]}}
+    return res
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.throughput", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats (seconds, not minutes)")
+    parser.add_argument("--out", default="runs/benchmarks/throughput.json", help="JSON output (default: %(default)s)")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    res = run(args.quick)
+    res["wall_s"] = time.perf_counter() - start
+    report(res)
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1))
+    print(f"\nbenchmark took {res['wall_s']:.0f} s; wrote {out}")
+    return res
+
+
+if __name__ == "__main__":
+    main()

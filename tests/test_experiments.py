@@ -1,0 +1,71 @@
+"""The experiment contract: --quick runs write results.json with the documented metrics, and a report."""
+
+import json
+
+import numpy as np
+import pytest
+
+from experiments import common, degradation, reproduce
+
+FIVE = ("plain_d2", "plain_d8", "plain_d32", "residual_bn_d32", "residual_d32")
+
+
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    reproduce.main(["--quick", "--out", str(out)])
+    return out
+
+
+def test_quick_degradation_writes_results_and_figure(quick_report):
+    results = json.loads((quick_report / "degradation" / "results.json").read_text())
+    assert set(results) == {"experiment", "config", "metrics", "seconds"}
+    assert results["experiment"] == "degradation"
+    m, c = results["metrics"], results["config"]
+    for name in FIVE:
+        assert len(m[f"final_train_error_pct.{name}"]) == c["num_seeds"]
+        assert len(m[f"diverged_epoch.{name}"]) == c["num_seeds"]
+        curves = np.array(m[f"curves.{name}.train_error_pct"], dtype=float)
+        assert curves.shape == (c["num_seeds"], c["epochs"])
+    # The un-normalised depth-32 residual network overflows in its first epoch (variance ~ 2^32).
+    assert m["diverged_epoch.residual_d32"] == [1] * c["num_seeds"]
+    assert all(e is None for e in m["diverged_epoch.plain_d8"])
+    assert (quick_report / "degradation" / "degradation.png").stat().st_size > 10_000
+
+
+def test_report_lists_every_claim(quick_report):
+    text = (quick_report / "REPORT.md").read_text()
+    for claim in degradation.CLAIMS:
+        assert claim.text in text
+    assert "degradation/degradation.png" in text
+
+
+def test_flags_override_config_and_bad_flags_fail(tmp_path):
+    config, out = common.parse_args(degradation, ["--quick", "--epochs", "7", "--sweep_batch_sizes", "(16, 32)",
+                                                  "--ablations", "false", "--out", str(tmp_path)])
+    assert config.epochs == 7 and tuple(config.sweep_batch_sizes) == (16, 32) and config.ablations is False
+    assert out == tmp_path
+    with pytest.raises(SystemExit):
+        common.parse_args(degradation, ["--epochs", "many"])
+
+
+def test_negative_learning_rate_is_refused_before_training(tmp_path):
+    config = degradation.get_config("quick")
+    config.learning_rate = -0.005
+    with pytest.raises(ValueError, match="learning_rate"):
+        degradation.run(config, tmp_path)
+
+
+def test_selection_rule_picks_the_largest_passing_batch_size():
+    def cells(b, d8, d32, d2, rbn, div):
+        p = f"batch_sweep.B{b}."
+        return {p + "final_train_error_pct.plain_d8": d8, p + "final_train_error_pct.plain_d32": d32,
+                p + "final_train_error_pct.plain_d2": d2, p + "final_train_error_pct.residual_bn_d32": rbn,
+                p + "diverged_epoch.residual_d32": div}
+
+    good = dict(d8=[0.1, 0.2, 0.3], d32=[5.0, 9.0, 7.0], d2=[3.0, 3.0, 3.0], rbn=[1.0, 1.5, 1.0], div=[1, 1, 1])
+    bad = {**good, "div": [1, None, 1]}
+    m = {**cells(16, **good), **cells(64, **good), **cells(128, **bad)}
+    assert degradation.select_batch_size(m, (16, 64, 128)) == 64
+    m = {**cells(16, **bad)}
+    assert degradation.select_batch_size(m, (16,)) == degradation.FALLBACK_BATCH_SIZE

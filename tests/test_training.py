@@ -1,0 +1,164 @@
+"""The training loop: batch_stats threading, seed vmapping, divergence, chunking, sharding, errors."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from resjax.data import Dataset
+from resjax.nn import PlainMLP, ResidualMLP
+from resjax.train import default_config, make_train
+
+
+def tiny_data(n=64, d=10, classes=3, seed=0) -> Dataset:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n + 32, d)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int32) + (x[:, 1] > 1).astype(np.int32)
+    return Dataset(x[:n], y[:n] % classes, x[n:], y[n:] % classes)
+
+
+def tiny_config(**model) -> ml_collections.ConfigDict:
+    c = default_config()
+    c.model = ml_collections.ConfigDict(model or dict(kind="residual_mlp", width=8, num_blocks=3, norm="batch"))
+    c.batch_size, c.epochs, c.learning_rate = 16, 3, 0.05
+    return c
+
+
+DATA = tiny_data()
+
+
+def test_batch_stats_change_in_training_mode_only():
+    model = ResidualMLP(width=8, num_blocks=2, norm="batch")
+    v = model.init(jax.random.key(0), DATA.x_train)
+    _, upd = model.apply(v, DATA.x_train, train=True, mutable=["batch_stats"])
+    assert all(not np.allclose(a, b) for a, b in zip(jax.tree_util.tree_leaves(upd["batch_stats"]),
+                                                     jax.tree_util.tree_leaves(v["batch_stats"])))
+    _, same = model.apply(v, DATA.x_train, train=False, mutable=["batch_stats"])
+    jax.tree_util.tree_map(np.testing.assert_array_equal, same["batch_stats"], v["batch_stats"])
+    # Evaluation needs no mutable collection at all.
+    model.apply(v, DATA.x_train, train=False)
+
+
+def test_training_updates_batch_stats_and_lowers_the_loss():
+    trainer = make_train(tiny_config(), DATA)
+    c = tiny_config()
+    c.epochs = 20
+    state, metrics = make_train(c, DATA)(jax.random.key(0))
+    init = trainer.init(jax.random.key(0))
+    assert not np.allclose(state.batch_stats["blocks_0"]["norm_0"]["mean"],
+                           init.state.batch_stats["blocks_0"]["norm_0"]["mean"])
+    assert metrics["train_loss"][-1] < 0.7 * metrics["train_loss"][0]
+    assert int(state.step) == 20 * (len(DATA.y_train) // 16)
+
+
+def test_a_seed_in_the_vmapped_sweep_matches_the_seed_alone():
+    trainer = make_train(tiny_config(), DATA)
+    keys = jax.random.split(jax.random.key(1), 3)
+    _, together = trainer.sweep(keys)
+    with jax.default_matmul_precision("highest"):
+        _, alone = jax.jit(trainer)(keys[1])
+    for name in ("train_loss", "train_error", "test_error"):
+        np.testing.assert_allclose(together[name][1], alone[name], rtol=1e-4, atol=1e-6)
+
+
+def test_chunked_run_equals_one_program():
+    c = tiny_config()
+    c.epochs = 5
+    trainer = make_train(c, DATA)
+    keys = jax.random.split(jax.random.key(2), 2)
+    _, one = trainer.sweep(keys)
+    _, chunked = trainer.sweep(keys, chunk_epochs=2)
+    for name in ("train_loss", "train_error", "test_error", "diverged_epoch"):
+        np.testing.assert_allclose(one[name], chunked[name], rtol=1e-5)
+
+
+def test_divergence_is_recorded_and_seed_mates_go_on():
+    trainer = make_train(tiny_config(kind="plain_mlp", width=8, depth=2), DATA)
+    key = jax.random.key(3)
+    keys = jnp.stack([key, key])
+    _, m = trainer.sweep(keys, {"learning_rate": np.array([1e30, 0.05], np.float32)})
+    assert m["diverged_epoch"].tolist() == [1, -1]
+    assert np.isnan(m["train_error"][0]).all()
+    _, alone = trainer.sweep(keys[1:], {"learning_rate": 0.05})
+    np.testing.assert_allclose(m["train_error"][1], alone["train_error"][0], rtol=1e-5)
+
+
+def test_learning_rate_and_tau_vmap_inside_one_program():
+    c = tiny_config(kind="residual_mlp", width=8, num_blocks=3, scaling="tau")
+    trainer = make_train(c, DATA)
+    keys = jnp.stack([jax.random.key(4)] * 3)
+    hp = {"learning_rate": np.array([0.0, 0.05, 0.05], np.float32), "tau": np.array([0.5, 0.5, 0.1], np.float32)}
+    state, m = trainer.sweep(keys, hp)
+    init = trainer.init(keys[0], {"learning_rate": 0.0, "tau": 0.5})
+    # learning rate 0 leaves the parameters where they started
+    np.testing.assert_array_equal(state.params["head"]["kernel"][0], init.state.params["head"]["kernel"])
+    assert not np.allclose(m["train_loss"][1], m["train_loss"][2])
+
+
+@pytest.mark.parametrize("setting, value, match", [
+    ("learning_rate", -0.1, "learning_rate"),
+    ("batch_size", 0, "batch_size"),
+    ("batch_size", 10_000, "batch_size"),
+    ("epochs", 0, "epochs"),
+    ("momentum", 1.5, "momentum"),
+])
+def test_bad_training_settings_name_the_setting(setting, value, match):
+    c = tiny_config()
+    c[setting] = value
+    with pytest.raises(ValueError, match=match):
+        make_train(c, DATA)
+
+
+@pytest.mark.parametrize("model, match", [
+    (dict(kind="plain_mlp", width=8, depth=0), "depth"),
+    (dict(kind="plain_mlp", width=-1, depth=2), "width"),
+    (dict(kind="residual_mlp", width=8, num_blocks=0), "num_blocks"),
+    (dict(kind="residual_mlp", width=8, num_blocks=2, norm="batchy"), "norm"),
+    (dict(kind="residual_mlp", width=8, num_blocks=2, kernel_init="glorot"), "kernel_init"),
+    (dict(kind="residual_mlp", width=8, num_blocks=2, scaling="tau", tau="1/log(K)"), "tau"),
+    (dict(kind="residual_mlp", width=8, num_blocks=2, order="middle"), "order"),
+    (dict(kind="resnet9000", width=8), "model.kind"),
+])
+def test_bad_model_settings_name_the_setting(model, match):
+    with pytest.raises(ValueError, match=match):
+        make_train(tiny_config(**model), DATA)
+
+
+def test_bad_settings_raise_at_construction_before_tracing():
+    with pytest.raises(ValueError, match="depth"):
+        PlainMLP(width=4, depth=0)
+    with pytest.raises(ValueError, match="width"):
+        ResidualMLP(width=-1, num_blocks=2)
+    trainer = make_train(tiny_config(), DATA)
+    with pytest.raises(ValueError, match="learning_rate"):
+        trainer.sweep(jax.random.split(jax.random.key(0), 2), {"learning_rate": np.array([0.1, -0.1])})
+
+
+SHARDED = textwrap.dedent("""
+    import jax, numpy as np
+    from tests.test_training import DATA, tiny_config
+    from resjax.train import make_train
+    assert jax.device_count() == 4, jax.devices()
+    trainer = make_train(tiny_config(), DATA)
+    keys = jax.random.split(jax.random.key(5), 4)
+    state, m = trainer.sweep(keys)
+    leaf = jax.tree_util.tree_leaves(state.params)[0]
+    assert len(leaf.sharding.device_set) == 4, leaf.sharding
+    np.save({out!r}, m["train_error"])
+""")
+
+
+def test_seeds_are_sharded_across_devices(tmp_path):
+    out = tmp_path / "sharded.npy"
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    subprocess.run([sys.executable, "-c", SHARDED.format(out=str(out))], check=True, env=env, cwd=root)
+    trainer = make_train(tiny_config(), DATA)
+    _, m = trainer.sweep(jax.random.split(jax.random.key(5), 4))
+    np.testing.assert_allclose(np.load(out), m["train_error"], rtol=1e-5)
