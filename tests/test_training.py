@@ -138,6 +138,8 @@ def test_bad_settings_raise_at_construction_before_tracing():
     trainer = make_train(tiny_config(), DATA)
     with pytest.raises(ValueError, match="learning_rate"):
         trainer.sweep(jax.random.split(jax.random.key(0), 2), {"learning_rate": np.array([0.1, -0.1])})
+    with pytest.raises(ValueError, match="tau"):  # this model has no tau scaling
+        trainer.sweep(jax.random.split(jax.random.key(0), 2), {"tau": 0.5})
 
 
 SHARDED = textwrap.dedent("""

@@ -173,6 +173,10 @@ class Trainer:
         ``diverged_epoch`` of shape ``(S,)``. ``callback(epochs_done, metrics_so_far)`` runs after each chunk.
         """
         num = keys.shape[0]
+        allowed = {"learning_rate", "tau"} if self.uses_tau else {"learning_rate"}
+        unknown = set(hparams or {}) - allowed
+        if unknown:
+            raise ValueError(f"hparams: {sorted(unknown)} cannot vary in this program; allowed: {sorted(allowed)}")
         hp = {**self.default_hparams(), **(hparams or {})}
         for name, v in hp.items():
             v = np.asarray(v)
