@@ -1,10 +1,14 @@
 """Run every registered experiment and write ``REPORT.md``: claim, seed value, measured value, holds.
 
-    python -m experiments.reproduce [--quick | --full] [--out DIR] [--only NAME ...]
+    python -m experiments.reproduce [--quick | --full] [--out DIR] [--only NAME ...] [--reuse]
 
 Sizes: ``--quick`` (a minute or two; what the tests run), the default (every lecture-scale figure,
 well under an hour on a 2-core CPU) and ``--full`` (paper-scale runs meant for an accelerator). Each
 experiment writes ``DIR/<name>/results.json`` and its figure; the report links them.
+
+``--reuse`` takes an experiment's existing ``DIR/<name>/results.json`` instead of running it again when
+its recorded config equals the config of this run (to resume an interrupted reproduction, or to
+rebuild the report).
 
 To register an experiment, add its module name to ``REGISTRY``; the module follows the contract in
 ``experiments/__init__.py`` (``NAME``, ``get_config``, ``run``, ``CLAIMS``, optionally
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import pathlib
 import time
 
@@ -53,6 +58,15 @@ def report_section(module, results: dict, out_dir: pathlib.Path, report_dir: pat
     return "\n".join(lines)
 
 
+def _previous(out_dir: pathlib.Path, config) -> dict | None:
+    """The results in ``out_dir`` if they were produced with exactly ``config``."""
+    path = out_dir / "results.json"
+    if not path.exists():
+        return None
+    results = json.loads(path.read_text())
+    return results if results.get("config") == common.to_jsonable(config) else None
+
+
 def main(argv=None) -> pathlib.Path:
     parser = argparse.ArgumentParser(prog="python -m experiments.reproduce", description=__doc__.split("\n\n")[0])
     size = parser.add_mutually_exclusive_group()
@@ -60,6 +74,8 @@ def main(argv=None) -> pathlib.Path:
     size.add_argument("--full", action="store_true", help="paper-scale runs (accelerator)")
     parser.add_argument("--out", default="runs", help="output folder (default: %(default)s)")
     parser.add_argument("--only", nargs="*", choices=REGISTRY, help="run only these experiments")
+    parser.add_argument("--reuse", action="store_true",
+                        help="reuse DIR/<name>/results.json when its config equals this run's")
     args = parser.parse_args(argv)
     size_name = "quick" if args.quick else "full" if args.full else "default"
     out = pathlib.Path(args.out)
@@ -69,8 +85,13 @@ def main(argv=None) -> pathlib.Path:
     sections = []
     for name in args.only or REGISTRY:
         module = importlib.import_module(f"experiments.{name}")
-        print(f"reproduce: running {name} ({size_name})", flush=True)
-        results = common.run_experiment(module, module.get_config(size_name), out / name)
+        config = module.get_config(size_name)
+        results = _previous(out / name, config) if args.reuse else None
+        if results is None:
+            print(f"reproduce: running {name} ({size_name})", flush=True)
+            results = common.run_experiment(module, config, out / name)
+        else:
+            print(f"reproduce: reusing {out / name / 'results.json'}", flush=True)
         sections.append(report_section(module, results, out / name, out))
     header = [
         "# resjax reproduction report", "",

@@ -69,3 +69,13 @@ def test_selection_rule_picks_the_largest_passing_batch_size():
     assert degradation.select_batch_size(m, (16, 64, 128)) == 64
     m = {**cells(16, **bad)}
     assert degradation.select_batch_size(m, (16,)) == degradation.FALLBACK_BATCH_SIZE
+
+
+def test_reuse_takes_matching_results_only(quick_report, capsys):
+    reproduce.main(["--quick", "--out", str(quick_report), "--reuse", "--only", "degradation"])
+    assert "reusing" in capsys.readouterr().out
+    path = quick_report / "degradation" / "results.json"
+    results = json.loads(path.read_text())
+    results["config"]["epochs"] += 1  # produced by another config: must not be reused
+    path.write_text(json.dumps(results))
+    assert reproduce._previous(quick_report / "degradation", degradation.get_config("quick")) is None
