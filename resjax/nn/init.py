@@ -16,6 +16,15 @@ zeros               all zeros
 ``gain`` multiplies the draw (Fixup scales its branch layers this way). Fan-in and fan-out are
 flax's: for a Dense kernel ``(in, out)`` fan_in = in; for a conv kernel ``(h, w, in, out)`` fan_in =
 h*w*in.
+
+``get_bias_initializer(name, fan_in)`` returns a bias initialiser. A bias vector does not know its
+layer's fan-in, so the layer passes it (the size of the layer's input). Names:
+
+==================  =====================================================================
+zeros               all zeros (the default everywhere)
+fan_in              N(0, 1/fan_in): the lecture's "weights and biases drawn at variance
+                    1/fan-in" (so the input layer of a scalar-input network has variance 1)
+==================  =====================================================================
 """
 
 from __future__ import annotations
@@ -57,3 +66,22 @@ def get_initializer(name: str | Initializer, gain: float = 1.0) -> Initializer:
         return gain * base(key, shape, dtype)
 
     return scaled
+
+
+_BIAS = {
+    "zeros": lambda fan_in: initializers.zeros,
+    "fan_in": lambda fan_in: initializers.normal(stddev=(1.0 / fan_in) ** 0.5),
+}
+BIAS_INITIALIZERS = tuple(_BIAS)
+
+
+def get_bias_initializer(name: str | Initializer, fan_in: int) -> Initializer:
+    """The bias initialiser called ``name`` for a layer whose input has ``fan_in`` features (or ``name``
+    itself if it is already a function, called as ``init(key, shape, dtype)``)."""
+    if callable(name):
+        return name
+    if name not in _BIAS:
+        raise ValueError(f"bias_init: unknown initialiser {name!r}; choose one of {BIAS_INITIALIZERS}")
+    if not isinstance(fan_in, int) or isinstance(fan_in, bool) or fan_in < 1:
+        raise ValueError(f"bias_init: fan_in must be an integer >= 1, got {fan_in!r}")
+    return _BIAS[name](fan_in)

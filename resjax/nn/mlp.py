@@ -11,7 +11,9 @@ own norm and activation (the udlbook residual MLPs). ``scan=True`` builds the bl
 (compile time independent of depth; same outputs for the same parameters, see
 ``resjax.nn.residual.stack_unrolled``). With ``scaling='fixup'`` the head starts at zero.
 
-Both return logits, take ``train`` (BatchNorm mode) at call time, and sow their stem output (`stem_out`) and every
+``bias_init`` (default ``'zeros'``; ``'fan_in'`` = N(0, 1/fan_in), fan_in the layer's input size, so a
+scalar-input stem gets variance 1) draws every linear layer's bias, stem and head included (Fixup keeps
+its biases at zero). Both return logits, take ``train`` (BatchNorm mode) at call time, and sow their stem output (`stem_out`) and every
 block's output into ``'intermediates'`` when it is mutable.
 """
 
@@ -21,7 +23,7 @@ from typing import Callable
 
 import flax.linen as nn
 
-from resjax.nn.init import get_initializer
+from resjax.nn.init import get_bias_initializer, get_initializer
 from resjax.nn.norms import check_norm, make_norm
 from resjax.nn.residual import ResidualBlock, check_positive, residual_stack
 
@@ -32,6 +34,7 @@ class PlainMLP(nn.Module):
     num_classes: int = 10
     norm: str | Callable = "none"
     kernel_init: str | Callable = "he_uniform"
+    bias_init: str | Callable = "zeros"
     use_bias: bool = True
     activation: Callable = nn.relu
 
@@ -41,18 +44,21 @@ class PlainMLP(nn.Module):
         check_positive("num_classes", self.num_classes)
         check_norm(self.norm)
         get_initializer(self.kernel_init)
+        get_bias_initializer(self.bias_init, self.width)
         super().__post_init__()
 
     @nn.compact
     def __call__(self, x, train: bool = False):
         init = get_initializer(self.kernel_init)
-        h = self.activation(nn.Dense(self.width, use_bias=self.use_bias, kernel_init=init, name="stem")(x))
+        bias = lambda h: get_bias_initializer(self.bias_init, h.shape[-1])  # noqa: E731  (fan-in = input size)
+        h = self.activation(nn.Dense(self.width, use_bias=self.use_bias, kernel_init=init, bias_init=bias(x),
+                                     name="stem")(x))
         self.sow("intermediates", "stem_out", h)
         for k in range(self.depth):
-            h = nn.Dense(self.width, use_bias=self.use_bias, kernel_init=init, name=f"hidden_{k}")(h)
+            h = nn.Dense(self.width, use_bias=self.use_bias, kernel_init=init, bias_init=bias(h), name=f"hidden_{k}")(h)
             h = self.activation(make_norm(self.norm, train=train, name=f"norm_{k}")(h))
             self.sow("intermediates", "hidden_out", h)
-        return nn.Dense(self.num_classes, kernel_init=init, name="head")(h)
+        return nn.Dense(self.num_classes, kernel_init=init, bias_init=bias(h), name="head")(h)
 
 
 class ResidualMLP(nn.Module):
@@ -65,6 +71,7 @@ class ResidualMLP(nn.Module):
     scaling: str = "none"
     tau: float | str = "1/sqrt(K)"
     kernel_init: str | Callable = "he_uniform"
+    bias_init: str | Callable = "zeros"
     use_bias: bool = True
     activation: Callable = nn.relu
     scan: bool = False
@@ -77,17 +84,20 @@ class ResidualMLP(nn.Module):
     def block_kwargs(self) -> dict:
         kwargs = dict(features=self.width, num_layers=self.num_layers, order=self.order, norm=self.norm,
                       scaling=self.scaling, tau=self.tau, num_blocks=self.num_blocks,
-                      kernel_init=self.kernel_init, use_bias=self.use_bias, activation=self.activation)
+                      kernel_init=self.kernel_init, bias_init=self.bias_init, use_bias=self.use_bias,
+                      activation=self.activation)
         ResidualBlock(**kwargs, parent=None)
         return kwargs
 
     @nn.compact
     def __call__(self, x, train: bool = False, tau=None):
         init = get_initializer(self.kernel_init)
-        h = nn.Dense(self.width, use_bias=self.use_bias, kernel_init=init, name="stem")(x)
+        h = nn.Dense(self.width, use_bias=self.use_bias, kernel_init=init,
+                     bias_init=get_bias_initializer(self.bias_init, x.shape[-1]), name="stem")(x)
         if self.order == "post":
             h = self.activation(h)
         self.sow("intermediates", "stem_out", h)
         h = residual_stack(self.block_kwargs(), self.num_blocks, h, train, tau, self.scan)
         head_init = get_initializer("zeros" if self.scaling == "fixup" else self.kernel_init)
-        return nn.Dense(self.num_classes, kernel_init=head_init, name="head")(h)
+        head_bias = get_bias_initializer("zeros" if self.scaling == "fixup" else self.bias_init, h.shape[-1])
+        return nn.Dense(self.num_classes, kernel_init=head_init, bias_init=head_bias, name="head")(h)

@@ -25,6 +25,9 @@ an error, not a broadcast) and raises ``ValueError`` naming both shapes.
   a learned scalar multiplier (init 1) at the end of the branch, the branch's last linear layer at
   zero and its other layers drawn from the kernel initialiser times ``K^(-1/(2m-2))``. The network
   zeroes its classifier (``ResidualMLP`` does this). With m = 1 the only layer starts at zero.
+
+Biases of the linear layers are drawn by ``bias_init`` (``resjax.nn.init.get_bias_initializer``: ``'zeros'``,
+the default, or ``'fan_in'`` = N(0, 1/fan_in) with fan_in the layer's input size); Fixup keeps them at zero.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import chex
 import flax.linen as nn
 import jax.numpy as jnp
 
-from resjax.nn.init import get_initializer
+from resjax.nn.init import get_bias_initializer, get_initializer
 from resjax.nn.norms import check_norm, make_norm
 
 ORDERS = ("pre", "post")
@@ -106,6 +109,7 @@ class ResidualBlock(nn.Module):
     tau: float | str = "1/sqrt(K)"
     num_blocks: int = 1
     kernel_init: str | Callable = "he_uniform"
+    bias_init: str | Callable = "zeros"
     use_bias: bool = True
     activation: Callable = nn.relu
 
@@ -117,6 +121,7 @@ class ResidualBlock(nn.Module):
         check_choice("scaling", self.scaling, SCALINGS)
         check_norm(self.norm)
         get_initializer(self.kernel_init)  # raises on an unknown name
+        get_bias_initializer(self.bias_init, self.features)
         if self.scaling == "tau" and not isinstance(self.tau, (int, float)):
             resolve_tau(self.tau, self.num_blocks)
         super().__post_init__()
@@ -138,7 +143,11 @@ class ResidualBlock(nn.Module):
     def _linear(self, layer: int, h):
         h = self._bias(f"bias_in_{layer}", h)
         return nn.Dense(self.features, use_bias=self.use_bias, kernel_init=self._kernel_init(layer),
-                        name=f"linear_{layer}")(h)
+                        bias_init=get_bias_initializer(self._bias_init_name(), h.shape[-1]), name=f"linear_{layer}")(h)
+
+    def _bias_init_name(self):
+        """Fixup starts every bias at zero, whatever ``bias_init`` says."""
+        return "zeros" if self.scaling == "fixup" else self.bias_init
 
     @nn.compact
     def __call__(self, x, train: bool = False, tau=None):
