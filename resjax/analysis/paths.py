@@ -1,0 +1,399 @@
+"""The exact path expansion of a residual network's Jacobian, grouped by path length, and path counts.
+
+A residual stack ``x_k = x_{k-1} + f_k(x_{k-1})``, k = 1..K, has the stream Jacobian
+
+    d x_K / d x_0 = (I + J_K) ... (I + J_1),       J_k = d f_k / d x at x_{k-1}
+
+(lecture 000, "Gradients through the identity", "Expanding the product"). Multiplied out it is a sum of
+2^K terms, one per path: a path takes the branch at a chosen subset of m blocks and the skip at the
+others, and contributes the product of the chosen blocks' Jacobians, later blocks on the left. Grouped
+by the number m of branches a path passes through (its length),
+
+    d x_K / d x_0 = sum_m E_m(K),     E_m(k) = E_m(k-1) + J_k E_{m-1}(k-1),    E_0(0) = I, E_m(0) = 0 (m > 0)
+
+This recursion is exact and costs K (K + 1) matrix products, never 2^K: ``expand_by_length`` runs it with
+``lax.scan`` over blocks and one batched product over m per block. The matrix-free forms apply it to a
+vector with JVPs (``expand_jvp``: ``e_m = E_m v``) or VJPs (``expand_vjp``: ``r_m = E_m^T u``, the
+gradient that reaches ``x_0`` through paths of length m when ``u = dL/dx_K``), so they work for wide and
+convolutional streams whose Jacobians would not fit in memory.
+
+Two levels of use:
+
+- any residual stack: a ``ResidualStack(branch, thetas, num_blocks)`` with ``branch(theta_k, x) =
+  f_k(x)`` for one example ``x`` (no batch axis) and ``thetas`` a pytree whose leaves have a leading axis
+  of size K (block k's parameters). ``block_jacobians``, ``expand_jvp``, ``expand_vjp`` take it;
+- a resjax ``ResidualMLP`` (``order='pre'``, any norm, unrolled or ``scan=True``): ``residual_stack_of``
+  builds the stack from the module itself: each branch is the module's own ``ResidualBlock`` applied with
+  block k's ``params``/``batch_stats``, minus its input (``f_k(x) = block_k(x) - x``); BatchNorm runs in
+  evaluation mode (running estimates), so examples do not couple and per-example Jacobians exist.
+  ``stream_input`` gives ``x_0`` (the stem's output) and ``path_expansion`` does it all for a batch.
+  Precision: since a branch is ``block(x) - x``, ``J_k v`` carries a float32 rounding error of about
+  eps |v| (the skip's share), so terms are accurate relative to the expansion's overall size (about
+  1e-7 of ``sum_m |E_m|``), not each to eps of itself when branch Jacobians are far below 1.
+
+Path counts: ``C(K, m)`` of the 2^K paths have length m (``path_counts``, ``path_length_shares``);
+``central_band(K)`` is the shortest run of lengths holding half of all paths (25 to 29 for K = 54) and
+``share_of_paths(K, lo, hi)`` the share in a range (5 to 17 of 54: 0.45%).
+
+Veit et al. (2016)'s measure of how much gradient each length carries is not the exact sum: the typical
+magnitude of one path of length m times the number C(K, m) of such paths (magnitudes, so no
+cancellation). ``sampled_path_magnitudes`` estimates the typical magnitude by sampling random subsets of
+m blocks (``random_path_masks``) and multiplying their Jacobians, identity elsewhere (``path_magnitudes``).
+
+Everything here is a pure function of arrays (jit- and vmap-able); bad input (K = 0, a module without
+residual blocks, shapes that do not match) raises ``ValueError`` naming the problem.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from resjax.nn.residual import ResidualBlock, stack_unrolled
+
+__all__ = [
+    "ResidualStack", "residual_stack_of", "stream_input", "trajectory", "block_jacobians", "expand_by_length",
+    "expand_jvp", "expand_vjp", "path_expansion", "contributions_by_length", "expansion_rel_error",
+    "random_path_masks", "path_magnitudes", "sampled_path_magnitudes", "path_counts", "path_length_shares",
+    "central_band", "share_of_paths",
+]
+
+
+class ResidualStack(NamedTuple):
+    """K residual blocks ``x <- x + branch(thetas[k], x)``; ``x`` is one example (no batch axis)."""
+
+    branch: Callable[[Any, jnp.ndarray], jnp.ndarray]
+    thetas: Any
+    num_blocks: int
+
+
+# ---- building a stack from a resjax module -----------------------------------------------------------
+
+
+def _block_names(collection: dict, name: str) -> tuple[str, int]:
+    """('unrolled' | 'scanned', K) for the blocks of ``collection``; ValueError when there are none."""
+    if name in collection and isinstance(collection[name], dict) and "block" in collection[name]:
+        leaves = jax.tree_util.tree_leaves(collection[name]["block"])
+        return "scanned", (int(leaves[0].shape[0]) if leaves else 0)
+    ks = sorted(int(m.group(1)) for key in collection if (m := re.fullmatch(rf"{name}_(\d+)", key)))
+    if ks and ks != list(range(len(ks))):
+        raise ValueError(f"residual blocks: expected {name}_0 ... {name}_{len(ks) - 1}, found indices {ks}")
+    return "unrolled", len(ks)
+
+
+def residual_stack_of(module, variables: dict, *, tau=None, block: ResidualBlock | None = None,
+                      name: str = "blocks") -> ResidualStack:
+    """The residual stack of a resjax module, built from its own ``ResidualBlock`` and parameters.
+
+    ``module``: a ``ResidualMLP`` (or any module, when ``block`` gives the ``ResidualBlock`` its blocks are
+    made of). ``variables``: its ``{'params', 'batch_stats'}``, blocks unrolled (``blocks_0`` ...) or
+    scanned (``blocks/block``). ``tau``: the call-time tau of ``scaling='tau'`` blocks (may be traced).
+
+    Only pre-activation blocks (``order='pre'``) with an identity skip are of the form ``x + f(x)``:
+    ``order='post'`` (an activation after the sum) and ``scaling='rescale'`` (the sum times 1/sqrt(2))
+    raise ``ValueError``, as does a module without residual blocks.
+    """
+    if block is None:
+        if not hasattr(module, "block_kwargs"):
+            raise ValueError(f"path expansion: {type(module).__name__} has no residual blocks; pass a ResidualMLP "
+                             "(or block=ResidualBlock(...) for a module built from resjax residual blocks)")
+        block = ResidualBlock(**module.block_kwargs(), parent=None)
+    if block.order != "pre":
+        raise ValueError(f"path expansion: order={block.order!r} puts an activation after the sum, so a block is "
+                         "not x + f(x); use order='pre' (pre-activation blocks)")
+    if block.scaling == "rescale":
+        raise ValueError("path expansion: scaling='rescale' multiplies the sum by 1/sqrt(2), so a block is not "
+                         "x + f(x); use scaling 'none', 'tau', 'skipinit' or 'fixup'")
+    if "params" not in variables:
+        raise ValueError("path expansion: variables have no 'params' collection")
+    layout, num = _block_names(variables["params"], name)
+    if num == 0:
+        raise ValueError(f"path expansion: {type(module).__name__} has no residual blocks (K = 0): no "
+                         f"'{name}_<k>' or '{name}/block' parameters")
+    expected = getattr(module, "num_blocks", num)
+    if expected != num:
+        raise ValueError(f"path expansion: module has num_blocks={expected} but its parameters hold {num} blocks")
+    thetas = {}
+    for col in ("params", "batch_stats"):
+        if col in variables and variables[col]:
+            c = variables[col] if layout == "scanned" else stack_unrolled(variables[col], num, name)
+            thetas[col] = c[name]["block"]
+
+    def branch(theta, x):
+        return block.apply(theta, x[None], train=False, tau=tau)[0] - x
+
+    return ResidualStack(branch, thetas, num)
+
+
+def stream_input(module, variables: dict, inputs: jnp.ndarray, *, tau=None) -> jnp.ndarray:
+    """``x_0``, the stream before the first block (a ``ResidualMLP``'s stem output), for a batch of inputs."""
+    kwargs = {} if tau is None else {"tau": tau}
+    _, state = module.apply(variables, inputs, train=False, mutable=["intermediates"], **kwargs)
+    sown = state["intermediates"].get("stem_out")
+    if sown is None:
+        raise ValueError(f"path expansion: {type(module).__name__} does not sow 'stem_out'; compute x_0 yourself")
+    return sown[0]
+
+
+# ---- the expansion -----------------------------------------------------------------------------------
+
+
+def _check(stack: ResidualStack, x0, vector=None, vector_name: str = "v") -> None:
+    if not isinstance(stack.num_blocks, int) or stack.num_blocks < 1:
+        raise ValueError(f"path expansion: K = {stack.num_blocks}; a residual stack needs at least one block")
+    leaves = jax.tree_util.tree_leaves(stack.thetas)
+    for leaf in leaves:
+        if jnp.shape(leaf)[:1] != (stack.num_blocks,):
+            raise ValueError(f"path expansion: a parameter leaf of shape {jnp.shape(leaf)} has no leading axis of "
+                             f"size K = {stack.num_blocks}")
+    theta0 = jax.tree_util.tree_map(lambda a: a[0], stack.thetas)
+    out = jax.eval_shape(stack.branch, theta0, jax.ShapeDtypeStruct(jnp.shape(x0), jnp.result_type(x0)))
+    if out.shape != jnp.shape(x0):
+        raise ValueError(f"path expansion: a branch maps the stream shape {jnp.shape(x0)} to {out.shape}; "
+                         "skip and branch must have equal shapes")
+    if vector is not None and jnp.shape(vector) != jnp.shape(x0):
+        raise ValueError(f"path expansion: {vector_name} has shape {jnp.shape(vector)}, the stream x_0 has "
+                         f"{jnp.shape(x0)}; they must be equal")
+
+
+def trajectory(stack: ResidualStack, x0: jnp.ndarray) -> jnp.ndarray:
+    """The stream ``x_0 ... x_K`` of one example, shape ``(K + 1, *x0.shape)``."""
+    _check(stack, x0)
+
+    def step(x, theta):
+        x = x + stack.branch(theta, x)
+        return x, x
+
+    _, xs = jax.lax.scan(step, x0, stack.thetas)
+    return jnp.concatenate([x0[None], xs])
+
+
+def block_jacobians(stack: ResidualStack, x0: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """Dense ``J_k = d f_k / d x`` at ``x_{k-1}`` on the forward trajectory, by ``jax.jacfwd``.
+
+    Returns ``(J, xs)``: ``J`` of shape ``(K, D, D)`` with ``D = x0.size`` (the stream flattened) and the
+    trajectory ``xs`` of shape ``(K + 1, *x0.shape)``. Memory is K D^2: for small widths.
+    """
+    _check(stack, x0)
+    shape, d = jnp.shape(x0), int(np.prod(jnp.shape(x0)))
+
+    def step(x, theta):
+        flat = lambda z: stack.branch(theta, z.reshape(shape)).reshape(d)  # noqa: E731
+        jac = jax.jacfwd(flat)(x.reshape(d))
+        x = x + stack.branch(theta, x)
+        return x, (jac, x)
+
+    _, (jacs, xs) = jax.lax.scan(step, x0, stack.thetas)
+    return jacs, jnp.concatenate([x0[None], xs])
+
+
+def expand_by_length(jacobians: jnp.ndarray) -> jnp.ndarray:
+    """``E_m(K)`` for m = 0..K from dense block Jacobians ``(K, D, D)`` (block 1 first): ``(K + 1, D, D)``.
+
+    ``E_m`` is the sum of the C(K, m) path terms through exactly m branches; ``E.sum(0)`` is the full
+    stream Jacobian ``(I + J_K) ... (I + J_1)``. Recursion ``E_m(k) = E_m(k-1) + J_k E_{m-1}(k-1)`` under
+    ``lax.scan`` over k, one batched product over m per block: O(K^2 D^3), never 2^K terms.
+    """
+    jacobians = jnp.asarray(jacobians)
+    if jacobians.ndim != 3 or jacobians.shape[1] != jacobians.shape[2]:
+        raise ValueError(f"expand_by_length: block Jacobians must have shape (K, D, D), got {jacobians.shape}")
+    num, d = jacobians.shape[0], jacobians.shape[1]
+    if num < 1:
+        raise ValueError("expand_by_length: K = 0; a residual stack needs at least one block")
+    e0 = jnp.zeros((num + 1, d, d), jacobians.dtype).at[0].set(jnp.eye(d, dtype=jacobians.dtype))
+
+    def step(e, jac):
+        shifted = jnp.concatenate([jnp.zeros_like(e[:1]), e[:-1]])  # E_{m-1}(k-1) in slot m
+        return e + jnp.einsum("ij,mjk->mik", jac, shifted), None
+
+    e, _ = jax.lax.scan(step, e0, jacobians)
+    return e
+
+
+def _shift(e):
+    return jnp.concatenate([jnp.zeros_like(e[:1]), e[:-1]])
+
+
+def expand_jvp(stack: ResidualStack, x0: jnp.ndarray, v: jnp.ndarray) -> jnp.ndarray:
+    """Matrix-free ``e_m = E_m(K) v`` for m = 0..K by JVPs: ``e_m(k) = e_m(k-1) + J_k e_{m-1}(k-1)``.
+
+    ``x0`` and ``v`` have the stream's shape (any shape: vectors, images). Returns ``(K + 1, *x0.shape)``;
+    ``e.sum(0)`` is ``d x_K / d x_0 @ v``. Costs K + 1 JVPs per block (one linearisation, vmapped).
+    """
+    _check(stack, x0, v, "v")
+    num = stack.num_blocks
+    e0 = jnp.zeros((num + 1, *jnp.shape(x0)), jnp.result_type(x0, v)).at[0].set(v)
+
+    def step(carry, theta):
+        x, e = carry
+        fx, lin = jax.linearize(lambda z: stack.branch(theta, z), x)
+        return (x + fx, e + jax.vmap(lin)(_shift(e))), None
+
+    (_, e), _ = jax.lax.scan(step, (x0, e0), stack.thetas)
+    return e
+
+
+def expand_vjp(stack: ResidualStack, x0: jnp.ndarray, u: jnp.ndarray) -> jnp.ndarray:
+    """Matrix-free ``r_m = E_m(K)^T u`` for m = 0..K by VJPs (backward through the blocks).
+
+    With ``u = dL/dx_K``, ``r_m`` is the part of the gradient ``dL/dx_0`` carried by paths through
+    exactly m branches, and ``r.sum(0)`` is the gradient itself. Returns ``(K + 1, *x0.shape)``.
+    """
+    _check(stack, x0, u, "u")
+    num = stack.num_blocks
+    xs = trajectory(stack, x0)[:-1]  # x_{k-1} for k = 1..K
+    r0 = jnp.zeros((num + 1, *jnp.shape(x0)), jnp.result_type(x0, u)).at[0].set(u)
+
+    def step(r, inputs):
+        theta, x = inputs
+        _, vjp = jax.vjp(lambda z: stack.branch(theta, z), x)
+        return r + jax.vmap(lambda c: vjp(c)[0])(_shift(r)), None
+
+    r, _ = jax.lax.scan(step, r0, (stack.thetas, xs), reverse=True)
+    return r
+
+
+class PathExpansion(NamedTuple):
+    terms: jnp.ndarray  # (B, K + 1, D, D): E_m(K) per example
+    jacobians: jnp.ndarray  # (B, K, D, D)
+    stream: jnp.ndarray  # (B, K + 1, D): x_0 ... x_K
+
+
+def path_expansion(module, variables: dict, inputs: jnp.ndarray, *, tau=None) -> PathExpansion:
+    """Dense block Jacobians and the expansion by length of a ``ResidualMLP`` at each of a batch of inputs.
+
+    ``inputs``: ``(B, in_features)``. BatchNorm in evaluation mode (each example on its own).
+    """
+    inputs = jnp.asarray(inputs)
+    if inputs.ndim != 2:
+        raise ValueError(f"path_expansion: inputs must be a batch (B, in_features), got shape {inputs.shape}")
+    stack = residual_stack_of(module, variables, tau=tau)
+    x0 = stream_input(module, variables, inputs, tau=tau)
+    _check(stack, x0[0])
+    jacs, xs = jax.vmap(lambda x: block_jacobians(stack, x))(x0)
+    return PathExpansion(jax.vmap(expand_by_length)(jacs), jacs, xs)
+
+
+def contributions_by_length(terms: jnp.ndarray, vector: jnp.ndarray, transpose: bool = False) -> jnp.ndarray:
+    """``|E_m v|`` (or ``|E_m^T v|`` with ``transpose``) for m = 0..K from dense terms ``(K + 1, D, D)``."""
+    if terms.ndim != 3 or jnp.shape(vector) != terms.shape[1:2]:
+        raise ValueError(f"contributions_by_length: terms (K + 1, D, D) and vector (D,) needed, got "
+                         f"{terms.shape} and {jnp.shape(vector)}")
+    out = jnp.einsum("mji,j->mi" if transpose else "mij,j->mi", terms, vector)
+    return jnp.linalg.norm(out, axis=-1)
+
+
+def expansion_rel_error(terms: jnp.ndarray, full: jnp.ndarray) -> jnp.ndarray:
+    """``|sum_m E_m - full| / sum_m |E_m|`` (Frobenius): exactness relative to the terms' own size, which
+    stays meaningful when the product itself is huge or the terms cancel."""
+    if terms.shape[1:] != jnp.shape(full):
+        raise ValueError(f"expansion_rel_error: terms {terms.shape} do not match the full Jacobian {jnp.shape(full)}")
+    norms = jnp.sqrt(jnp.sum(terms.reshape(terms.shape[0], -1) ** 2, axis=-1))
+    return jnp.linalg.norm((terms.sum(0) - full).ravel()) / jnp.sum(norms)
+
+
+def random_path_masks(key, num_blocks: int, num_samples: int) -> jnp.ndarray:
+    """Random single paths of every length: ``(K + 1, num_samples, K)`` booleans, row ``[m, s]`` a uniformly
+    random subset of exactly m of the K blocks (the blocks where the path takes the branch)."""
+    num = _check_k(num_blocks)
+    if not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples: must be an integer >= 1, got {num_samples!r}")
+    u = jax.random.uniform(key, (num + 1, num_samples, num))
+    ranks = jnp.sum(u[..., None, :] < u[..., :, None], axis=-1)  # rank of each block's draw (no sort)
+    return ranks < jnp.arange(num + 1)[:, None, None]
+
+
+def path_magnitudes(jacobians: jnp.ndarray, vector: jnp.ndarray, masks: jnp.ndarray,
+                    transpose: bool = False) -> jnp.ndarray:
+    """Mean ``|P v|`` over the given single paths of each length (Veit et al.'s path magnitude).
+
+    ``masks``: ``(L, S, K)`` booleans (``random_path_masks``), row ``[l, s]`` the blocks where path s of
+    group l takes the branch; ``P = prod_{k in path} J_k`` (later blocks on the left, identity elsewhere).
+    ``transpose`` gives ``|P^T v|``, the gradient a path carries back to ``x_0`` from ``v = dL/dx_K``.
+    Returns ``(L,)``: the mean over S paths per group.
+    """
+    jacobians = jnp.asarray(jacobians)
+    if jacobians.ndim != 3 or jacobians.shape[1] != jacobians.shape[2] or jnp.shape(vector) != jacobians.shape[1:2]:
+        raise ValueError(f"path_magnitudes: Jacobians (K, D, D) and vector (D,) needed, got "
+                         f"{jacobians.shape} and {jnp.shape(vector)}")
+    num = jacobians.shape[0]
+    if num < 1:
+        raise ValueError("path_magnitudes: K = 0; a residual stack needs at least one block")
+    if jnp.ndim(masks) != 3 or jnp.shape(masks)[-1] != num:
+        raise ValueError(f"path_magnitudes: masks must have shape (L, S, K = {num}), got {jnp.shape(masks)}")
+    masks = jnp.asarray(masks, bool)
+    r0 = jnp.broadcast_to(vector, (*masks.shape[:2], vector.shape[0]))
+    eq = "ji,lsj->lsi" if transpose else "ij,lsj->lsi"
+
+    def step(r, inputs):
+        jac, take = inputs
+        return jnp.where(take[..., None], jnp.einsum(eq, jac, r), r), None
+
+    # forward (J_k v, block 1 first) or backward (J_k^T v, block K first).
+    r, _ = jax.lax.scan(step, r0, (jacobians, jnp.moveaxis(masks, -1, 0)), reverse=transpose)
+    return jnp.mean(jnp.linalg.norm(r, axis=-1), axis=1)
+
+
+def sampled_path_magnitudes(jacobians: jnp.ndarray, vector: jnp.ndarray, key, num_samples: int = 64,
+                            transpose: bool = False) -> jnp.ndarray:
+    """Mean ``|P v|`` over ``num_samples`` random single paths of each length m = 0..K: ``(K + 1,)``.
+
+    Times ``path_counts(K)`` this is Veit et al.'s gradient per length (m = 0 and m = K are exact).
+    """
+    jacobians = jnp.asarray(jacobians)
+    if jacobians.ndim != 3:
+        raise ValueError(f"sampled_path_magnitudes: Jacobians must have shape (K, D, D), got {jacobians.shape}")
+    if jacobians.shape[0] < 1:
+        raise ValueError("sampled_path_magnitudes: K = 0; a residual stack needs at least one block")
+    masks = random_path_masks(key, jacobians.shape[0], num_samples)
+    return path_magnitudes(jacobians, vector, masks, transpose)
+
+
+# ---- counting paths ----------------------------------------------------------------------------------
+
+
+def _check_k(num_blocks) -> int:
+    if isinstance(num_blocks, bool) or not isinstance(num_blocks, (int, np.integer)) or num_blocks < 1:
+        raise ValueError(f"path counts: K must be an integer >= 1, got {num_blocks!r}")
+    return int(num_blocks)
+
+
+def path_counts(num_blocks: int) -> list[int]:
+    """``[C(K, 0), ..., C(K, K)]``, exact integers: the number of paths through exactly m branches."""
+    k = _check_k(num_blocks)
+    return [math.comb(k, m) for m in range(k + 1)]
+
+
+def path_length_shares(num_blocks: int) -> np.ndarray:
+    """``C(K, m) / 2^K`` for m = 0..K (float64): the share of all paths through exactly m branches."""
+    k = _check_k(num_blocks)
+    return np.array([float(Fraction(c, 2 ** k)) for c in path_counts(k)])
+
+
+def share_of_paths(num_blocks: int, lo: int, hi: int) -> float:
+    """The share of all 2^K paths whose length m satisfies ``lo <= m <= hi``."""
+    k = _check_k(num_blocks)
+    if not (0 <= lo <= hi <= k):
+        raise ValueError(f"share_of_paths: need 0 <= lo <= hi <= K = {k}, got lo={lo}, hi={hi}")
+    return float(Fraction(sum(math.comb(k, m) for m in range(lo, hi + 1)), 2 ** k))
+
+
+def central_band(num_blocks: int, mass: float = 0.5) -> tuple[int, int]:
+    """The shortest run of lengths ``(lo, hi)`` holding at least ``mass`` of all paths (the most-filled
+    one among equally short runs): the lecture's "central band holding half of all paths"."""
+    k = _check_k(num_blocks)
+    if not 0 < mass <= 1:
+        raise ValueError(f"central_band: mass must be in (0, 1], got {mass}")
+    counts = path_counts(k)
+    target = Fraction(mass).limit_denominator(10 ** 12) * 2 ** k
+    for width in range(1, k + 2):
+        best = max(range(k + 2 - width), key=lambda lo: (sum(counts[lo:lo + width]), -abs(2 * lo + width - 1 - k)))
+        if sum(counts[best:best + width]) >= target:
+            return best, best + width - 1
+    return 0, k
