@@ -194,7 +194,7 @@ def _program(model, variables):
     rel_counts = jnp.asarray(counts / counts.max(), jnp.float32)  # C(54, 27) = 2e15: scale before multiplying
 
     def one(thetas, head, masks, x0, y, v):
-        stack = paths.ResidualStack(branch, thetas, num)
+        stack = paths.BranchStack(branch, thetas, num)
         jac, xs = paths.block_jacobians(stack, x0)
         terms = paths.expand_by_length(jac)
         loss = lambda h: optax.softmax_cross_entropy_with_integer_labels(  # noqa: E731

@@ -25,7 +25,7 @@ import time
 
 from experiments import common
 
-REGISTRY = ("degradation",)
+REGISTRY = ("degradation", "shattered_gradients", "gradient_scale", "variance_growth", "path_lengths")
 
 
 def _cell(value) -> str:

@@ -15,7 +15,7 @@ Three blocks, all ``resjax.nn.ResidualBlock`` with ``order='pre'`` and one linea
 Choices where the lecture is silent, and why:
 
 - the stream: the random inputs are the stream h_0 itself, x ~ N(0, 1) entrywise, shape (512, 256),
-  through ``resjax.analysis.propagation.ResidualStack`` (the blocks with no stem or head). The guides
+  through ``resjax.nn.ResidualStack`` (the blocks with no stem or head). The guides
   2^k and 1 + k start at 1, so the lecture's curves start at variance 1; a learned He stem would start
   them at 2.
 - the block matches udlbook notebook 11.3's ``res + linear(res.relu())`` (pre-activation, ReLU then
@@ -73,6 +73,7 @@ import numpy as np
 
 from experiments import common
 from resjax.analysis import propagation as prop
+from resjax.nn import ResidualStack
 
 NAME = "variance_growth"
 BLOCKS = {
@@ -99,8 +100,8 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
     return c
 
 
-def _model(config, name: str) -> prop.ResidualStack:
-    return prop.ResidualStack(width=config.width, num_blocks=config.num_blocks, order="pre",
+def _model(config, name: str) -> ResidualStack:
+    return ResidualStack(width=config.width, num_blocks=config.num_blocks, order="pre",
                               kernel_init=config.kernel_init, scan=config.scan, **BLOCKS[name])
 
 

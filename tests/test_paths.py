@@ -142,7 +142,7 @@ def test_jvp_form_on_a_convolutional_stream():
     conv = nn.Conv(3, (3, 3))
     x0 = jax.random.normal(jax.random.key(5), (6, 6, 3))
     kernels = jax.vmap(lambda k: conv.init(k, x0)["params"])(jax.random.split(jax.random.key(6), 4))
-    stack = paths.ResidualStack(lambda p, x: 0.5 * conv.apply({"params": p}, nn.relu(x)), kernels, 4)
+    stack = paths.BranchStack(lambda p, x: 0.5 * conv.apply({"params": p}, nn.relu(x)), kernels, 4)
     v = jax.random.normal(jax.random.key(7), x0.shape)
     with HIGHEST:
         e = paths.expand_jvp(stack, x0, v)
@@ -205,7 +205,7 @@ def test_bad_inputs_raise_value_errors():
         paths.expand_vjp(stack, x0, jnp.ones((4, 1)))
     with pytest.raises(ValueError, match="K = 0"):
         paths.trajectory(stack._replace(num_blocks=0), x0)
-    narrow = paths.ResidualStack(lambda p, z: z[:2] * p, jnp.ones(3), 3)
+    narrow = paths.BranchStack(lambda p, z: z[:2] * p, jnp.ones(3), 3)
     with pytest.raises(ValueError, match="equal shapes"):
         paths.block_jacobians(narrow, x0)
     with pytest.raises(ValueError, match="inputs must be a batch"):

@@ -11,6 +11,7 @@ import pytest
 
 from experiments import common, gradient_scale, variance_growth
 from resjax.analysis import propagation as prop
+from resjax.nn import ResidualStack
 from resjax.nn import ResidualMLP
 
 WIDTH, BLOCKS, BATCH, NETS = 128, 6, 128, 8
@@ -18,7 +19,7 @@ WIDTH, BLOCKS, BATCH, NETS = 128, 6, 128, 8
 
 def _curves(norm="none", scaling="none", scan=True, seed=0):
     """Variance curves of NETS networks (vmapped over weights and inputs), train-mode BatchNorm."""
-    model = prop.ResidualStack(width=WIDTH, num_blocks=BLOCKS, norm=norm, scaling=scaling, scan=scan)
+    model = ResidualStack(width=WIDTH, num_blocks=BLOCKS, norm=norm, scaling=scaling, scan=scan)
 
     def one(key):
         kp, kx = jax.random.split(key)
@@ -62,7 +63,7 @@ def test_normalised_variance_grows_by_one_per_block(curves):
 def test_rescale_is_the_added_stream_over_two_to_the_half_k():
     """Zero biases and a positively homogeneous ReLU: same weights, h_k(rescaled) = h_k(added) / 2^(k/2)."""
     x = jax.random.normal(jax.random.key(0), (16, 32))
-    added, rescaled = (prop.ResidualStack(width=32, num_blocks=5, scaling=s) for s in ("none", "rescale"))
+    added, rescaled = (ResidualStack(width=32, num_blocks=5, scaling=s) for s in ("none", "rescale"))
     v = added.init(jax.random.key(1), x)
     with jax.default_matmul_precision("highest"):
         a = prop.stream_activations(added, v, x)
@@ -78,7 +79,7 @@ def test_scan_and_residual_mlp_layouts_are_read_in_depth_order():
                                        model.apply(v, x, mutable=["intermediates"])[1]))(v)
     assert stream.shape == (13, 8, 16)
     np.testing.assert_array_equal(stream[11], inter["intermediates"]["blocks_10"]["block_out"][0])
-    scanned = prop.ResidualStack(width=16, num_blocks=4, scan=True)
+    scanned = ResidualStack(width=16, num_blocks=4, scan=True)
     h = jax.random.normal(jax.random.key(2), (8, 16))
     s = prop.stream_activations(scanned, scanned.init(jax.random.key(3), h), h)
     assert s.shape == (5, 8, 16)
@@ -124,9 +125,9 @@ def test_gradient_scale_matches_explicit_products_and_theory():
     (lambda: prop.product_norms(jnp.zeros((0, 4, 4)), "plain"), "depth"),
     (lambda: prop.random_relu_jacobian(jax.random.key(0), 0), "width"),
     (lambda: prop.doubling_guide(0), "num_blocks"),
-    (lambda: prop.ResidualStack(width=0, num_blocks=3), "width"),
-    (lambda: prop.ResidualStack(width=4, num_blocks=0), "num_blocks"),
-    (lambda: prop.ResidualStack(width=4, num_blocks=2, norm="bogus"), "norm"),
+    (lambda: ResidualStack(width=0, num_blocks=3), "width"),
+    (lambda: ResidualStack(width=4, num_blocks=0), "num_blocks"),
+    (lambda: ResidualStack(width=4, num_blocks=2, norm="bogus"), "norm"),
 ])
 def test_bad_settings_raise_value_error_naming_them(call, setting):
     with pytest.raises(ValueError, match=setting):
@@ -134,7 +135,7 @@ def test_bad_settings_raise_value_error_naming_them(call, setting):
 
 
 def test_bad_inputs_and_modules_raise_value_error():
-    model = prop.ResidualStack(width=4, num_blocks=2)
+    model = ResidualStack(width=4, num_blocks=2)
     x = jnp.ones((3, 4))
     v = model.init(jax.random.key(0), x)
     with pytest.raises(ValueError, match="inputs"):
@@ -142,7 +143,7 @@ def test_bad_inputs_and_modules_raise_value_error():
     with pytest.raises(ValueError, match="inputs"):
         prop.variance_through_depth(model, v, jnp.ones(4))
     with pytest.raises(ValueError, match="order"):
-        post = prop.ResidualStack(width=4, num_blocks=2, order="post")
+        post = ResidualStack(width=4, num_blocks=2, order="post")
         prop.branch_variance_ratio(post, post.init(jax.random.key(0), x), x)
 
     class Dense(nn.Module):

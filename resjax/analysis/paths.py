@@ -19,7 +19,7 @@ convolutional streams whose Jacobians would not fit in memory.
 
 Two levels of use:
 
-- any residual stack: a ``ResidualStack(branch, thetas, num_blocks)`` with ``branch(theta_k, x) =
+- any residual stack: a ``BranchStack(branch, thetas, num_blocks)`` with ``branch(theta_k, x) =
   f_k(x)`` for one example ``x`` (no batch axis) and ``thetas`` a pytree whose leaves have a leading axis
   of size K (block k's parameters). ``block_jacobians``, ``expand_jvp``, ``expand_vjp`` take it;
 - a resjax ``ResidualMLP`` (``order='pre'``, any norm, unrolled or ``scan=True``): ``residual_stack_of``
@@ -58,14 +58,14 @@ import numpy as np
 from resjax.nn.residual import ResidualBlock, stack_unrolled
 
 __all__ = [
-    "ResidualStack", "residual_stack_of", "stream_input", "trajectory", "block_jacobians", "expand_by_length",
+    "BranchStack", "residual_stack_of", "stream_input", "trajectory", "block_jacobians", "expand_by_length",
     "expand_jvp", "expand_vjp", "path_expansion", "contributions_by_length", "expansion_rel_error",
     "random_path_masks", "path_magnitudes", "sampled_path_magnitudes", "path_counts", "path_length_shares",
     "central_band", "share_of_paths",
 ]
 
 
-class ResidualStack(NamedTuple):
+class BranchStack(NamedTuple):
     """K residual blocks ``x <- x + branch(thetas[k], x)``; ``x`` is one example (no batch axis)."""
 
     branch: Callable[[Any, jnp.ndarray], jnp.ndarray]
@@ -88,7 +88,7 @@ def _block_names(collection: dict, name: str) -> tuple[str, int]:
 
 
 def residual_stack_of(module, variables: dict, *, tau=None, block: ResidualBlock | None = None,
-                      name: str = "blocks") -> ResidualStack:
+                      name: str = "blocks") -> BranchStack:
     """The residual stack of a resjax module, built from its own ``ResidualBlock`` and parameters.
 
     ``module``: a ``ResidualMLP`` (or any module, when ``block`` gives the ``ResidualBlock`` its blocks are
@@ -128,7 +128,7 @@ def residual_stack_of(module, variables: dict, *, tau=None, block: ResidualBlock
     def branch(theta, x):
         return block.apply(theta, x[None], train=False, tau=tau)[0] - x
 
-    return ResidualStack(branch, thetas, num)
+    return BranchStack(branch, thetas, num)
 
 
 def stream_input(module, variables: dict, inputs: jnp.ndarray, *, tau=None) -> jnp.ndarray:
@@ -144,7 +144,7 @@ def stream_input(module, variables: dict, inputs: jnp.ndarray, *, tau=None) -> j
 # ---- the expansion -----------------------------------------------------------------------------------
 
 
-def _check(stack: ResidualStack, x0, vector=None, vector_name: str = "v") -> None:
+def _check(stack: BranchStack, x0, vector=None, vector_name: str = "v") -> None:
     if not isinstance(stack.num_blocks, int) or stack.num_blocks < 1:
         raise ValueError(f"path expansion: K = {stack.num_blocks}; a residual stack needs at least one block")
     leaves = jax.tree_util.tree_leaves(stack.thetas)
@@ -162,7 +162,7 @@ def _check(stack: ResidualStack, x0, vector=None, vector_name: str = "v") -> Non
                          f"{jnp.shape(x0)}; they must be equal")
 
 
-def trajectory(stack: ResidualStack, x0: jnp.ndarray) -> jnp.ndarray:
+def trajectory(stack: BranchStack, x0: jnp.ndarray) -> jnp.ndarray:
     """The stream ``x_0 ... x_K`` of one example, shape ``(K + 1, *x0.shape)``."""
     _check(stack, x0)
 
@@ -174,7 +174,7 @@ def trajectory(stack: ResidualStack, x0: jnp.ndarray) -> jnp.ndarray:
     return jnp.concatenate([x0[None], xs])
 
 
-def block_jacobians(stack: ResidualStack, x0: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+def block_jacobians(stack: BranchStack, x0: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
     """Dense ``J_k = d f_k / d x`` at ``x_{k-1}`` on the forward trajectory, by ``jax.jacfwd``.
 
     Returns ``(J, xs)``: ``J`` of shape ``(K, D, D)`` with ``D = x0.size`` (the stream flattened) and the
@@ -220,7 +220,7 @@ def _shift(e):
     return jnp.concatenate([jnp.zeros_like(e[:1]), e[:-1]])
 
 
-def expand_jvp(stack: ResidualStack, x0: jnp.ndarray, v: jnp.ndarray) -> jnp.ndarray:
+def expand_jvp(stack: BranchStack, x0: jnp.ndarray, v: jnp.ndarray) -> jnp.ndarray:
     """Matrix-free ``e_m = E_m(K) v`` for m = 0..K by JVPs: ``e_m(k) = e_m(k-1) + J_k e_{m-1}(k-1)``.
 
     ``x0`` and ``v`` have the stream's shape (any shape: vectors, images). Returns ``(K + 1, *x0.shape)``;
@@ -239,7 +239,7 @@ def expand_jvp(stack: ResidualStack, x0: jnp.ndarray, v: jnp.ndarray) -> jnp.nda
     return e
 
 
-def expand_vjp(stack: ResidualStack, x0: jnp.ndarray, u: jnp.ndarray) -> jnp.ndarray:
+def expand_vjp(stack: BranchStack, x0: jnp.ndarray, u: jnp.ndarray) -> jnp.ndarray:
     """Matrix-free ``r_m = E_m(K)^T u`` for m = 0..K by VJPs (backward through the blocks).
 
     With ``u = dL/dx_K``, ``r_m`` is the part of the gradient ``dL/dx_0`` carried by paths through

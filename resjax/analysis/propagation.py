@@ -27,9 +27,9 @@ On that stream:
 - ``doubling_guide(K)`` = ``v0 * 2^k`` and ``linear_guide(K)`` = ``v0 + k * per_block``, k = 0..K,
   and ``ratio_guide(K)`` = 1/(k + 1), k = 0..K-1: the lecture's guides.
 
-``ResidualStack`` is a stem-less stack of ``resjax.nn.ResidualBlock``s (built with
-``resjax.nn.residual_stack``) that sows its input as ``'stem_out'``: the lecture's "random inputs" are
-the stream h_0 itself (variance 1, so the guides start at 1). ``resjax.nn.ResidualMLP`` always has a
+``resjax.nn.ResidualStack`` is a stem-less stack of ``resjax.nn.ResidualBlock``s that sows its input
+as ``'stem_out'``: the lecture's "random inputs" are the stream h_0 itself (variance 1, so the guides
+start at 1). ``resjax.nn.ResidualMLP`` always has a
 learned stem whose He draw doubles a unit-variance input, so it is not used for the lecture's figure;
 the functions here accept it all the same.
 
@@ -65,7 +65,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from resjax.nn.init import get_initializer
-from resjax.nn.residual import ResidualBlock, residual_stack
 
 KINDS = ("plain", "residual", "residual_scaled")
 
@@ -79,47 +78,6 @@ def _check_int(setting: str, value: Any, minimum: int = 1) -> int:
 def _check_kind(kind: str) -> None:
     if kind not in KINDS:
         raise ValueError(f"kind: unknown product {kind!r}; choose one of {KINDS}")
-
-
-# ---- a stem-less residual stack ------------------------------------------------------------------
-
-
-class ResidualStack(nn.Module):
-    """``num_blocks`` ``ResidualBlock``s applied to the input itself (no stem, no head).
-
-    The input is the stream h_0 and is sown as ``'stem_out'``; every block sows ``'block_out'``. Fields
-    are ``ResidualMLP``'s block settings. Call as ``stack(x, train, tau)``.
-    """
-
-    width: int
-    num_blocks: int
-    num_layers: int = 1
-    order: str = "pre"
-    norm: str | Callable = "none"
-    scaling: str = "none"
-    tau: float | str = "1/sqrt(K)"
-    kernel_init: str | Callable = "he_uniform"
-    use_bias: bool = True
-    activation: Callable = nn.relu
-    scan: bool = False
-
-    def __post_init__(self):
-        self.block_kwargs()  # validates every setting (width, num_blocks, order, norm, ...) up front
-        super().__post_init__()
-
-    def block_kwargs(self) -> dict:
-        kwargs = dict(features=self.width, num_layers=self.num_layers, order=self.order, norm=self.norm,
-                      scaling=self.scaling, tau=self.tau, num_blocks=self.num_blocks,
-                      kernel_init=self.kernel_init, use_bias=self.use_bias, activation=self.activation)
-        ResidualBlock(**kwargs, parent=None)
-        return kwargs
-
-    @nn.compact
-    def __call__(self, x, train: bool = False, tau=None):
-        if x.shape[-1] != self.width:
-            raise ValueError(f"inputs: last axis {x.shape[-1]} must equal width {self.width} (the input is the stream)")
-        self.sow("intermediates", "stem_out", x)
-        return residual_stack(self.block_kwargs(), self.num_blocks, x, train, tau, self.scan)
 
 
 # ---- the stream at every depth -------------------------------------------------------------------

@@ -1,14 +1,15 @@
 """Flax linen modules for residual networks; see each file's docstring."""
 
 from resjax.nn.init import INITIALIZERS, get_initializer
-from resjax.nn.mlp import PlainMLP, ResidualMLP
+from resjax.nn.init import BIAS_INITIALIZERS, get_bias_initializer
+from resjax.nn.mlp import PlainMLP, ResidualMLP, ResidualStack
 from resjax.nn.norms import NORMS, make_norm
 from resjax.nn.residual import (ORDERS, SCALINGS, ResidualBlock, residual_add, residual_stack, resolve_tau,
                                 stack_unrolled, unstack_scanned)
 
 __all__ = [
-    "INITIALIZERS", "NORMS", "ORDERS", "SCALINGS", "PlainMLP", "ResidualBlock", "ResidualMLP",
-    "get_initializer", "make_norm", "residual_add", "residual_stack", "resolve_tau", "stack_unrolled",
+    "BIAS_INITIALIZERS", "INITIALIZERS", "NORMS", "ORDERS", "SCALINGS", "PlainMLP", "ResidualBlock", "ResidualMLP", "ResidualStack",
+    "get_bias_initializer", "get_initializer", "make_norm", "residual_add", "residual_stack", "resolve_tau", "stack_unrolled",
     "unstack_scanned", "build_model",
 ]
 

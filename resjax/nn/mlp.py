@@ -4,6 +4,8 @@
 layers (each linear -> norm -> activation), and a linear head. ``depth`` counts the hidden
 width-to-width layers, as the lecture does: "plain depth 8" has 8 hidden 64-to-64 layers.
 
+``ResidualStack(width, num_blocks)``: the same blocks without stem or head (the input is the stream).
+
 ``ResidualMLP(width, num_blocks)``: a linear stem ``in -> width``, ``num_blocks`` ``ResidualBlock``s,
 and a linear head. With ``order='post'`` the stem is followed by the activation (``h_0 = relu(A x)``,
 as in Zhang et al.'s model); with ``order='pre'`` the stem is linear and every branch begins with its
@@ -61,10 +63,11 @@ class PlainMLP(nn.Module):
         return nn.Dense(self.num_classes, kernel_init=init, bias_init=bias(h), name="head")(h)
 
 
-class ResidualMLP(nn.Module):
+class _ResidualFields(nn.Module):
+    """The block settings shared by ``ResidualMLP`` and ``ResidualStack`` (see ``ResidualBlock``)."""
+
     width: int
     num_blocks: int
-    num_classes: int = 10
     num_layers: int = 1
     order: str = "pre"
     norm: str | Callable = "none"
@@ -77,7 +80,6 @@ class ResidualMLP(nn.Module):
     scan: bool = False
 
     def __post_init__(self):
-        check_positive("num_classes", self.num_classes)
         self.block_kwargs()  # validates every block setting before anything is traced
         super().__post_init__()
 
@@ -88,6 +90,30 @@ class ResidualMLP(nn.Module):
                       activation=self.activation)
         ResidualBlock(**kwargs, parent=None)
         return kwargs
+
+
+class ResidualStack(_ResidualFields):
+    """``num_blocks`` residual blocks applied to the input itself: no stem, no head.
+
+    The input is the stream h_0 (its last axis must equal ``width``) and is sown as ``'stem_out'``.
+    For measurements on the stream itself, e.g. the lecture's variance curves, whose random inputs
+    start at variance 1.
+    """
+
+    @nn.compact
+    def __call__(self, x, train: bool = False, tau=None):
+        if x.shape[-1] != self.width:
+            raise ValueError(f"inputs: last axis {x.shape[-1]} must equal width {self.width} (the input is the stream)")
+        self.sow("intermediates", "stem_out", x)
+        return residual_stack(self.block_kwargs(), self.num_blocks, x, train, tau, self.scan)
+
+
+class ResidualMLP(_ResidualFields):
+    num_classes: int = 10
+
+    def __post_init__(self):
+        check_positive("num_classes", self.num_classes)
+        super().__post_init__()
 
     @nn.compact
     def __call__(self, x, train: bool = False, tau=None):
