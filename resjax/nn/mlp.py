@@ -110,20 +110,25 @@ class ResidualStack(_ResidualFields):
 
 class ResidualMLP(_ResidualFields):
     num_classes: int = 10
+    stem_init: str | Callable | None = None  # None: kernel_init
+    head_init: str | Callable | None = None  # None: kernel_init (Fixup: zeros)
 
     def __post_init__(self):
         check_positive("num_classes", self.num_classes)
+        for init in (self.stem_init, self.head_init):
+            if init is not None:
+                get_initializer(init)
         super().__post_init__()
 
     @nn.compact
     def __call__(self, x, train: bool = False, tau=None):
-        init = get_initializer(self.kernel_init)
+        init = get_initializer(self.kernel_init if self.stem_init is None else self.stem_init)
         h = nn.Dense(self.width, use_bias=self.use_bias, kernel_init=init,
                      bias_init=get_bias_initializer(self.bias_init, x.shape[-1]), name="stem")(x)
         if self.order == "post":
             h = self.activation(h)
         self.sow("intermediates", "stem_out", h)
         h = residual_stack(self.block_kwargs(), self.num_blocks, h, train, tau, self.scan)
-        head_init = get_initializer("zeros" if self.scaling == "fixup" else self.kernel_init)
+        head_init = get_initializer("zeros" if self.scaling == "fixup" else self.head_init or self.kernel_init)
         head_bias = get_bias_initializer("zeros" if self.scaling == "fixup" else self.bias_init, h.shape[-1])
         return nn.Dense(self.num_classes, kernel_init=head_init, bias_init=head_bias, name="head")(h)
