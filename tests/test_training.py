@@ -84,6 +84,8 @@ def test_divergence_is_recorded_and_seed_mates_go_on():
     keys = jnp.stack([key, key])
     _, m = trainer.sweep(keys, {"learning_rate": np.array([1e30, 0.05], np.float32)})
     assert m["diverged_epoch"].tolist() == [1, -1]
+    # lr 1e30: the first update leaves finite weights of order 1e30; the second step overflows
+    assert m["diverged_step"].tolist() == [2, -1]
     assert np.isnan(m["train_error"][0]).all()
     _, alone = trainer.sweep(keys[1:], {"learning_rate": 0.05})
     np.testing.assert_allclose(m["train_error"][1], alone["train_error"][0], rtol=1e-5)

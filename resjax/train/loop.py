@@ -18,7 +18,8 @@ With more than one device the seeds are sharded across devices (``jax.sharding``
 
 Divergence: a step whose loss or any gradient entry is non-finite marks its seed as diverged; from then on
 that seed's state is frozen (``jnp.where``, no Python control flow), its epoch metrics are NaN, and
-``diverged_epoch`` (1-based; -1 if never) records the epoch. Its seed-mates are unaffected.
+``diverged_epoch`` (1-based; -1 if never) records the epoch and ``diverged_step`` (1-based, counted over
+the whole run) the step. Its seed-mates are unaffected.
 
 Metrics per epoch: ``train_loss`` (mean minibatch loss over the epoch, training mode),
 ``train_error`` and ``test_error`` (fractions, evaluation mode, whole sets, after the epoch).
@@ -160,7 +161,7 @@ class Trainer:
         """The whole run as one pure function: ``(state, metrics)``; metrics include ``diverged_epoch``."""
         hparams = self.default_hparams() if hparams is None else hparams
         carry, metrics = self.run_epochs(self.init(key, hparams), hparams, self.config.epochs)
-        return carry.state, {**metrics, "diverged_epoch": carry.diverged_epoch}
+        return carry.state, {**metrics, **divergence(carry)}
 
     # ---- host loop -----------------------------------------------------------------------------------
 
@@ -170,7 +171,7 @@ class Trainer:
 
         ``keys``: ``(S,)`` PRNG keys. ``hparams``: dict of scalars or ``(S,)`` arrays (default: the
         config's). Returns ``(state, metrics)`` with numpy metrics of shape ``(S, epochs)`` and
-        ``diverged_epoch`` of shape ``(S,)``. ``callback(epochs_done, metrics_so_far)`` runs after each chunk.
+        ``diverged_epoch`` and ``diverged_step`` of shape ``(S,)``. ``callback(epochs_done, metrics_so_far)`` runs after each chunk.
         """
         num = keys.shape[0]
         allowed = {"learning_rate", "tau"} if self.uses_tau else {"learning_rate"}
@@ -206,7 +207,7 @@ class Trainer:
         if bar is not None:
             bar.close()
         metrics = _concat(chunks)
-        metrics["diverged_epoch"] = np.asarray(jax.device_get(carry.diverged_epoch))
+        metrics.update(jax.device_get(divergence(carry)))
         return carry.state, metrics
 
     @functools.cached_property
@@ -217,6 +218,14 @@ class Trainer:
     def _chunk_fn(self, num_epochs: int):
         run = jax.vmap(functools.partial(self.run_epochs, num_epochs=num_epochs))
         return jax.jit(run, donate_argnums=0)
+
+
+def divergence(carry: Carry) -> dict:
+    """``diverged_epoch`` and ``diverged_step`` (1-based; -1 if the run never diverged). A diverged
+    state is frozen, so its step counter stopped at the last good step."""
+    diverged = carry.diverged_epoch >= 0
+    return {"diverged_epoch": carry.diverged_epoch,
+            "diverged_step": jnp.where(diverged, carry.state.step + 1, -1)}
 
 
 def _concat(chunks: list[dict]) -> dict:
