@@ -11,7 +11,19 @@ he_uniform_fan_out  U(+-sqrt(6/fan_out))
 fan_in              N(0, 1/fan_in)   (alias ``lecun_normal``; the lecture's 1/fan-in draws)
 torch_default       U(+-1/sqrt(fan_in)), variance 1/(3 fan_in): PyTorch's ``nn.Linear`` default
 zeros               all zeros
+taki(c=C, L=K)      N(0, c/(fan_in L)), untruncated: Taki (2017), eq. (28), "Var[w] = c/(nL)" for a
+                    plain ResNet of L residual blocks (fan-in n, c = O(1)); ``L`` (alias ``K``,
+                    ``num_blocks``) is required, ``c`` defaults to 1. Also
+                    ``get_initializer('taki', c=C, num_blocks=K)`` or ``taki_init(c, num_blocks)``.
 ==================  =====================================================================
+
+The parameter-free names are listed in ``INITIALIZERS``; ``taki`` takes parameters (listed in
+``PARAMETRISED_INITIALIZERS``), because its variance depends on the depth: a bare ``'taki'`` raises
+``ValueError`` rather than silently assume L = 1. The string form (``'taki(c=1, L=100)'``; spaces
+ignored) goes wherever a ``kernel_init`` name goes (``ResidualStack(kernel_init='taki(L=100)')``,
+config files, ``--kernel_init`` flags). Bad parameters (c <= 0 or not finite, L not an integer >= 1,
+an unknown parameter) raise ``ValueError`` naming the setting. Taki's own CIFAR runs drew
+1/(8*8*16*100), i.e. c = 1, n = 8*8*16 (an 8x8 convolution on 16 channels), L = 100.
 
 ``gain`` multiplies the draw (Fixup scales its branch layers this way). Fan-in and fan-out are
 flax's: for a Dense kernel ``(in, out)`` fan_in = in; for a conv kernel ``(h, w, in, out)`` fan_in =
@@ -29,6 +41,7 @@ fan_in              N(0, 1/fan_in): the lecture's "weights and biases drawn at v
 
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 import jax.numpy as jnp
@@ -48,16 +61,73 @@ _BASE = {
 _ALIASES = {"he_normal": "he_normal_fan_in", "he_uniform": "he_uniform_fan_in", "lecun_normal": "fan_in"}
 
 INITIALIZERS = tuple(sorted(_BASE)) + tuple(sorted(_ALIASES))
+PARAMETRISED_INITIALIZERS = ("taki",)
+
+_TAKI_PARAMS = {"c": "c", "L": "num_blocks", "K": "num_blocks", "num_blocks": "num_blocks"}
 
 
-def get_initializer(name: str | Initializer, gain: float = 1.0) -> Initializer:
-    """The initialiser called ``name`` (or ``name`` itself if it is already a function), times ``gain``."""
+def taki_init(c: float = 1.0, num_blocks: int | None = None) -> Initializer:
+    """Taki (2017) eq. (28): N(0, c / (fan_in * L)), untruncated, L = ``num_blocks`` residual blocks.
+
+    Raises ``ValueError`` naming the setting for c <= 0 (or not finite) and L not an integer >= 1.
+    """
+    import math
+    import numbers
+
+    if isinstance(c, bool) or not isinstance(c, numbers.Real) or not math.isfinite(float(c)) or c <= 0:
+        raise ValueError(f"kernel_init: taki's c must be a finite number > 0, got {c!r}")
+    if num_blocks is None:
+        raise ValueError("kernel_init: taki needs the number of residual blocks L: use 'taki(L=100)', "
+                         "get_initializer('taki', num_blocks=100) or taki_init(c, num_blocks)")
+    if isinstance(num_blocks, numbers.Real) and not isinstance(num_blocks, bool) and float(num_blocks).is_integer():
+        num_blocks = int(num_blocks)
+    if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
+        raise ValueError(f"kernel_init: taki's L (num_blocks) must be an integer >= 1, got {num_blocks!r}")
+    return initializers.variance_scaling(float(c) / num_blocks, "fan_in", "normal")
+
+
+def _parse_taki(name: str, params: dict) -> Initializer:
+    """``'taki'`` / ``'taki(c=1, L=100)'`` plus keyword parameters -> ``taki_init``."""
+    text = re.sub(r"\s+", "", name)
+    m = re.fullmatch(r"taki(?:\((.*)\))?", text)
+    if m is None:
+        raise ValueError(f"kernel_init: cannot read {name!r}; write e.g. 'taki(c=1, L=100)'")
+    kwargs: dict = {}
+    items = [i for i in (m.group(1) or "").split(",") if i]
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in _TAKI_PARAMS:
+            raise ValueError(f"kernel_init: unknown taki parameter {item!r} in {name!r}; use c=..., L=...")
+        try:
+            kwargs[_TAKI_PARAMS[key]] = float(value)
+        except ValueError:
+            raise ValueError(f"kernel_init: taki parameter {key}={value!r} is not a number") from None
+    for key, value in params.items():
+        if key not in _TAKI_PARAMS:
+            raise ValueError(f"kernel_init: unknown taki parameter {key!r}; use c and num_blocks (or L)")
+        kwargs[_TAKI_PARAMS[key]] = value
+    return taki_init(**kwargs)
+
+
+def get_initializer(name: str | Initializer, gain: float = 1.0, **params) -> Initializer:
+    """The initialiser called ``name`` (or ``name`` itself if it is already a function), times ``gain``.
+
+    ``params`` are the parameters of a parametrised initialiser (``'taki'``: ``c``, ``num_blocks``/``L``);
+    the parameter-free names take none.
+    """
     if callable(name):
+        if params:
+            raise ValueError(f"kernel_init: parameters {sorted(params)} only go with a parametrised name")
         base = name
+    elif isinstance(name, str) and re.match(r"\s*taki\b", name):
+        base = _parse_taki(name, params)
     else:
+        if params:
+            raise ValueError(f"kernel_init: initialiser {name!r} takes no parameters, got {sorted(params)}")
         key = _ALIASES.get(name, name)
         if key not in _BASE:
-            raise ValueError(f"kernel_init: unknown initialiser {name!r}; choose one of {INITIALIZERS}")
+            raise ValueError(f"kernel_init: unknown initialiser {name!r}; choose one of "
+                             f"{INITIALIZERS + PARAMETRISED_INITIALIZERS}")
         base = _BASE[key]()
     if gain == 1.0:
         return base
