@@ -127,6 +127,23 @@ def select_batch_size(m: dict, batch_sizes) -> int:
     return max(passing) if passing else FALLBACK_BATCH_SIZE
 
 
+def _mean_curve(m: dict, name: str) -> np.ndarray:
+    return np.mean(np.array(m[f"curves.{name}.train_error_pct"], float), axis=0)
+
+
+def _largest_swing(m: dict, name: str) -> float:
+    runs = np.array(m[f"curves.{name}.train_error_pct"], float)
+    return float(np.nanmax(np.abs(np.diff(runs, axis=1))))
+
+
+def _leads_from(m: dict, leader: str, other: str) -> int | str:
+    """The first epoch from which ``leader``'s mean training error stays below ``other``'s to the end."""
+    behind = np.nonzero(~(_mean_curve(m, leader) < _mean_curve(m, other)))[0]
+    if len(behind) == 0:
+        return 1
+    return int(behind[-1]) + 2 if behind[-1] + 1 < len(_mean_curve(m, leader)) else "never"
+
+
 def _fmt(values) -> str:
     return ", ".join("n/a" if v is None or not np.isfinite(v) else f"{v:.1f}" for v in values)
 
@@ -145,12 +162,17 @@ CLAIMS = [
     common.Claim("plain depth 2 ends worse than depth 8", SRC, "worse, still falling",
                  lambda m: f"{np.mean(_final(m, 'plain_d2')):.2f} vs {np.mean(_final(m, 'plain_d8')):.2f}",
                  lambda m: rule_claims(m)[2]),
+    common.Claim("plain depth 32 runs are erratic: largest swing of one run between consecutive epochs "
+                 "(percentage points)", SRC, "up to 33 between checkpoints",
+                 lambda m: f"{_largest_swing(m, 'plain_d32'):.1f}", lambda m: None),
     common.Claim("residual + BatchNorm depth 32 final training error (%), mean at or below 3%", SRC, "1.2",
                  lambda m: f"{np.mean(_final(m, 'residual_bn_d32')):.2f} ({_fmt(_final(m, 'residual_bn_d32'))})",
                  lambda m: rule_claims(m)[3]),
     common.Claim("residual without normalisation diverges in epoch 1 of every run (lr 0.005)", SRC, "epoch 1, 3/3",
                  lambda m: f"diverged epochs {_diverged(m, 'residual_d32')}",
                  lambda m: rule_claims(m)[4]),
+    common.Claim("plain depth 8 leads residual + BN depth 32 (mean training error) for good only from epoch", SRC,
+                 "260", lambda m: _leads_from(m, "plain_d8", "residual_bn_d32"), lambda m: None),
     common.Claim("degradation gap at depth 32 (points above plain depth 8): plain -> residual + BN", SRC,
                  "10.4 -> 1.0",
                  lambda m: (f"{np.mean(_final(m, 'plain_d32')) - np.mean(_final(m, 'plain_d8')):.1f} -> "
@@ -181,7 +203,20 @@ def report_section(m: dict) -> str:
         lines.append(f"| {b} | " + " | ".join(cells) + f" | {claims} |")
     lines += ["", f"Selection rule applied to these cells: batch size {m['batch_sweep.selected_batch_size']} "
               f"(the experiment's default is {DEFAULT_BATCH_SIZE})."]
-    return "\n".join(lines)
+    return "\n".join(lines + _ablation_table(m))
+
+
+def _ablation_table(m: dict) -> list[str]:
+    """Every config run at the default batch size: final errors per seed and divergence."""
+    names = [n for n in [*CONFIGS, *ABLATIONS, *ABLATION_LEARNING_RATES] if f"final_train_error_pct.{n}" in m]
+    lines = ["", "All configs at the default batch size (final training / test error %, per seed; divergence):", "",
+             "| config | training error | test error | diverged (epoch, step) |", "|---|---|---|---|"]
+    for n in names:
+        test = [np.nan if v is None else v for v in m[f"final_test_error_pct.{n}"]]
+        steps = m.get(f"diverged_step.{n}", [None] * len(test))
+        div = [f"{e}, {s}" for e, s in zip(m[f"diverged_epoch.{n}"], steps) if e is not None]
+        lines.append(f"| {n} | {_fmt(_final(m, n))} | {_fmt(test)} | {'; '.join(div) or 'never'} |")
+    return lines
 
 
 # ---- running -----------------------------------------------------------------------------------------
@@ -206,7 +241,8 @@ def train_cell(config, model: dict, batch_size: int, data, learning_rates) -> di
 def _record(out: dict, prefix: str, name: str, metrics: dict, curves: bool) -> None:
     out[f"{prefix}final_train_error_pct.{name}"] = 100 * metrics["train_error"][:, -1]
     out[f"{prefix}final_test_error_pct.{name}"] = 100 * metrics["test_error"][:, -1]
-    out[f"{prefix}diverged_epoch.{name}"] = [None if e < 0 else int(e) for e in metrics["diverged_epoch"]]
+    for key in ("diverged_epoch", "diverged_step"):
+        out[f"{prefix}{key}.{name}"] = [None if e < 0 else int(e) for e in metrics[key]]
     if curves:
         out[f"curves.{name}.train_error_pct"] = 100 * metrics["train_error"]
         out[f"curves.{name}.test_error_pct"] = 100 * metrics["test_error"]
