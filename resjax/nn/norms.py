@@ -17,6 +17,19 @@ default here is ``momentum=0.9`` (flax's own default, 0.99, is rho = 0.01). Flax
 
 Under ``jax.vmap`` over seeds, BatchNorm must not be given an ``axis_name`` equal to the vmapped
 axis's name: that would pool statistics across seeds. resjax never names its seed axis.
+
+Which axes supply the statistics (flax is channels-last: the lecture's ``(B, C, H, W)`` is flax's
+``(B, H, W, C)``; see ``resjax.analysis.batchnorm.reduction_axes``): ``batch`` reduces over every axis but
+the channels (B, H, W); ``layer`` over the last axis only by default (flax's default: each example
+*and position* separately, the Transformer convention; pass ``reduction_axes=(1, 2, 3)`` for the
+lecture's "channels and spatial positions within each example"; on an MLP's ``(B, D)`` both agree);
+``group`` over the spatial axes and the channels of one group; ``instance`` over the spatial axes.
+
+Settings are checked (``ValueError`` naming the setting): ``momentum`` must lie in [0, 1) (rho = 1 -
+momentum in (0, 1]); ``rho=`` may be passed instead of ``momentum`` (PyTorch's convention); ``num_groups``
+must divide the channels (checked when the layer sees its input); a BatchNorm in training mode needs
+more than one value per channel (a batch of one in an MLP), as PyTorch requires. That last check is
+skipped during ``init``, which only needs shapes.
 """
 
 from __future__ import annotations
@@ -34,6 +47,53 @@ def _identity(x, *args, **kwargs):
     return x
 
 
+class BatchNorm(nn.BatchNorm):
+    """``flax.linen.BatchNorm`` that refuses training-mode statistics over a single value per channel."""
+
+    def __call__(self, x, use_running_average=None, **kwargs):
+        use_ra = nn.merge_param("use_running_average", self.use_running_average, use_running_average)
+        if not use_ra and not self.is_initializing():
+            feature = {a % x.ndim for a in ((self.axis,) if isinstance(self.axis, int) else self.axis)}
+            count = 1
+            for a in range(x.ndim):
+                if a not in feature:
+                    count *= x.shape[a]
+            if count < 2:
+                raise ValueError(
+                    f"batch_size: BatchNorm in training mode (train=True) needs more than one value per channel "
+                    f"to compute batch statistics; input shape {tuple(x.shape)} gives {count} (a batch of one). "
+                    "Use evaluation mode (train=False, the running estimates) for single examples")
+        return super().__call__(x, use_running_average, **kwargs)
+
+
+class GroupNorm(nn.GroupNorm):
+    """``flax.linen.GroupNorm`` whose group-count error names the setting."""
+
+    def __call__(self, x, **kwargs):
+        channels = x.shape[-1]
+        if self.num_groups is not None and (self.num_groups < 1 or channels % self.num_groups):
+            raise ValueError(f"num_groups: {self.num_groups} groups do not divide the {channels} channels "
+                             f"(the last axis of input shape {tuple(x.shape)})")
+        return super().__call__(x, **kwargs)
+
+
+def _momentum(overrides: dict) -> dict:
+    """Resolve ``rho`` / ``momentum`` overrides into flax's ``momentum`` = 1 - rho, validated."""
+    overrides = dict(overrides)
+    if "rho" in overrides:
+        if "momentum" in overrides:
+            raise ValueError("rho: pass either rho (PyTorch's momentum) or momentum (flax's, 1 - rho), not both")
+        rho = overrides.pop("rho")
+        if not 0 < rho <= 1:
+            raise ValueError(f"rho: the running-estimate rate must lie in (0, 1], got {rho}")
+        overrides["momentum"] = 1.0 - rho
+    m = overrides.get("momentum", BATCHNORM_DEFAULTS["momentum"])
+    if not 0 <= m < 1:
+        raise ValueError(f"momentum: flax's BatchNorm momentum (1 - rho) must lie in [0, 1), got {m} "
+                         f"(rho = {1 - m}); note PyTorch's momentum is rho itself")
+    return overrides
+
+
 def make_norm(kind: str | Callable, *, train: bool, name: str | None = None, **overrides: Any) -> Callable:
     """A normalisation layer of the given kind (or ``kind(name=name, **overrides)`` if it is callable).
 
@@ -44,12 +104,12 @@ def make_norm(kind: str | Callable, *, train: bool, name: str | None = None, **o
     if kind == "none":
         return _identity
     if kind == "batch":
-        kwargs = {**BATCHNORM_DEFAULTS, **overrides}
-        return nn.BatchNorm(use_running_average=not train, name=name, **kwargs)
+        kwargs = {**BATCHNORM_DEFAULTS, **_momentum(overrides)}
+        return BatchNorm(use_running_average=not train, name=name, **kwargs)
     if kind == "layer":
         return nn.LayerNorm(name=name, **{"epsilon": 1e-5, **overrides})
     if kind == "group":
-        return nn.GroupNorm(name=name, **{"num_groups": 32, "epsilon": 1e-5, **overrides})
+        return GroupNorm(name=name, **{"num_groups": 32, "epsilon": 1e-5, **overrides})
     if kind == "instance":
         return nn.InstanceNorm(name=name, **{"epsilon": 1e-5, **overrides})
     raise ValueError(f"norm: unknown normalisation {kind!r}; choose one of {NORMS} or pass a callable")
