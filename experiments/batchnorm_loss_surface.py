@@ -1,0 +1,325 @@
+"""BatchNorm and the loss surface on MNIST-1D: Santurkar et al.'s measurements as the lecture describes them
+(lecture 000, "BatchNorm and the loss surface").
+
+Claims (the lecture, after Santurkar et al. 2018): BatchNorm makes the loss vary more smoothly along
+optimisation directions, makes gradients change more gradually, makes larger learning rates practical;
+noise injected after each BatchNorm layer (covariate shift) trains about as well as standard BatchNorm.
+
+What is run (every choice the lecture leaves open, written before running):
+
+- networks: ``PlainMLP`` depth 8 (eight hidden 64-to-64 layers), width 64, He-uniform kernels, zero
+  biases, without normalisation (``plain``) and with BatchNorm after each hidden linear layer
+  (``batchnorm``, linear -> BN -> ReLU, PyTorch defaults epsilon 1e-5, rate 0.1); MNIST-1D (4,000 /
+  1,000), batch 100, plain SGD without momentum or weight decay; three seeds vmapped in one program;
+- the training path: both networks trained at the same learning rate 0.05 (ten times the lecture's
+  0.005, so that 30 epochs go somewhere; Santurkar et al. also compare at one shared learning rate) for
+  30 epochs; checkpoints at epochs 0, 3, ..., 30;
+- at each checkpoint (``resjax.analysis.loss_surface.probe_gradient_direction``): one fixed minibatch
+  of 100 training examples (drawn once, the same for every checkpoint and network), training-mode
+  BatchNorm (batch statistics, as during training), the gradient g of the whole parameter tree, and the
+  points ``theta - eta g`` for eta = c x 0.05, c in {0.5, 1, 1.5, ..., 4} (eight step sizes, half to four
+  times the training learning rate, in Santurkar et al.'s spirit). Reported: the loss range (max - min
+  of the loss over the eight points), the gradient change (max over the points of the l2 distance
+  between the gradient there and g) and the effective beta-smoothness (max of gradient change / distance
+  moved). A network's summary is the mean over checkpoints and seeds;
+- the largest learning rate that trains: a grid 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, every
+  (learning rate, seed) pair one vmapped program (``Trainer.sweep`` with a ``learning_rate`` array), 20
+  epochs. Criterion: a learning rate trains when every seed never diverges (no non-finite loss or
+  gradient) and ends with a last-epoch mean training loss below 1.0 (chance is ln 10 = 2.30); the
+  largest such rate of the grid is reported (``resjax.analysis.loss_surface.largest_trainable_learning_rate``);
+- noisy BatchNorm: ``resjax.analysis.loss_surface.NoisyBNMLP``, the ``batchnorm`` network with, after
+  every BatchNorm and in training mode only, ``z' = s_tj z + mu_tj + 0.25 e_tij`` where, at every step t
+  and for every unit j, mu_tj ~ U(-0.5, 0.5) and s_tj ~ U(0.5, 1.5), and e_tij ~ N(0, 1) per example i
+  (a per-unit mean and spread that change every step: injected covariate shift; our reading of
+  Santurkar et al., not their exact distributions). Evaluation mode adds no noise. Trained exactly as
+  the path runs (learning rate 0.05, 30 epochs, same seeds). "About as well": its final test error
+  (evaluation mode, mean over seeds) within 3 percentage points of standard BatchNorm's; the training
+  loss (training mode, noise included) and the training error (evaluation mode) are reported beside it.
+
+Metrics: ``path.<net>.{loss_range,grad_change,beta_smoothness,loss0,grad_norm}`` (per seed, per
+checkpoint), ``path.<net>.{loss_range,grad_change,beta_smoothness}_mean``, ``path.epochs``;
+``curves.<net>.{train_loss,train_error_pct,test_error_pct}`` (per seed per epoch, nets ``plain``,
+``batchnorm``, ``noisy_bn``), ``final_{train,test}_error_pct.<net>``;
+``lr_sweep.learning_rates``, ``lr_sweep.<net>.{final_train_loss,diverged_epoch}`` (per learning rate, per
+seed), ``lr_sweep.<net>.trains`` (1/0 per learning rate), ``lr_sweep.<net>.largest``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from experiments import common
+from resjax.analysis import loss_surface as ls
+from resjax.data import load_dataset
+from resjax.train import default_config, make_train
+
+NAME = "batchnorm_loss_surface"
+NETS = ("plain", "batchnorm")
+SRC = "000 lecture, BatchNorm and the loss surface (Santurkar et al.)"
+
+
+def get_config(size: str = "default") -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.data = "mnist1d"
+    c.seed = 0
+    c.width = 64
+    c.depth = 8
+    c.batch_size = 100
+    c.num_seeds = 3
+    c.learning_rate = 0.05
+    c.epochs = 30
+    c.checkpoint_every = 3
+    c.step_multipliers = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0)
+    c.sweep_learning_rates = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+    c.sweep_epochs = 20
+    c.train_loss_threshold = 1.0
+    c.noise_shift = 0.5
+    c.noise_scale_low = 0.5
+    c.noise_scale_high = 1.5
+    c.noise_sigma = 0.25
+    c.noisy_tolerance_pct = 3.0
+    if size == "quick":
+        c.width, c.depth, c.num_seeds, c.epochs, c.checkpoint_every = 8, 1, 2, 1, 1
+        c.step_multipliers, c.sweep_learning_rates, c.sweep_epochs = (1.0, 2.0), (0.01, 1.0), 1
+    elif size == "full":
+        c.num_seeds, c.epochs, c.sweep_epochs = 5, 100, 50
+    return c
+
+
+def _check(config) -> None:
+    for name in ("width", "depth", "batch_size", "num_seeds", "epochs", "checkpoint_every", "sweep_epochs"):
+        if int(config[name]) < 1:
+            raise ValueError(f"{name}: must be >= 1, got {config[name]}")
+    if config.epochs % config.checkpoint_every:
+        raise ValueError(f"checkpoint_every: must divide epochs ({config.epochs}), got {config.checkpoint_every}")
+    if config.learning_rate <= 0:
+        raise ValueError(f"learning_rate: must be > 0, got {config.learning_rate}")
+    if any(lr < 0 for lr in config.sweep_learning_rates) or not config.sweep_learning_rates:
+        raise ValueError(f"sweep_learning_rates: need >= 1 rates, all >= 0, got {config.sweep_learning_rates}")
+    ls.check_step_sizes(np.asarray(config.step_multipliers) * config.learning_rate)
+    ls.check_noise(config.noise_shift, config.noise_scale_low, config.noise_scale_high, config.noise_sigma)
+    if not config.train_loss_threshold > 0:
+        raise ValueError(f"train_loss_threshold: must be > 0, got {config.train_loss_threshold}")
+
+
+def _trainer(config, data, norm: str, epochs: int):
+    tc = default_config()
+    tc.data = config.data
+    tc.model = ml_collections.ConfigDict(dict(kind="plain_mlp", width=config.width, depth=config.depth, norm=norm))
+    tc.batch_size, tc.epochs, tc.learning_rate = config.batch_size, epochs, config.learning_rate
+    return make_train(tc, data)
+
+
+def _noisy(config, trainer):
+    model = ls.NoisyBNMLP(width=config.width, depth=config.depth, num_classes=trainer.data.num_classes,
+                          shift=config.noise_shift, scale_low=config.noise_scale_low,
+                          scale_high=config.noise_scale_high, sigma=config.noise_sigma)
+    return dataclasses.replace(trainer, model=model)
+
+
+def train_path(config, trainer, x, y, probe: bool) -> dict:
+    """Train every seed (vmapped), probing the gradient direction at each checkpoint."""
+    s = config.num_seeds
+    keys = jax.random.split(jax.random.key(config.seed), s)
+    hp = {"learning_rate": jnp.full((s,), config.learning_rate, jnp.float32)}
+    etas = jnp.asarray(np.asarray(config.step_multipliers) * config.learning_rate, jnp.float32)
+
+    def probe_one(state):
+        loss_fn = ls.params_loss_fn(trainer.model, state.variables(), x, y)
+        r = ls.probe_gradient_direction(loss_fn, state.params, etas)
+        return {k: r[k] for k in ("loss_range", "grad_change", "beta_smoothness", "loss0", "grad_norm")}
+
+    probe_fn = jax.jit(jax.vmap(probe_one))
+    chunk = jax.jit(jax.vmap(functools.partial(trainer.run_epochs, num_epochs=config.checkpoint_every)))
+    carry = jax.jit(jax.vmap(trainer.init))(keys, hp)
+    probes, metrics = [], []
+    if probe:
+        probes.append(jax.device_get(probe_fn(carry.state)))
+    for _ in range(config.epochs // config.checkpoint_every):
+        carry, m = chunk(carry, hp)
+        metrics.append(jax.device_get(m))
+        if probe:
+            probes.append(jax.device_get(probe_fn(carry.state)))
+    out = {k: np.concatenate([m[k] for m in metrics], axis=1) for k in metrics[0]}
+    out["diverged_epoch"] = np.asarray(carry.diverged_epoch)
+    if probe:
+        out["probes"] = {k: np.stack([p[k] for p in probes], axis=1) for k in probes[0]}  # (S, checkpoints)
+    return out
+
+
+def lr_sweep(config, data, norm: str) -> dict:
+    trainer = _trainer(config, data, norm, config.sweep_epochs)
+    lrs = np.asarray(config.sweep_learning_rates, np.float32)
+    s = config.num_seeds
+    keys = jnp.concatenate([jax.random.split(jax.random.key(config.seed), s)] * len(lrs))
+    _, m = trainer.sweep(keys, {"learning_rate": np.repeat(lrs, s)})
+    final = m["train_loss"][:, -1].reshape(len(lrs), s)
+    diverged = (m["diverged_epoch"] >= 0).reshape(len(lrs), s)
+    ok = ls.trains(final, diverged, config.train_loss_threshold)
+    return {"final_train_loss": final, "diverged_epoch": [[None if e < 0 else int(e) for e in row]
+                                                          for row in m["diverged_epoch"].reshape(len(lrs), s)],
+            "trains": [int(v) for v in ok.all(axis=1)],
+            "largest": ls.largest_trainable_learning_rate(lrs, ok)}
+
+
+def run(config, out_dir) -> dict:
+    _check(config)
+    data = load_dataset(config.data)
+    idx = np.random.default_rng(config.seed).choice(len(data.y_train), config.batch_size, replace=False)
+    x, y = jnp.asarray(data.x_train[idx]), jnp.asarray(data.y_train[idx])
+    out: dict = {"path.epochs": list(range(0, config.epochs + 1, config.checkpoint_every))}
+    trainers = {"plain": _trainer(config, data, "none", config.epochs),
+                "batchnorm": _trainer(config, data, "batch", config.epochs)}
+    trainers["noisy_bn"] = _noisy(config, trainers["batchnorm"])
+    for net, trainer in trainers.items():
+        r = train_path(config, trainer, x, y, probe=net in NETS)
+        out[f"curves.{net}.train_loss"] = r["train_loss"]
+        out[f"curves.{net}.train_error_pct"] = 100 * r["train_error"]
+        out[f"curves.{net}.test_error_pct"] = 100 * r["test_error"]
+        out[f"final_train_error_pct.{net}"] = 100 * r["train_error"][:, -1]
+        out[f"final_test_error_pct.{net}"] = 100 * r["test_error"][:, -1]
+        out[f"diverged_epoch.{net}"] = [None if e < 0 else int(e) for e in r["diverged_epoch"]]
+        if "probes" in r:
+            for k, v in r["probes"].items():
+                out[f"path.{net}.{k}"] = v
+            for k in ("loss_range", "grad_change", "beta_smoothness"):
+                out[f"path.{net}.{k}_mean"] = float(np.nanmean(r["probes"][k]))
+    out["lr_sweep.learning_rates"] = list(config.sweep_learning_rates)
+    for net, norm in (("plain", "none"), ("batchnorm", "batch")):
+        for k, v in lr_sweep(config, data, norm).items():
+            out[f"lr_sweep.{net}.{k}"] = v
+    plot(out, config, out_dir / f"{NAME}.png")
+    return out
+
+
+# ---- claims ------------------------------------------------------------------------------------------
+
+
+def _m(m, k):
+    return float(np.mean(np.asarray(m[k], float)))
+
+
+def _largest(m, net) -> float:
+    v = m[f"lr_sweep.{net}.largest"]
+    return float("nan") if v is None else float(v)
+
+
+def _noisy_gap(m):
+    return _m(m, "final_test_error_pct.noisy_bn") - _m(m, "final_test_error_pct.batchnorm")
+
+
+CLAIMS = [
+    common.Claim("loss varies more smoothly along the gradient with BatchNorm: loss range over step sizes "
+                 "(mean over checkpoints and seeds), plain vs BN", SRC, "smaller with BN",
+                 lambda m: f"{m['path.plain.loss_range_mean']:.3g} vs {m['path.batchnorm.loss_range_mean']:.3g}",
+                 lambda m: bool(m["path.batchnorm.loss_range_mean"] < m["path.plain.loss_range_mean"])),
+    common.Claim("gradients change more gradually with BatchNorm: l2 gradient change along the gradient, plain vs BN "
+                 "(beta-smoothness in brackets)", SRC, "smaller with BN",
+                 lambda m: (f"{m['path.plain.grad_change_mean']:.3g} vs {m['path.batchnorm.grad_change_mean']:.3g} "
+                            f"({m['path.plain.beta_smoothness_mean']:.3g} vs {m['path.batchnorm.beta_smoothness_mean']:.3g})"),
+                 lambda m: bool(m["path.batchnorm.grad_change_mean"] < m["path.plain.grad_change_mean"])),
+    common.Claim("larger learning rates practical with BatchNorm: largest learning rate of the grid that trains, "
+                 "plain vs BN", SRC, "larger with BN",
+                 lambda m: f"{_largest(m, 'plain'):g} vs {_largest(m, 'batchnorm'):g} (nan: none trains)",
+                 lambda m: bool(np.nan_to_num(_largest(m, "batchnorm"), nan=-1)
+                                > np.nan_to_num(_largest(m, "plain"), nan=-1))),
+    common.Claim("noise after each BatchNorm trains about as well as standard BatchNorm: final test error % "
+                 "(train error %), standard vs noisy, within 3 points", SRC, "about as well",
+                 lambda m: (f"{_m(m, 'final_test_error_pct.batchnorm'):.2f} ({_m(m, 'final_train_error_pct.batchnorm'):.2f}) vs "
+                            f"{_m(m, 'final_test_error_pct.noisy_bn'):.2f} ({_m(m, 'final_train_error_pct.noisy_bn'):.2f})"),
+                 lambda m: bool(abs(_noisy_gap(m)) <= 3.0)),
+    common.Claim("beyond the pre-stated criterion: noisy BN's final training error % (evaluation mode) within 3 points "
+                 "of standard BN's; last-epoch training loss (training mode) in brackets", SRC, "about as well",
+                 lambda m: (f"{_m(m, 'final_train_error_pct.batchnorm'):.2f} ({np.mean(np.asarray(m['curves.batchnorm.train_loss'], float)[:, -1]):.3f}) vs "
+                            f"{_m(m, 'final_train_error_pct.noisy_bn'):.2f} ({np.mean(np.asarray(m['curves.noisy_bn.train_loss'], float)[:, -1]):.3f})"),
+                 lambda m: bool(abs(_m(m, "final_train_error_pct.noisy_bn") - _m(m, "final_train_error_pct.batchnorm")) <= 3.0)),
+]
+
+
+def report_section(m: dict) -> str:
+    lrs = m["lr_sweep.learning_rates"]
+    lines = ["Learning-rate sweep: last-epoch training loss, mean over seeds (D: a seed diverged); "
+             "trains = every seed finite and below the threshold.", "",
+             "| network | " + " | ".join(f"{lr:g}" for lr in lrs) + " | largest that trains |",
+             "|---" * (len(lrs) + 2) + "|"]
+    for net in NETS:
+        cells = []
+        for i, _ in enumerate(lrs):
+            div = any(e is not None for e in m[f"lr_sweep.{net}.diverged_epoch"][i])
+            v = np.asarray(m[f"lr_sweep.{net}.final_train_loss"][i], float)
+            cells.append("D" if div else f"{np.nanmean(v):.3f}" + ("" if m[f"lr_sweep.{net}.trains"][i] else " (no)"))
+        lines.append(f"| {net} | " + " | ".join(cells) + f" | {_largest(m, net):g} |")
+    return "\n".join(lines)
+
+
+# ---- figure ------------------------------------------------------------------------------------------
+
+COLOURS = {"plain": "tab:red", "batchnorm": "tab:blue", "noisy_bn": "tab:green"}
+
+
+def _arr(v):
+    return np.array([[np.nan if e is None else e for e in row] for row in v], float)
+
+
+def plot(m: dict, config, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    ep = np.asarray(m["path.epochs"])
+    for ax, key, label in ((axes[0, 0], "loss_range", "loss range over step sizes (max - min, nats)"),
+                           (axes[0, 1], "grad_change", "max l2 change of the gradient along the gradient")):
+        for net in NETS:
+            v = _arr(m[f"path.{net}.{key}"])
+            for s, row in enumerate(v):
+                ax.plot(ep, row, "o-", ms=3, color=COLOURS[net], alpha=0.8, label=net if s == 0 else None)
+        ax.set(xlabel="epoch of the training path (checkpoint)", ylabel=label, yscale="log")
+    axes[0, 0].set_title(f"Loss variation along the gradient direction\n(steps eta = c x {config.learning_rate}, "
+                         f"c in {min(config.step_multipliers)}..{max(config.step_multipliers)}; one line per seed)")
+    axes[0, 1].set_title("Gradient predictiveness: |grad L(theta - eta g) - g|, max over eta")
+    ax = axes[1, 0]
+    lrs = np.asarray(m["lr_sweep.learning_rates"], float)
+    for net in NETS:
+        v = _arr(m[f"lr_sweep.{net}.final_train_loss"])
+        with np.errstate(all="ignore"):
+            mean = np.array([np.nanmean(r) if np.isfinite(r).any() else np.nan for r in v])
+        ax.plot(lrs, mean, "o-", color=COLOURS[net], label=f"{net} (largest that trains: {_largest(m, net):g})")
+        div = [i for i, row in enumerate(m[f"lr_sweep.{net}.diverged_epoch"]) if any(e is not None for e in row)]
+        if div:
+            ax.plot(lrs[div], np.full(len(div), 3.0), "x", color=COLOURS[net], ms=9, label=f"{net}: diverged")
+    ax.axhline(config.train_loss_threshold, color="k", ls=":", label="threshold (trains below)")
+    ax.set(xscale="log", xlabel="learning rate (SGD)", ylabel=f"training loss, last of {config.sweep_epochs} epochs "
+           "(mean over seeds)", title="Largest learning rate that trains (x at 3.0: a seed diverged)")
+    ax = axes[1, 1]
+    for net in ("plain", "batchnorm", "noisy_bn"):
+        te = np.asarray(m[f"curves.{net}.test_error_pct"], float)
+        tr = np.asarray(m[f"curves.{net}.train_error_pct"], float)
+        e = np.arange(1, te.shape[1] + 1)
+        ax.plot(e, np.nanmean(te, 0), color=COLOURS[net], label=f"{net}: test error")
+        ax.plot(e, np.nanmean(tr, 0), "--", color=COLOURS[net], label=f"{net}: training error")
+    ax.set(xlabel="epoch", ylabel="error (%, evaluation mode, mean over seeds)", yscale="log",
+           title=f"Noisy BatchNorm vs standard (after each BN: s z + mu + sigma e)\n"
+                 f"s~U({config.noise_scale_low},{config.noise_scale_high}), mu~U(+-{config.noise_shift}), "
+                 f"sigma {config.noise_sigma}; lr {config.learning_rate}")
+    for a in axes.flat:
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
+    fig.suptitle(f"Lecture 000, 'BatchNorm and the loss surface': MNIST-1D, PlainMLP depth {config.depth} width "
+                 f"{config.width}, SGD lr {config.learning_rate}, batch {config.batch_size}, {config.num_seeds} seeds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    import sys
+
+    common.main(sys.modules[__name__])

@@ -1,0 +1,382 @@
+"""Scale invariance of a weight layer followed by BatchNorm, and the effective learning rate (lecture 000,
+"Scale invariance").
+
+Part 1, the identities. For the hidden layers of ``PlainMLP(norm='batch')`` (linear -> BatchNorm -> ReLU;
+each ``hidden_k/kernel`` feeds BatchNorm directly) in training mode, on random MNIST-1D minibatches and
+random He initialisations, ``resjax.analysis.scale_invariance.scale_identities`` measures the relative
+deviations from: ``L(aW) = L(W)``; ``grad L(aW) = grad L(W) / a``; ``W . grad L = 0`` (|cosine|); and
+``|W - alpha g|^2 - |W|^2 = alpha^2 |g|^2``, for every a in ``scales``, every hidden layer and every draw.
+It does so twice: with BatchNorm's epsilon set to 0 (the lecture's "ignoring epsilon"; metrics
+``identities.eps0.*``) and with the library's default epsilon 1e-5 (``identities.eps_default.*``: how far
+the epsilon moves real networks off the identities, largest at small a). Matmuls at 'highest' precision.
+
+Part 2, training. The same network kind (depth ``train_depth``, width 64) trained on MNIST-1D with plain
+SGD through ``resjax.train`` (its pure ``Trainer.train_step``; the optimiser is replaced here, not in
+resjax.train) at learning rate alpha, with weight decay lambda in ``weight_decays``, seeds and decays
+vmapped in one program. After every step the hidden kernels' norm |W|, the angle turned by the step and
+alpha / |W|^2 are recorded (``resjax.analysis.scale_invariance.step_geometry_from_update``).
+
+Choices the lecture leaves open, made before running:
+
+- weight decay is an L2 penalty: ``optax.add_decayed_weights(lambda)`` before ``optax.sgd(alpha)``, so
+  the update is ``-alpha (g + lambda W)``. For plain SGD (no momentum) this is identical to decoupled
+  decay ``W <- (1 - alpha lambda) W - alpha g``. It applies to every Dense kernel (stem, hidden, head),
+  not to biases or BatchNorm's scale and offset;
+- learning rate 0.1 (20x the lecture's 0.005: at 0.005 the squared norm grows by only
+  alpha^2 |g|^2 per step and nothing visible happens within a few CPU minutes; BatchNorm networks train
+  at 0.1), batch 100, 60 epochs (2,400 steps), depth 4, width 64, two seeds, weight decays
+  0, 1e-3 and 1e-2;
+- identities: width 32, depth 3, four draws (network and minibatch of 64), a in {0.1, 0.5, 2, 10},
+  alpha = 0.1; "float32 tolerance" is a relative deviation below 1e-5 for the loss and the cosine and
+  below 1e-4 for the gradient and the step (both divide by gradient-sized quantities);
+- "the turning slows": the effective learning rate alpha/|W|^2 at the last step below its value at the
+  first; the mean angle per step over the last epoch is also reported against the first epoch's (it
+  also falls as the gradient at unit length shrinks while the loss falls);
+- "|W| grows without weight decay": every hidden kernel of every seed ends longer than it started, and
+  the fraction of steps whose squared-norm growth is >= -1e-6 |W|^2 (no step shortens W beyond float32
+  rounding) is reported.
+
+Metrics: ``identities.{eps0,eps_default}.{loss,grad,cosine,step}.max`` (largest relative deviation) and
+``.by_scale`` (largest per a, in ``scales`` order); ``train.wd<name>.{norm,angle,eff_lr}`` per epoch
+(mean over hidden layers, per seed, end-of-epoch norm, epoch-mean angle and eff lr),
+``train.wd<name>.norm_ratio`` (final / initial |W|, mean over layers, per seed),
+``train.wd<name>.eff_lr_ratio``, ``train.wd<name>.angle_ratio`` (last epoch / first epoch),
+``train.wd<name>.unit_grad_ratio`` (last / first epoch of tan(angle) |W|^2 / alpha = |g| |W| / (1 - alpha
+lambda), the gradient the weights would have at unit length: angle per step = effective learning rate x
+this), ``train.wd<name>.nondecreasing_fraction``, ``train.wd<name>.angle_vs_prediction`` (largest relative
+deviation of the measured angle from ``arctan(alpha |g| / (|W| (1 - alpha lambda)))``),
+``train.wd<name>.final_train_error_pct``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from experiments import common
+from resjax.analysis import scale_invariance as si
+from resjax.data import load_dataset
+from resjax.nn import PlainMLP
+from resjax.train import default_config, make_train
+
+NAME = "scale_invariance"
+IDENTITIES = ("loss", "grad", "cosine", "step")
+TOL = {"loss": 1e-5, "cosine": 1e-5, "grad": 1e-4, "step": 1e-4}
+SRC = "000 lecture, Scale invariance"
+
+
+def get_config(size: str = "default") -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.data = "mnist1d"
+    c.seed = 0
+    # part 1
+    c.width = 32
+    c.depth = 3
+    c.num_draws = 4
+    c.batch = 64
+    c.scales = (0.1, 0.5, 2.0, 10.0)
+    c.alpha = 0.1
+    # part 2
+    c.train_width = 64
+    c.train_depth = 4
+    c.learning_rate = 0.1
+    c.weight_decays = (0.0, 1e-3, 1e-2)
+    c.batch_size = 100
+    c.epochs = 60
+    c.num_seeds = 2
+    if size == "quick":
+        c.num_draws, c.scales, c.width, c.depth = 1, (0.5, 2.0), 16, 2
+        c.train_width, c.train_depth, c.epochs, c.weight_decays = 16, 2, 1, (0.0, 1e-2)
+    elif size == "full":
+        c.num_draws, c.epochs, c.num_seeds = 10, 200, 5
+    return c
+
+
+def _check(config) -> None:
+    for a in config.scales:
+        si.check_scale(a)
+    si.check_learning_rate(config.alpha, "alpha")
+    si.check_learning_rate(config.learning_rate, "learning_rate")
+    for wd in config.weight_decays:
+        si.check_weight_decay(wd)
+    if 0.0 not in tuple(config.weight_decays):
+        raise ValueError("weight_decays: must include 0.0 (the run without weight decay)")
+    for name in ("num_draws", "batch", "epochs", "num_seeds", "width", "depth", "train_width", "train_depth"):
+        if int(config[name]) < 1:
+            raise ValueError(f"{name}: must be >= 1, got {config[name]}")
+    if config.batch < 2:
+        raise ValueError("batch: training-mode BatchNorm needs >= 2 examples")
+
+
+def _wd_name(wd: float) -> str:
+    """``wd0``, ``wd1e-03``: no dots, so metric names split cleanly."""
+    return "wd0" if wd == 0 else f"wd{wd:.0e}".replace("+", "")
+
+
+# ---- part 1: the identities --------------------------------------------------------------------------
+
+
+@functools.cache
+def _values_at(model, paths: tuple):
+    """One compiled ``(variables, x, y, a) -> [(L(W), grad(W), L(aW), grad(aW)) per path]`` per model."""
+
+    def values(variables, x, y, a):
+        out = []
+        for path in paths:
+            vg = jax.value_and_grad(si.weight_loss_fn(model, variables, x, y, path))
+            w = si.get_weight(variables, path)
+            (l_w, g_w), (l_aw, g_aw) = vg(w), vg(a * w)
+            out.append((l_w, g_w, l_aw, g_aw))
+        return out
+
+    return jax.jit(values)
+
+
+def measure_identities(config, data) -> dict:
+    out = {}
+    models = {
+        "eps0": PlainMLP(width=config.width, depth=config.depth, norm=functools.partial(
+            nn.BatchNorm, use_running_average=False, epsilon=0.0, momentum=0.9)),
+        "eps_default": PlainMLP(width=config.width, depth=config.depth, norm="batch"),
+    }
+    rng = np.random.default_rng(config.seed)
+    with jax.default_matmul_precision("highest"):
+        dev = {name: {i: np.zeros((len(config.scales),)) for i in IDENTITIES} for name in models}
+        for d in range(config.num_draws):
+            idx = rng.choice(len(data.y_train), config.batch, replace=False)
+            x, y = jnp.asarray(data.x_train[idx]), jnp.asarray(data.y_train[idx])
+            variables = models["eps_default"].init(jax.random.key(config.seed * 1000 + d), x)
+            paths = tuple(f"hidden_{k}/kernel" for k in range(config.depth))
+            for name, model in models.items():
+                for j, a in enumerate(config.scales):
+                    per_path = _values_at(model, paths)(variables, x, y, jnp.float32(a))
+                    for path, values in zip(paths, per_path):
+                        r = si.identity_deviations(si.get_weight(variables, path), a, config.alpha, *values)
+                        for i in IDENTITIES:
+                            dev[name][i][j] = max(dev[name][i][j], r[i])
+        for name in models:
+            for i in IDENTITIES:
+                out[f"identities.{name}.{i}.max"] = float(dev[name][i].max())
+                out[f"identities.{name}.{i}.by_scale"] = dev[name][i]
+    return out
+
+
+# ---- part 2: training with and without weight decay --------------------------------------------------
+
+
+def _kernel_mask(params):
+    return jax.tree_util.tree_map_with_path(lambda p, _: getattr(p[-1], "key", None) == "kernel", params)
+
+
+def sgd_with_weight_decay(learning_rate, weight_decay):
+    """``-learning_rate (g + weight_decay W)`` on kernels (L2; equal to decoupled decay for plain SGD)."""
+    return optax.chain(optax.add_decayed_weights(weight_decay, mask=_kernel_mask), optax.sgd(learning_rate))
+
+
+def make_recording_train(trainer, depth: int, epochs: int):
+    """``train(key, lr, wd) -> (per-step geometry of each hidden kernel, per-epoch losses, final errors)``."""
+    paths = [(f"hidden_{k}", "kernel") for k in range(depth)]
+    n, b = len(trainer.data.y_train), trainer.config.batch_size
+    steps = n // b
+
+    def kernels(params):
+        return [params[p][q] for p, q in paths]
+
+    def train(key, lr, wd):
+        hp = {"learning_rate": lr}
+        carry = trainer.init(key, hp)
+        carry.state.opt_state.hyperparams["weight_decay"] = jnp.asarray(wd, jnp.float32)
+
+        def step(c, idx):
+            before = kernels(c.state.params)
+            c, loss = trainer.train_step(c, idx, hp)
+            after = kernels(c.state.params)
+            geo = [si.step_geometry_from_update(w0, w1, lr, wd) for w0, w1 in zip(before, after)]
+            rec = {k: jnp.stack([g[k] for g in geo]) for k in
+                   ("norm_before", "angle", "effective_learning_rate", "growth", "predicted_angle")}
+            return c, (rec, loss)
+
+        def epoch(c, _):
+            perm = jax.random.permutation(jax.random.fold_in(c.key, c.epoch), n)
+            c, (rec, losses) = jax.lax.scan(step, c, perm[: steps * b].reshape(steps, b))
+            return c._replace(epoch=c.epoch + 1), (rec, jnp.mean(losses))
+
+        carry, (rec, losses) = jax.lax.scan(epoch, carry, None, length=epochs)
+        x, y = jnp.asarray(trainer.data.x_train), jnp.asarray(trainer.data.y_train)
+        final_norm = jnp.stack([jnp.linalg.norm(w) for w in kernels(carry.state.params)])
+        return rec, losses, trainer.error(carry.state, x, y, hp), final_norm, carry.diverged_epoch
+
+    return train
+
+
+def train_part(config, data) -> dict:
+    tc = default_config()
+    tc.data = config.data
+    tc.model = ml_collections.ConfigDict(dict(kind="plain_mlp", width=config.train_width, depth=config.train_depth,
+                                              norm="batch"))
+    tc.batch_size, tc.epochs, tc.learning_rate = config.batch_size, config.epochs, config.learning_rate
+    trainer = make_train(tc, data)
+    tx = optax.inject_hyperparams(sgd_with_weight_decay)(learning_rate=config.learning_rate, weight_decay=0.0)
+
+    trainer = dataclasses.replace(trainer, tx=tx)
+    train = make_recording_train(trainer, config.train_depth, config.epochs)
+    wds = np.asarray(config.weight_decays, np.float32)
+    s = config.num_seeds
+    keys = jnp.concatenate([jax.random.split(jax.random.key(config.seed), s)] * len(wds))
+    lrs = jnp.full((len(keys),), config.learning_rate, jnp.float32)
+    wd_all = jnp.asarray(np.repeat(wds, s))
+    rec, losses, err, final_norm, div = jax.device_get(jax.jit(jax.vmap(train))(keys, lrs, wd_all))
+    out = {"train.weight_decays": [float(w) for w in config.weight_decays]}
+    for i, wd in enumerate(config.weight_decays):
+        sl = slice(i * s, (i + 1) * s)
+        r = {k: np.asarray(v[sl], np.float64) for k, v in rec.items()}  # (S, epochs, steps, layers)
+        S, E, T, L = r["norm_before"].shape
+        norm = r["norm_before"].reshape(S, E * T, L)
+        angle = r["angle"].reshape(S, E * T, L)
+        eff = r["effective_learning_rate"].reshape(S, E * T, L)
+        growth = r["growth"].reshape(S, E * T, L)
+        pred = r["predicted_angle"].reshape(S, E * T, L)
+        fn = np.asarray(final_norm[sl], np.float64)  # (S, L)
+        p = f"train.{_wd_name(wd)}."
+        # (S, E + 1): at the start of every epoch, then the final norm
+        out[p + "norm"] = np.concatenate([r["norm_before"][:, :, 0].mean(-1), fn.mean(-1)[:, None]], axis=1)
+        out[p + "angle"] = r["angle"].mean(axis=(2, 3))
+        out[p + "eff_lr"] = r["effective_learning_rate"].mean(axis=(2, 3))
+        out[p + "norm_ratio"] = (fn / norm[:, 0]).mean(-1)
+        out[p + "norm_grew_every_layer"] = [int(v) for v in (fn > norm[:, 0]).all(-1)]
+        out[p + "eff_lr_ratio"] = (config.learning_rate / fn ** 2 / eff[:, 0]).mean(-1)
+        out[p + "angle_ratio"] = (r["angle"][:, -1].mean(axis=(1, 2)) / r["angle"][:, 0].mean(axis=(1, 2)))
+        unit_grad = np.tan(r["angle"]) / r["effective_learning_rate"]  # = |g| |W| (1 - alpha lambda)^-1: gradient at |W| = 1
+        out[p + "unit_grad_ratio"] = unit_grad[:, -1].mean(axis=(1, 2)) / unit_grad[:, 0].mean(axis=(1, 2))
+        out[p + "nondecreasing_fraction"] = (growth >= -1e-6 * norm ** 2).mean(axis=(1, 2))
+        out[p + "angle_vs_prediction"] = (np.abs(angle - pred) / np.maximum(pred, 1e-30)).max(axis=(1, 2))
+        out[p + "final_train_error_pct"] = 100 * np.asarray(err[sl], np.float64)
+        out[p + "train_loss"] = np.asarray(losses[sl], np.float64)
+        out[p + "diverged_epoch"] = [None if e < 0 else int(e) for e in div[sl]]
+    return out
+
+
+def run(config, out_dir) -> dict:
+    _check(config)
+    data = load_dataset(config.data)
+    out = measure_identities(config, data)
+    out.update(train_part(config, data))
+    plot(out, config, out_dir / f"{NAME}.png")
+    return out
+
+
+# ---- claims ------------------------------------------------------------------------------------------
+
+
+def _ident(i):
+    return common.Claim(
+        {"loss": "loss unchanged when W -> aW, a > 0 (largest relative deviation; epsilon 0 / default 1e-5)",
+         "grad": "gradient at aW equals gradient at W divided by a (largest relative deviation)",
+         "cosine": "gradient perpendicular to W (largest |cosine|)",
+         "step": "a step lengthens W: |W - alpha g|^2 - |W|^2 = alpha^2 |g|^2 (largest relative deviation)"}[i],
+        SRC, {"loss": "L(aW) = L(W)", "grad": "grad L(aW) = grad L(W) / a", "cosine": "W . grad L = 0",
+              "step": "exact"}[i],
+        lambda m: f"{m[f'identities.eps0.{i}.max']:.1e} / {m[f'identities.eps_default.{i}.max']:.1e}",
+        lambda m: bool(m[f"identities.eps0.{i}.max"] < TOL[i]))
+
+
+def _wds(m):
+    return sorted(m["train.weight_decays"])
+
+
+def _mean(m, key):
+    return float(np.mean(np.asarray(m[key], float)))
+
+
+CLAIMS = [
+    *[_ident(i) for i in IDENTITIES],
+    common.Claim("without weight decay |W| grows (final / initial |W|, mean over hidden layers and seeds)", SRC,
+                 "grows step by step",
+                 lambda m: f"{_mean(m, 'train.wd0.norm_ratio'):.3f}; steps not shortening W: "
+                           f"{_mean(m, 'train.wd0.nondecreasing_fraction'):.4f}",
+                 lambda m: bool(all(m["train.wd0.norm_grew_every_layer"]))),
+    common.Claim("without weight decay the turning slows: alpha/|W|^2 final / initial "
+                 "(and angle per step, last / first epoch)", SRC, "falls like alpha/|W|^2",
+                 lambda m: (f"{_mean(m, 'train.wd0.eff_lr_ratio'):.3f} ({_mean(m, 'train.wd0.angle_ratio'):.3f}; "
+                            f"gradient at unit length x{_mean(m, 'train.wd0.unit_grad_ratio'):.3f})"),
+                 lambda m: bool(_mean(m, "train.wd0.eff_lr_ratio") < 1)),
+    common.Claim("weight decay shrinks |W| (final / initial |W| at the largest weight decay vs none)", SRC,
+                 "shrinks it again",
+                 lambda m: f"{_mean(m, f'train.{_wd_name(max(_wds(m)))}.norm_ratio'):.3f} vs {_mean(m, 'train.wd0.norm_ratio'):.3f}",
+                 lambda m: bool(_mean(m, f"train.{_wd_name(max(_wds(m)))}.norm_ratio") < _mean(m, "train.wd0.norm_ratio"))),
+]
+
+
+def report_section(m: dict) -> str:
+    lines = ["| weight decay | final/initial abs(W) | eff. lr final/initial | angle/step last/first epoch | "
+             "gradient at unit length last/first epoch | angle vs arctan prediction (max rel. dev.) | final train error % |",
+             "|---|---|---|---|---|---|---|"]
+    for wd in _wds(m):
+        p = f"train.{_wd_name(wd)}."
+        lines.append(f"| {wd:g} | {_mean(m, p + 'norm_ratio'):.3f} | {_mean(m, p + 'eff_lr_ratio'):.3f} | "
+                     f"{_mean(m, p + 'angle_ratio'):.3f} | {_mean(m, p + 'unit_grad_ratio'):.3f} | {np.max(m[p + 'angle_vs_prediction']):.1e} | "
+                     f"{_mean(m, p + 'final_train_error_pct'):.2f} |")
+    return "\n".join(lines)
+
+
+# ---- figure ------------------------------------------------------------------------------------------
+
+
+def plot(m: dict, config, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    colours = plt.cm.viridis(np.linspace(0, 0.85, len(config.weight_decays)))
+    steps_per_epoch = len(load_dataset(config.data).y_train) // config.batch_size
+    for wd, col in zip(config.weight_decays, colours):
+        p = f"train.{_wd_name(wd)}."
+        norm, angle, eff = (np.asarray(m[p + k], float) for k in ("norm", "angle", "eff_lr"))
+        e_norm = np.arange(norm.shape[1])
+        e = np.arange(1, angle.shape[1] + 1)
+        for s in range(norm.shape[0]):
+            lab = f"weight decay {wd:g}" if s == 0 else None
+            axes[0, 1].plot(e_norm, norm[s], color=col, label=lab)
+            axes[1, 0].plot(e, np.degrees(angle[s]), color=col, label=lab)
+            axes[1, 1].plot(e, eff[s], color=col, label=lab)
+    axes[0, 1].set(xlabel="epoch", ylabel="|W| (Frobenius norm; mean over hidden kernels)",
+                   title="Weight norm during training (one line per seed)")
+    axes[1, 0].set(xlabel="epoch", ylabel="angle turned per SGD step (degrees; epoch mean)", yscale="log",
+                   title="Turning rate of the hidden kernels")
+    axes[1, 1].set(xlabel="epoch", ylabel="alpha / |W|^2 (epoch mean, mean over layers)", yscale="log",
+                   title="Effective learning rate alpha / |W|^2")
+    ax = axes[0, 0]
+    x = np.arange(len(config.scales))
+    for name, ls in (("eps0", "-"), ("eps_default", "--")):
+        for i, mk in zip(IDENTITIES, "osD^"):
+            v = np.maximum(np.asarray(m[f"identities.{name}.{i}.by_scale"], float), 1e-12)
+            ax.plot(x, v, ls, marker=mk, label=f"{i} ({'epsilon 0' if name == 'eps0' else 'epsilon 1e-5'})")
+    ax.set_xticks(x, [f"{a:g}" for a in config.scales])
+    ax.set(xlabel="scale factor a", ylabel="largest relative deviation (exact 0 drawn at 1e-12)", yscale="log",
+           title=f"The four identities, {config.num_draws} draws x {config.depth} layers\n"
+                 "(loss: |L(aW)-L(W)|/L; grad: |g(aW)-g(W)/a|/|g(W)/a|; cosine: |W.g|/|W||g|; step)")
+    for a in axes.flat:
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
+    fig.suptitle(f"Lecture 000, 'Scale invariance' (top left: identities, training mode, random init)\n"
+                 f"Training: MNIST-1D, PlainMLP + BatchNorm depth {config.train_depth} width {config.train_width}, "
+                 f"SGD alpha {config.learning_rate}, batch {config.batch_size} ({steps_per_epoch} steps/epoch), "
+                 f"L2 weight decay on kernels, {config.num_seeds} seeds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    import sys
+
+    common.main(sys.modules[__name__])
