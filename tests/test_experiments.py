@@ -13,7 +13,8 @@ FIVE = ("plain_d2", "plain_d8", "plain_d32", "residual_bn_d32", "residual_d32")
 @pytest.fixture(scope="module")
 def quick_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
-    reproduce.main(["--quick", "--out", str(out)])
+    # Each experiment's own test file runs its --quick mode; here the report machinery runs on one.
+    reproduce.main(["--quick", "--out", str(out), "--only", "degradation"])
     return out
 
 
@@ -38,6 +39,19 @@ def test_report_lists_every_claim(quick_report):
     for claim in degradation.CLAIMS:
         assert claim.text in text
     assert "degradation/degradation.png" in text
+
+
+@pytest.mark.parametrize("name", reproduce.REGISTRY)
+def test_every_registered_experiment_follows_the_contract(name):
+    import importlib
+
+    module = importlib.import_module(f"experiments.{name}")
+    assert module.NAME == name
+    for size in common.SIZES:
+        config = module.get_config(size)
+        assert common.flatten(config), size
+    assert callable(module.run)
+    assert module.CLAIMS and all(isinstance(c, common.Claim) for c in module.CLAIMS)
 
 
 def test_flags_override_config_and_bad_flags_fail(tmp_path):
