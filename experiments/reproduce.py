@@ -25,7 +25,14 @@ import time
 
 from experiments import common
 
-REGISTRY = ("degradation", "shattered_gradients", "gradient_scale", "variance_growth", "path_lengths")
+REGISTRY = (
+    # lecture (seed 000)
+    "degradation", "shattered_gradients", "gradient_scale", "variance_growth", "path_lengths",
+    "batchnorm_example", "batch_noise", "running_estimates", "scale_invariance", "batchnorm_loss_surface",
+    "normalisation_axes",
+    # Taki (seed 004)
+    "taki_init",
+)
 
 
 def _cell(value) -> str:
