@@ -11,14 +11,13 @@ It does so twice: with BatchNorm's epsilon set to 0 (the lecture's "ignoring eps
 the epsilon moves real networks off the identities, largest at small a). Matmuls at 'highest' precision.
 
 Part 2, training. The same network kind (depth ``train_depth``, width 64) trained on MNIST-1D with plain
-SGD through ``resjax.train`` (its pure ``Trainer.train_step``; the optimiser is replaced here, not in
-resjax.train) at learning rate alpha, with weight decay lambda in ``weight_decays``, seeds and decays
+SGD through ``resjax.train`` (its pure ``Trainer.train_step``, with ``weight_decay`` as a vmapped hyperparameter) at learning rate alpha, with weight decay lambda in ``weight_decays``, seeds and decays
 vmapped in one program. After every step the hidden kernels' norm |W|, the angle turned by the step and
 alpha / |W|^2 are recorded (``resjax.analysis.scale_invariance.step_geometry_from_update``).
 
 Choices the lecture leaves open, made before running:
 
-- weight decay is an L2 penalty: ``optax.add_decayed_weights(lambda)`` before ``optax.sgd(alpha)``, so
+- weight decay is resjax.train's L2 penalty (``resjax.train.loop.sgd``: ``optax.add_decayed_weights`` before ``optax.sgd``), so
   the update is ``-alpha (g + lambda W)``. For plain SGD (no momentum) this is identical to decoupled
   decay ``W <- (1 - alpha lambda) W - alpha g``. It applies to every Dense kernel (stem, hidden, head),
   not to biases or BatchNorm's scale and offset;
@@ -50,7 +49,6 @@ deviation of the measured angle from ``arctan(alpha |g| / (|W| (1 - alpha lambda
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import flax.linen as nn
@@ -58,7 +56,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
 from experiments import common
 from resjax.analysis import scale_invariance as si
@@ -171,15 +168,6 @@ def measure_identities(config, data) -> dict:
 # ---- part 2: training with and without weight decay --------------------------------------------------
 
 
-def _kernel_mask(params):
-    return jax.tree_util.tree_map_with_path(lambda p, _: getattr(p[-1], "key", None) == "kernel", params)
-
-
-def sgd_with_weight_decay(learning_rate, weight_decay):
-    """``-learning_rate (g + weight_decay W)`` on kernels (L2; equal to decoupled decay for plain SGD)."""
-    return optax.chain(optax.add_decayed_weights(weight_decay, mask=_kernel_mask), optax.sgd(learning_rate))
-
-
 def make_recording_train(trainer, depth: int, epochs: int):
     """``train(key, lr, wd) -> (per-step geometry of each hidden kernel, per-epoch losses, final errors)``."""
     paths = [(f"hidden_{k}", "kernel") for k in range(depth)]
@@ -190,9 +178,8 @@ def make_recording_train(trainer, depth: int, epochs: int):
         return [params[p][q] for p, q in paths]
 
     def train(key, lr, wd):
-        hp = {"learning_rate": lr}
+        hp = {"learning_rate": lr, "weight_decay": wd}
         carry = trainer.init(key, hp)
-        carry.state.opt_state.hyperparams["weight_decay"] = jnp.asarray(wd, jnp.float32)
 
         def step(c, idx):
             before = kernels(c.state.params)
@@ -223,9 +210,6 @@ def train_part(config, data) -> dict:
                                               norm="batch"))
     tc.batch_size, tc.epochs, tc.learning_rate = config.batch_size, config.epochs, config.learning_rate
     trainer = make_train(tc, data)
-    tx = optax.inject_hyperparams(sgd_with_weight_decay)(learning_rate=config.learning_rate, weight_decay=0.0)
-
-    trainer = dataclasses.replace(trainer, tx=tx)
     train = make_recording_train(trainer, config.train_depth, config.epochs)
     wds = np.asarray(config.weight_decays, np.float32)
     s = config.num_seeds

@@ -166,3 +166,22 @@ def test_seeds_are_sharded_across_devices(tmp_path):
     trainer = make_train(tiny_config(), DATA)
     _, m = trainer.sweep(jax.random.split(jax.random.key(5), 4))
     np.testing.assert_allclose(np.load(out), m["train_error"], rtol=1e-5)
+
+
+def test_weight_decay_is_an_l2_penalty_on_kernels_only():
+    c = tiny_config(kind="plain_mlp", width=8, depth=2)
+    c.epochs = 1
+    trainer = make_train(c, DATA)
+    key = jax.random.key(6)
+    carry = trainer.init(key, {"learning_rate": 0.1, "weight_decay": 0.5})
+    idx = jnp.arange(16)
+    after, _ = trainer.train_step(carry, idx, {"learning_rate": 0.1})
+    plain, _ = trainer.train_step(trainer.init(key, {"learning_rate": 0.1, "weight_decay": 0.0}), idx, {"learning_rate": 0.1})
+    p0, p1, p2 = carry.state.params, after.state.params, plain.state.params
+    # Decayed: W - lr (g + wd W) = plain update - lr wd W; biases see no decay.
+    np.testing.assert_allclose(p1["hidden_0"]["kernel"], p2["hidden_0"]["kernel"] - 0.1 * 0.5 * p0["hidden_0"]["kernel"],
+                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(p1["hidden_0"]["bias"], p2["hidden_0"]["bias"])
+    with pytest.raises(ValueError, match="weight_decay"):
+        c.weight_decay = -1.0
+        make_train(c, DATA)

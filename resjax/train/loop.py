@@ -8,8 +8,8 @@ is dropped, so every step has the same shape; each epoch draws a fresh permutati
     trainer = make_train(config)
     state, metrics = jax.jit(jax.vmap(trainer))(jax.random.split(key, 3))
 
-``hparams`` holds the values a sweep may vary inside one program: ``learning_rate`` and (for models
-with ``scaling='tau'``) ``tau``. They are arrays, vmapped like the keys.
+``hparams`` holds the values a sweep may vary inside one program: ``learning_rate``, ``weight_decay``
+(an L2 penalty on kernels, see ``sgd``) and (for models with ``scaling='tau'``) ``tau``. They are arrays, vmapped like the keys.
 
 ``trainer.sweep(keys, hparams, chunk_epochs=...)`` runs the same computation as jitted chunks of epochs
 with a thin host loop between them (progress bar, logging); one chunk is the whole run as one program.
@@ -53,6 +53,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.epochs = 300
     c.learning_rate = 0.005
     c.momentum = 0.0
+    c.weight_decay = 0.0
     c.tau = ml_collections.FieldReference(None, field_type=float)
     return c
 
@@ -67,6 +68,8 @@ class Carry(NamedTuple):
 def _check(config) -> None:
     if config.learning_rate < 0:
         raise ValueError(f"learning_rate: must be >= 0, got {config.learning_rate}")
+    if config.get("weight_decay", 0.0) < 0:
+        raise ValueError(f"weight_decay: must be >= 0, got {config.weight_decay}")
     if not 0 <= config.momentum < 1:
         raise ValueError(f"momentum: must be in [0, 1), got {config.momentum}")
     for name in ("batch_size", "epochs"):
@@ -88,7 +91,8 @@ class Trainer:
     # ---- pure functions (jit/vmap them) ------------------------------------------------------------
 
     def default_hparams(self) -> dict:
-        hp = {"learning_rate": jnp.float32(self.config.learning_rate)}
+        hp = {"learning_rate": jnp.float32(self.config.learning_rate),
+              "weight_decay": jnp.float32(self.config.get("weight_decay", 0.0))}
         if self.uses_tau:
             tau = self.config.get("tau")
             if tau is not None:
@@ -105,7 +109,9 @@ class Trainer:
         variables = self.model.init(init_key, x0, train=False, **self._model_kwargs(hparams))
         params = variables["params"]
         opt_state = self.tx.init(params)
-        opt_state.hyperparams["learning_rate"] = jnp.asarray(hparams["learning_rate"], jnp.float32)
+        for name in ("learning_rate", "weight_decay"):
+            default = self.config.get(name, 0.0)
+            opt_state.hyperparams[name] = jnp.asarray(hparams.get(name, default), jnp.float32)
         state = TrainState(step=jnp.int32(0), params=params, batch_stats=variables.get("batch_stats", {}),
                            opt_state=opt_state)
         return Carry(state, data_key, jnp.int32(0), jnp.int32(-1))
@@ -174,15 +180,15 @@ class Trainer:
         ``diverged_epoch`` and ``diverged_step`` of shape ``(S,)``. ``callback(epochs_done, metrics_so_far)`` runs after each chunk.
         """
         num = keys.shape[0]
-        allowed = {"learning_rate", "tau"} if self.uses_tau else {"learning_rate"}
+        allowed = {"learning_rate", "weight_decay"} | ({"tau"} if self.uses_tau else set())
         unknown = set(hparams or {}) - allowed
         if unknown:
             raise ValueError(f"hparams: {sorted(unknown)} cannot vary in this program; allowed: {sorted(allowed)}")
         hp = {**self.default_hparams(), **(hparams or {})}
         for name, v in hp.items():
             v = np.asarray(v)
-            if name == "learning_rate" and np.any(v < 0):
-                raise ValueError(f"learning_rate: must be >= 0, got {v}")
+            if np.any(v < 0):
+                raise ValueError(f"{name}: must be >= 0, got {v}")
             if v.ndim not in (0, 1) or (v.ndim == 1 and v.shape[0] != num):
                 raise ValueError(f"hparams.{name}: must be a scalar or have one value per key ({num}), got shape {v.shape}")
         hp = {k: jnp.broadcast_to(jnp.asarray(v, jnp.float32), (num,)) for k, v in hp.items()}
@@ -255,6 +261,16 @@ def shard_over_seeds(tree):
     return jax.device_put(tree, sharding)
 
 
+def _kernels(params):
+    return jax.tree_util.tree_map_with_path(lambda path, _: getattr(path[-1], "key", None) == "kernel", params)
+
+
+def sgd(learning_rate, weight_decay, momentum=None) -> optax.GradientTransformation:
+    """SGD on ``g + weight_decay * W`` for every ``kernel`` (an L2 penalty on weights, not on biases or
+    norm parameters; for plain SGD the same as decoupled decay by ``1 - learning_rate * weight_decay``)."""
+    return optax.chain(optax.add_decayed_weights(weight_decay, mask=_kernels), optax.sgd(learning_rate, momentum))
+
+
 def make_train(config, data: Dataset | None = None) -> Trainer:
     """A ``Trainer`` for ``config`` (see ``default_config``); ``data`` overrides ``config.data``.
 
@@ -268,6 +284,7 @@ def make_train(config, data: Dataset | None = None) -> Trainer:
     model_cfg.setdefault("num_classes", data.num_classes)
     model = build_model(**model_cfg)
     uses_tau = getattr(model, "scaling", None) == "tau"
-    tx = optax.inject_hyperparams(optax.sgd)(learning_rate=config.learning_rate,
-                                             momentum=config.momentum or None)
+    tx = optax.inject_hyperparams(sgd, static_args="momentum")(
+        learning_rate=config.learning_rate, weight_decay=config.get("weight_decay", 0.0),
+        momentum=config.momentum or None)
     return Trainer(config=config, model=model, data=data, tx=tx, uses_tau=uses_tau)
