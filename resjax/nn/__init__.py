@@ -2,21 +2,27 @@
 
 from resjax.nn.init import INITIALIZERS, get_initializer
 from resjax.nn.init import BIAS_INITIALIZERS, get_bias_initializer
-from resjax.nn.mlp import PlainMLP, ResidualMLP, ResidualStack
+from resjax.nn.mlp import PlainLayer, PlainMLP, ResidualMLP, ResidualStack
 from resjax.nn.norms import NORMS, make_norm
 from resjax.nn.residual import (ORDERS, SCALINGS, ResidualBlock, residual_add, residual_stack, resolve_tau,
                                 stack_unrolled, unstack_scanned)
+from resjax.nn.tau_resnet import tau_resnet
 
 __all__ = [
-    "BIAS_INITIALIZERS", "INITIALIZERS", "NORMS", "ORDERS", "SCALINGS", "PlainMLP", "ResidualBlock", "ResidualMLP", "ResidualStack",
+    "BIAS_INITIALIZERS", "INITIALIZERS", "NORMS", "ORDERS", "SCALINGS", "PlainLayer", "PlainMLP", "ResidualBlock", "ResidualMLP", "ResidualStack",
     "get_bias_initializer", "get_initializer", "make_norm", "residual_add", "residual_stack", "resolve_tau", "stack_unrolled",
-    "unstack_scanned", "build_model",
+    "unstack_scanned", "build_model", "tau_resnet",
 ]
 
 
 def build_model(kind: str, **kwargs):
-    """A model from a config: ``kind`` is ``'plain_mlp'`` or ``'residual_mlp'``, the rest are its fields."""
+    """A model from a config: ``kind`` is ``'plain_mlp'``, ``'residual_mlp'`` or ``'tau_resnet'``; the rest are
+    its fields (for ``'tau_resnet'``: ``variant`` = its ``kind``, then ``tau_resnet``'s arguments)."""
+    if kind == "tau_resnet":
+        if "variant" not in kwargs:
+            raise ValueError("model.variant: a tau_resnet config needs variant = one of ('tau', 'bn', 'fixup', 'plain')")
+        return tau_resnet(kwargs.pop("variant"), **kwargs)
     models = {"plain_mlp": PlainMLP, "residual_mlp": ResidualMLP}
     if kind not in models:
-        raise ValueError(f"model.kind: unknown model {kind!r}; choose one of {tuple(models)}")
+        raise ValueError(f"model.kind: unknown model {kind!r}; choose one of {(*models, 'tau_resnet')}")
     return models[kind](**kwargs)

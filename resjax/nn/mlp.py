@@ -3,6 +3,10 @@
 ``PlainMLP(width, depth)``: ``in -> width`` stem with activation, ``depth`` hidden ``width -> width``
 layers (each linear -> norm -> activation), and a linear head. ``depth`` counts the hidden
 width-to-width layers, as the lecture does: "plain depth 8" has 8 hidden 64-to-64 layers.
+``scan=True`` builds the hidden layers as one ``nn.scan`` over ``PlainLayer`` (one ``hidden_layers/layer``
+subtree whose leaves have a leading axis of size ``depth``; compile time independent of depth; same
+outputs as the unrolled ``hidden_0`` ... for the same parameters). ``stem_init``/``head_init`` (default
+``None``: ``kernel_init``) draw the stem and head kernels, as in ``ResidualMLP``.
 
 ``ResidualStack(width, num_blocks)``: the same blocks without stem or head (the input is the stream).
 
@@ -21,13 +25,42 @@ block's output into ``'intermediates'`` when it is mutable.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import flax.linen as nn
 
 from resjax.nn.init import get_bias_initializer, get_initializer
 from resjax.nn.norms import check_norm, make_norm
 from resjax.nn.residual import ResidualBlock, check_positive, residual_stack
+
+
+class PlainLayer(nn.Module):
+    """One hidden layer of ``PlainMLP``: linear (``hidden``) -> norm (``norm``) -> activation; sows ``'hidden_out'``."""
+
+    width: int
+    norm: str | Callable = "none"
+    kernel_init: str | Callable = "he_uniform"
+    bias_init: str | Callable = "zeros"
+    use_bias: bool = True
+    activation: Callable = nn.relu
+
+    @nn.compact
+    def __call__(self, h, train: bool = False):
+        h = nn.Dense(self.width, use_bias=self.use_bias, kernel_init=get_initializer(self.kernel_init),
+                     bias_init=get_bias_initializer(self.bias_init, h.shape[-1]), name="hidden")(h)
+        h = self.activation(make_norm(self.norm, train=train, name="norm")(h))
+        self.sow("intermediates", "hidden_out", h)
+        return h
+
+
+class _PlainScanStep(nn.Module):
+    """Adapts a ``PlainLayer`` to ``nn.scan``'s ``(carry, *broadcast) -> (carry, out)`` signature."""
+
+    layer_kwargs: Any
+
+    @nn.compact
+    def __call__(self, h, train):
+        return PlainLayer(**dict(self.layer_kwargs), name="layer")(h, train), None
 
 
 class PlainMLP(nn.Module):
@@ -39,6 +72,9 @@ class PlainMLP(nn.Module):
     bias_init: str | Callable = "zeros"
     use_bias: bool = True
     activation: Callable = nn.relu
+    scan: bool = False
+    stem_init: str | Callable | None = None  # None: kernel_init
+    head_init: str | Callable | None = None  # None: kernel_init
 
     def __post_init__(self):
         check_positive("width", self.width)
@@ -46,21 +82,42 @@ class PlainMLP(nn.Module):
         check_positive("num_classes", self.num_classes)
         check_norm(self.norm)
         get_initializer(self.kernel_init)
+        for init in (self.stem_init, self.head_init):
+            if init is not None:
+                get_initializer(init)
         get_bias_initializer(self.bias_init, self.width)
         super().__post_init__()
+
+    def layer_kwargs(self) -> dict:
+        """The settings of one hidden layer (``PlainLayer``)."""
+        return dict(width=self.width, norm=self.norm, kernel_init=self.kernel_init, bias_init=self.bias_init,
+                    use_bias=self.use_bias, activation=self.activation)
 
     @nn.compact
     def __call__(self, x, train: bool = False):
         init = get_initializer(self.kernel_init)
         bias = lambda h: get_bias_initializer(self.bias_init, h.shape[-1])  # noqa: E731  (fan-in = input size)
-        h = self.activation(nn.Dense(self.width, use_bias=self.use_bias, kernel_init=init, bias_init=bias(x),
+        stem_init = init if self.stem_init is None else get_initializer(self.stem_init)
+        h = self.activation(nn.Dense(self.width, use_bias=self.use_bias, kernel_init=stem_init, bias_init=bias(x),
                                      name="stem")(x))
         self.sow("intermediates", "stem_out", h)
-        for k in range(self.depth):
-            h = nn.Dense(self.width, use_bias=self.use_bias, kernel_init=init, bias_init=bias(h), name=f"hidden_{k}")(h)
-            h = self.activation(make_norm(self.norm, train=train, name=f"norm_{k}")(h))
-            self.sow("intermediates", "hidden_out", h)
-        return nn.Dense(self.num_classes, kernel_init=init, bias_init=bias(h), name="head")(h)
+        if self.scan:
+            stack = nn.scan(
+                _PlainScanStep,
+                variable_axes={"params": 0, "batch_stats": 0, "intermediates": 0},
+                split_rngs={"params": True},
+                in_axes=(nn.broadcast,),
+                length=self.depth,
+            )(layer_kwargs=tuple(sorted(self.layer_kwargs().items())), name="hidden_layers")
+            h, _ = stack(h, train)
+        else:
+            for k in range(self.depth):
+                h = nn.Dense(self.width, use_bias=self.use_bias, kernel_init=init, bias_init=bias(h),
+                             name=f"hidden_{k}")(h)
+                h = self.activation(make_norm(self.norm, train=train, name=f"norm_{k}")(h))
+                self.sow("intermediates", "hidden_out", h)
+        head_init = init if self.head_init is None else get_initializer(self.head_init)
+        return nn.Dense(self.num_classes, kernel_init=head_init, bias_init=bias(h), name="head")(h)
 
 
 class _ResidualFields(nn.Module):

@@ -72,17 +72,24 @@ _TAU_RULES: dict[str, Callable[[int], float]] = {
 def resolve_tau(tau: float | str, num_blocks: int) -> float:
     """tau as a number: a number is returned as it is; a rule is evaluated at K = ``num_blocks``.
 
-    Rules may name the number of blocks K or L: ``'1/sqrt(L)'`` is ``'1/sqrt(K)'``.
+    Rules may name the number of blocks K or L: ``'1/sqrt(L)'`` is ``'1/sqrt(K)'``. A tau that is not a
+    finite number > 0 (``0``, ``-1``, ``'nan'``) raises ``ValueError`` naming ``tau`` (a traced tau passed
+    at call time is not checked here; ``tau=0`` there is the identity network, which tests use).
     """
     if isinstance(tau, str):
         rule = re.sub(r"\s+", "", tau).replace("L", "K")
         if rule not in _TAU_RULES:
             try:
-                return float(rule)
+                value = float(rule)
             except ValueError:
                 raise ValueError(f"tau: unknown rule {tau!r}; use a number or one of {tuple(_TAU_RULES)}") from None
-        return _TAU_RULES[rule](num_blocks)
-    return float(tau)
+        else:
+            value = _TAU_RULES[rule](num_blocks)
+    else:
+        value = float(tau)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"tau: must be a finite number > 0, got {tau!r}")
+    return value
 
 
 def check_choice(setting: str, value: Any, choices: tuple) -> None:
