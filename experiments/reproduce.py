@@ -30,6 +30,8 @@ REGISTRY = (
     "degradation", "shattered_gradients", "gradient_scale", "variance_growth", "path_lengths",
     "batchnorm_example", "batch_noise", "running_estimates", "scale_invariance", "batchnorm_loss_surface",
     "normalisation_axes",
+    # Zhang et al. (seed 003)
+    "tau_stability", "tau_batchnorm_growth", "fixup_one_step", "tau_training",
     # Taki (seed 004)
     "taki_init",
 )
