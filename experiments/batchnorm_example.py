@@ -117,10 +117,7 @@ def report_section(m: dict) -> str:
 
 
 def plot(m: dict, config, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     stages = ["input", "centred", "standardised", "output"]
     labels = ["input h_i", "centred\nh_i - m_h", "standardised\n(h_i - m_h) / s_h",
@@ -146,12 +143,8 @@ def plot(m: dict, config, path) -> None:
                  fontsize=9)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 if __name__ == "__main__":
-    import sys
-
-    common.main(sys.modules[__name__])
+    common.main(__name__)

@@ -268,10 +268,7 @@ def _arr(v):
 
 
 def plot(m: dict, config, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
     ep = np.asarray(m["path.epochs"])
@@ -314,12 +311,8 @@ def plot(m: dict, config, path) -> None:
         a.legend(fontsize=7)
     fig.suptitle(f"Lecture 000, 'BatchNorm and the loss surface': MNIST-1D, PlainMLP depth {config.depth} width "
                  f"{config.width}, SGD lr {config.learning_rate}, batch {config.batch_size}, {config.num_seeds} seeds")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    common.save_figure(fig, path, dpi=100)
 
 
 if __name__ == "__main__":
-    import sys
-
-    common.main(sys.modules[__name__])
+    common.main(__name__)

@@ -140,7 +140,30 @@ def run_experiment(module, config: ml_collections.ConfigDict, out_dir: pathlib.P
     return results
 
 
+def pyplot():
+    """``matplotlib.pyplot`` on the file-only Agg backend (experiments never open windows)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path, dpi: int = 110, tight: bool = True) -> None:
+    """Lay out (``tight_layout`` unless ``tight=False``), write and close ``fig``."""
+    if tight:
+        fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+
+
 def main(module, argv=None) -> dict:
+    """The command line of ``module`` (a module or its name, e.g. ``__name__``)."""
+    if isinstance(module, str):
+        import sys
+
+        module = sys.modules[module]
     config, out_dir = parse_args(module, argv)
     results = run_experiment(module, config, out_dir)
     print(f"{module.NAME}: wrote {out_dir / 'results.json'} and {out_dir / (module.NAME + '.png')} "

@@ -308,10 +308,7 @@ def _curves(ax, m, names, key="train_error_pct", faint=True):
 
 
 def plot(m: dict, config, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
     ax = axes[0, 0]
@@ -347,12 +344,8 @@ def plot(m: dict, config, path) -> None:
             a.legend(fontsize=7)
     fig.suptitle(f"MNIST-1D degradation: width {config.width}, SGD lr {config.learning_rate}, "
                  f"batch {config.batch_size}, {config.epochs} epochs, {config.num_seeds} seeds")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 if __name__ == "__main__":
-    import sys
-
-    common.main(sys.modules[__name__])
+    common.main(__name__)

@@ -152,10 +152,7 @@ CLAIMS = [
 
 
 def plot(m: dict, config, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     depths = _depths(m)
     fig, ax = plt.subplots(figsize=(7.5, 5))
@@ -178,12 +175,8 @@ def plot(m: dict, config, path) -> None:
                  fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 if __name__ == "__main__":
-    import sys
-
-    common.main(sys.modules[__name__])
+    common.main(__name__)

@@ -120,10 +120,7 @@ def run(config, out_dir) -> dict:
 
 
 def plot(m: dict, config, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     fig, (ax, zoom) = plt.subplots(1, 2, figsize=(14, 5.2))
     k = np.arange(config.depth + 1)
@@ -152,12 +149,8 @@ def plot(m: dict, config, path) -> None:
                  "percentile;\ndotted: sqrt(E|g_k|^2) = 1, 2^(k/2), (1 + 1/K)^(k/2)", fontsize=9)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 if __name__ == "__main__":
-    import sys
-
-    common.main(sys.modules[__name__])
+    common.main(__name__)

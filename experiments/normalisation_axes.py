@@ -183,10 +183,7 @@ def report_section(m: dict) -> str:
 
 
 def plot(groups: dict, config, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     B, C, H, W = config.figure_shape
     ref = (min(1, B - 1), min(1, H - 1), min(1, W - 1), min(1, C - 1))  # NHWC index of the reference value
@@ -232,11 +229,8 @@ def plot(groups: dict, config, path) -> None:
                  "Shaded: the values whose one mean and variance normalise example 1, channel 1, position (1, 1).",
                  fontsize=9, y=0.98)
     fig.subplots_adjust(left=0.01, right=0.98, top=0.86, bottom=0.02, wspace=0.08)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path, tight=False)
 
 
 if __name__ == "__main__":
-    import sys
-
-    common.main(sys.modules[__name__])
+    common.main(__name__)

@@ -356,10 +356,7 @@ def run(config, out_dir) -> dict:
 
 
 def plot(m: dict, config, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     fig, axes = plt.subplots(1, 3, figsize=(17, 5.2), gridspec_kw={"width_ratios": [0.55, 1.4, 1.2]})
     # (a) the eight paths through three blocks.
@@ -410,12 +407,8 @@ def plot(m: dict, config, path) -> None:
           f"Beyond the lecture: depth-{kt} residual + BN network, at init and after {config.train_epochs} epochs\n"
           f"(training error {m['trained_train_error_pct']:.1f}%)")
     fig.suptitle("Unravelled paths: how many paths have each length, and how much gradient each length carries")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 if __name__ == "__main__":
-    import sys
-
-    common.main(sys.modules[__name__])
+    common.main(__name__)

@@ -171,10 +171,7 @@ def report_section(m: dict) -> str:
 
 
 def plot(m: dict, config, rhos, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     colours = {"fast": "tab:orange", "slow": "tab:blue"}
     t = np.asarray(m["curves.step"])
@@ -203,12 +200,8 @@ def plot(m: dict, config, rhos, path) -> None:
     ax.set_title("Beyond the lecture: the estimate's error split exactly into lag and noise", fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 if __name__ == "__main__":
-    import sys
-
-    common.main(sys.modules[__name__])
+    common.main(__name__)

@@ -314,10 +314,7 @@ def report_section(m: dict) -> str:
 
 
 def plot(m: dict, config, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
     colours = plt.cm.viridis(np.linspace(0, 0.85, len(config.weight_decays)))
@@ -355,12 +352,8 @@ def plot(m: dict, config, path) -> None:
                  f"Training: MNIST-1D, PlainMLP + BatchNorm depth {config.train_depth} width {config.train_width}, "
                  f"SGD alpha {config.learning_rate}, batch {config.batch_size} ({steps_per_epoch} steps/epoch), "
                  f"L2 weight decay on kernels, {config.num_seeds} seeds")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    common.save_figure(fig, path, dpi=100)
 
 
 if __name__ == "__main__":
-    import sys
-
-    common.main(sys.modules[__name__])
+    common.main(__name__)

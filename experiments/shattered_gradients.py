@@ -318,10 +318,7 @@ LABELS = {"shallow": "shallow (1 hidden layer)", "deep_plain": "plain, 24 hidden
 
 
 def plot(m: dict, config, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
     x = np.asarray(m["dydx_example.x"])
@@ -352,12 +349,8 @@ def plot(m: dict, config, path) -> None:
     fig.suptitle(f"Shattered gradients (reproduces the lecture's figure 'Gradients along the input'): width "
                  f"{config.width}, weights and biases at variance 1/fan-in, {config.grid_points} inputs on "
                  f"[{config.grid_low:g}, {config.grid_high:g})", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 if __name__ == "__main__":
-    import sys
-
-    common.main(sys.modules[__name__])
+    common.main(__name__)

@@ -66,7 +66,6 @@ from __future__ import annotations
 import math
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -274,10 +273,7 @@ def run(config, out_dir) -> dict:
 
 
 def plot(m: dict, config, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     L = config.num_blocks
     l = np.arange(L + 1)
@@ -337,12 +333,8 @@ def plot(m: dict, config, path) -> None:
             ax.legend(fontsize=6.5)
     fig.suptitle(f"Taki (seed 004): gradient variance of plain ResNets at initialisation, {config.num_draws} draws "
                  "(markers: measured, mean of draws) vs the library's mean-field curves (lines)", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    common.save_figure(fig, path, dpi=90)
 
 
 if __name__ == "__main__":
-    import sys
-
-    common.main(sys.modules[__name__])
+    common.main(__name__)

@@ -126,10 +126,7 @@ CLAIMS = [
 
 
 def plot(m: dict, config, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     curve = np.asarray(m["curves.bn_mean_norm"])
     tau = np.asarray(m["curves.tau_mean_norm"])
@@ -155,12 +152,8 @@ def plot(m: dict, config, path) -> None:
     fig.suptitle(f"Zhang et al. (seed 003) Section 3.4, Proposition 1 / Fig. 2 (epoch 0): block output norm at "
                  f"initialisation, h_l = relu(h_(l-1) + BN(W_l h_(l-1))),\nwidth {config.width}, L = {config.depth}, "
                  f"batch {config.batch_size} MNIST-1D inputs (batch statistics), {config.num_draws} draws")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    common.save_figure(fig, path, dpi=100)
 
 
 if __name__ == "__main__":
-    import sys
-
-    common.main(sys.modules[__name__])
+    common.main(__name__)

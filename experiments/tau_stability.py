@@ -243,10 +243,7 @@ def report_section(m: dict) -> str:
 
 
 def plot(m: dict, config, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     depths = list(config.depths)
     names = list(config.taus) + ["plain"]
@@ -315,12 +312,8 @@ def plot(m: dict, config, path) -> None:
             ax.legend(fontsize=7)
     fig.suptitle(f"Zhang et al. (seed 003) Section 3: stability at initialisation, width {config.width}, "
                  "h_l = relu(h_(l-1) + tau W_l h_(l-1)), norms tracked in log space")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    common.save_figure(fig, path, dpi=100)
 
 
 if __name__ == "__main__":
-    import sys
-
-    common.main(sys.modules[__name__])
+    common.main(__name__)

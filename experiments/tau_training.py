@@ -222,10 +222,7 @@ def report_section(m: dict) -> str:
 
 
 def plot(m: dict, config, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     depths = _depths(m)
     fig, axes = plt.subplots(1, len(depths), figsize=(5.5 * len(depths), 4.8), squeeze=False)
@@ -251,9 +248,7 @@ def plot(m: dict, config, path) -> None:
         ax.legend(fontsize=7)
     fig.suptitle(f"Zhang et al. (seed 003) Sec. 5.1 / Fig. 3 on MNIST-1D: width {config.width}, SGD lr "
                  f"{config.learning_rate}, batch {config.batch_size}, {config.num_seeds} seeds (faint) and their mean")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    common.save_figure(fig, path, dpi=100)
 
 
 def len_epoch(config) -> int:
@@ -261,6 +256,4 @@ def len_epoch(config) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
-    common.main(sys.modules[__name__])
+    common.main(__name__)

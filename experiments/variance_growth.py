@@ -219,10 +219,7 @@ def run(config, out_dir) -> dict:
 
 
 def plot(m: dict, config, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     K = config.num_blocks
     k = np.arange(K + 1)
@@ -267,12 +264,8 @@ def plot(m: dict, config, path) -> None:
     ax.set_title("Relative size of later branches (lecture section of that name)", fontsize=9)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 if __name__ == "__main__":
-    import sys
-
-    common.main(sys.modules[__name__])
+    common.main(__name__)
