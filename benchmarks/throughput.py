@@ -29,8 +29,10 @@ of ``repeats`` timed calls (all of them are in the JSON).
    within its first epoch; a diverged seed is frozen with ``jnp.where``, which does the same work as a
    normal step, so its rate is still a rate of training work.)
 3. Seeds vmapped against seeds one after another, for ``plain_d32``: the same ``S`` seeds (8; quick: 2)
-   run as one vmapped program, and as ``S`` calls of the single-seed program, each waited for before
-   the next starts. Both exclude compilation; the ratio sequential / vmapped is the vmap speed-up.
+   run as one vmapped program on one device, as that program with the seeds sharded over the host's
+   devices (what ``Trainer.sweep`` runs; ``benchmarks`` is an entry point, so every CPU core is a
+   device, see ``resjax.use_every_cpu_core``), and as ``S`` calls of the single-seed program, each
+   waited for before the next starts. All exclude compilation.
 4. Compile time against depth: ``ResidualMLP(width=64, num_blocks=K, norm='batch', scan=True)`` for K in
    (10, 100, 1000) (quick: 10, 100), and ``scan=False`` (unrolled) for K in (10, 100). What is timed is
    ``jax.jit(trainer.train_step).lower(...)`` (tracing and lowering) and ``.compile()`` for one
@@ -56,7 +58,7 @@ import numpy as np
 
 from experiments.degradation import CONFIGS, WIDTH
 from resjax.data import load_dataset
-from resjax.train import default_config, make_train
+from resjax.train import default_config, make_train, shard_over_seeds
 
 BATCH_SIZE = 100
 NUM_SEEDS = 3
@@ -193,8 +195,12 @@ def vmap_vs_sequential(model: dict, data, num_seeds: int, steps: int, repeats: i
             jax.block_until_ready(one_seed(*args))
 
     sequential_t = time_call(sequential, repeats=repeats)
-    return {"seeds": num_seeds, "steps": steps, "vmapped": vmapped, "sequential": sequential_t,
-            "sequential_over_vmapped": sequential_t["best_s"] / vmapped["best_s"]}
+    out = {"seeds": num_seeds, "steps": steps, "devices": jax.device_count(), "vmapped": vmapped,
+           "sequential": sequential_t, "sequential_over_vmapped": sequential_t["best_s"] / vmapped["best_s"]}
+    if jax.device_count() > 1 and num_seeds % jax.device_count() == 0:  # what Trainer.sweep runs
+        sharded = time_call(jax.jit(jax.vmap(run)), *shard_over_seeds((carry, batches, hparams)), repeats=repeats)
+        out.update(sharded=sharded, sequential_over_sharded=sequential_t["best_s"] / sharded["best_s"])
+    return out
 
 
 # ---- 4. compile time -------------------------------------------------------------------------------
@@ -254,11 +260,14 @@ def report(res: dict) -> None:
                  for name, r in res["training"].items()])
 
     v = res["vmap_vs_sequential"]
-    print_table(f"3. plain_d32, {v['seeds']} seeds, {v['steps']} train steps each",
-                ["mode", "time (s)"],
-                [["vmapped (one program)", f"{v['vmapped']['best_s']:.3f}"],
-                 ["sequential (one seed at a time)", f"{v['sequential']['best_s']:.3f}"]])
+    rows = [["vmapped (one program, one device)", f"{v['vmapped']['best_s']:.3f}"],
+            ["sequential (one seed at a time)", f"{v['sequential']['best_s']:.3f}"]]
+    if "sharded" in v:
+        rows.append([f"vmapped and sharded over {v['devices']} devices (Trainer.sweep)", f"{v['sharded']['best_s']:.3f}"])
+    print_table(f"3. plain_d32, {v['seeds']} seeds, {v['steps']} train steps each", ["mode", "time (s)"], rows)
     print(f"sequential / vmapped: {v['sequential_over_vmapped']:.2f}x (above 1: vmapping the seeds is faster)")
+    if "sharded" in v:
+        print(f"sequential / vmapped and sharded: {v['sequential_over_sharded']:.2f}x")
 
     c = res["compile"]
     print_table("4. compile time of one training step, ResidualMLP(width=64, norm='batch')",

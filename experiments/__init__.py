@@ -4,3 +4,7 @@ Each module defines ``NAME``, ``get_config(size)`` (size: ``'quick'``, ``'defaul
 ``run(config, out_dir) -> metrics`` (which also writes ``out_dir/<NAME>.png``) and ``CLAIMS``, the seed
 documents' claims that ``experiments.reproduce`` checks against ``results.json``.
 """
+
+import resjax
+
+resjax.use_every_cpu_core()  # seed sweeps shard across CPU cores (see resjax.use_every_cpu_core)

@@ -7,4 +7,24 @@ Subpackages:
   analysis  pure functions of (module, variables, inputs)
 """
 
+import os
+
 __version__ = "0.1.0"
+
+
+def use_every_cpu_core() -> None:
+    """Make every CPU core its own JAX host device, so that seed sweeps shard across cores.
+
+    XLA:CPU runs one small-matmul program on one core about as fast as on two (and a seed-vmapped
+    program slower), while one program per core scales with the cores; ``Trainer.sweep`` shards its
+    seeds across devices. This sets ``--xla_force_host_platform_device_count`` in ``XLA_FLAGS`` and only
+    takes effect before JAX's first computation; it does nothing when ``XLA_FLAGS`` already sets the
+    count. ``RESJAX_CPU_DEVICES`` overrides the count (1 turns it off). Accelerator backends are
+    unaffected.
+    """
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" in flags:
+        return
+    count = int(os.environ.get("RESJAX_CPU_DEVICES", os.cpu_count() or 1))
+    if count > 1:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()

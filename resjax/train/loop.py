@@ -14,7 +14,10 @@ is dropped, so every step has the same shape; each epoch draws a fresh permutati
 ``trainer.sweep(keys, hparams, chunk_epochs=...)`` runs the same computation as jitted chunks of epochs
 with a thin host loop between them (progress bar, logging); one chunk is the whole run as one program.
 With more than one device the seeds are sharded across devices (``jax.sharding``, one mesh axis
-``'seeds'``; nothing in the model names that axis, so BatchNorm never pools statistics across seeds).
+``'seeds'``; nothing in the model names that axis, so BatchNorm never pools statistics across seeds);
+when the seeds do not divide evenly, the last run is repeated to fill the devices and dropped from the
+results. On a CPU, ``resjax.use_every_cpu_core()`` makes each core a device (the experiment and
+benchmark entry points call it), which is how a sweep uses more than one core efficiently.
 
 Divergence: a step whose loss or any gradient entry is non-finite marks its seed as diverged; from then on
 that seed's state is frozen (``jnp.where``, no Python control flow), its epoch metrics are NaN, and
@@ -192,6 +195,9 @@ class Trainer:
             if v.ndim not in (0, 1) or (v.ndim == 1 and v.shape[0] != num):
                 raise ValueError(f"hparams.{name}: must be a scalar or have one value per key ({num}), got shape {v.shape}")
         hp = {k: jnp.broadcast_to(jnp.asarray(v, jnp.float32), (num,)) for k, v in hp.items()}
+        pad = (-num) % jax.device_count()  # repeat the last run so the seeds split evenly over devices
+        if pad:
+            keys, hp = jax.tree_util.tree_map(lambda a: jnp.concatenate([a, jnp.repeat(a[-1:], pad, 0)]), (keys, hp))
         keys, hp = shard_over_seeds((keys, hp))
 
         epochs = self.config.epochs
@@ -209,12 +215,13 @@ class Trainer:
                 last = chunks[-1]["train_error"][:, -1]
                 bar.set_postfix(train_error=f"{np.mean(last[np.isfinite(last)]) if np.isfinite(last).any() else np.nan:.4f}")
             if callback is not None:
-                callback(done, _concat(chunks))
+                callback(done, {k: v[:num] for k, v in _concat(chunks).items()})
         if bar is not None:
             bar.close()
         metrics = _concat(chunks)
         metrics.update(jax.device_get(divergence(carry)))
-        return carry.state, metrics
+        keep = lambda a: a[:num]  # noqa: E731  (drop the padding runs)
+        return jax.tree_util.tree_map(keep, carry.state), {k: keep(v) for k, v in metrics.items()}
 
     @functools.cached_property
     def _init_fn(self):
