@@ -25,8 +25,10 @@ of ``repeats`` timed calls (all of them are in the JSON).
    flop count. Examples/s counts every seed's examples. Achieved FLOP/s counts only the dense layers:
    ``6 x (sum of the dense kernel sizes of one seed) x examples`` (forward 2x, backward 4x); biases,
    norms, activations, the loss and the optimiser are not counted, so it understates the work done.
-   It is printed as a fraction of the peak and of the shape-matched rate. (``residual_d32`` diverges
-   within its first epoch; a diverged seed is frozen with ``jnp.where``, which does the same work as a
+   It is printed as a fraction of the peak and of the shape-matched rate. With more than one device
+   (every CPU core is one, see section 3) the same is measured with the seeds sharded over the devices,
+   3 seeds rounded up to a multiple of the device count, as ``Trainer.sweep`` runs them. (``residual_d32``
+   diverges within its first epoch; a diverged seed is frozen with ``jnp.where``, which does the same work as a
    normal step, so its rate is still a rate of training work.)
 3. Seeds vmapped against seeds one after another, for ``plain_d32``: the same ``S`` seeds (8; quick: 2)
    run as one vmapped program on one device, as that program with the seeds sharded over the host's
@@ -170,13 +172,16 @@ def minibatches(key, n: int, batch_size: int, steps: int) -> jnp.ndarray:
     return jnp.concatenate(perms).reshape(-1, batch_size)[:steps]
 
 
-def training_throughput(model: dict, data, num_seeds: int, steps: int, repeats: int) -> dict:
+def training_throughput(model: dict, data, num_seeds: int, steps: int, repeats: int, shard: bool = False) -> dict:
+    """Seed-vmapped training steps on one device, or (``shard=True``) with the seeds sharded over every
+    device as ``Trainer.sweep`` runs them."""
     trainer = build_trainer(model, data)
     carry, batches, hparams = seed_inputs(trainer, num_seeds, steps)
-    t = time_call(jax.jit(jax.vmap(train_steps_fn(trainer))), carry, batches, hparams, repeats=repeats)
+    inputs = shard_over_seeds((carry, batches, hparams)) if shard else (carry, batches, hparams)
+    t = time_call(jax.jit(jax.vmap(train_steps_fn(trainer))), *inputs, repeats=repeats)
     kernels = dense_kernel_size(trainer)
     examples = num_seeds * steps * trainer.config.batch_size
-    return {**t, "dense_kernel_size": kernels, "examples": examples,
+    return {**t, "seeds": num_seeds, "dense_kernel_size": kernels, "examples": examples,
             "examples_per_s": examples / t["best_s"], "gflops": 6 * kernels * examples / t["best_s"] / 1e9}
 
 
@@ -252,12 +257,17 @@ def report(res: dict) -> None:
     print(f"peak (square): {peak:.1f} GFLOP/s; shape-matched (chained): {matched:.1f} GFLOP/s")
 
     s = res["settings"]
-    print_table(f"2. training throughput: {NUM_SEEDS} seeds vmapped, batch {BATCH_SIZE}, width {WIDTH}, "
-                f"{s['steps']} train steps per call (no evaluation)",
-                ["config", "kernel params", "time (s)", "examples/s", "GFLOP/s", "of peak", "of shape-matched"],
-                [[name, r["dense_kernel_size"], f"{r['best_s']:.3f}", f"{r['examples_per_s']:,.0f}",
-                  f"{r['gflops']:.2f}", f"{r['gflops'] / peak:.1%}", f"{r['gflops'] / matched:.1%}"]
-                 for name, r in res["training"].items()])
+    for key, how in (("training", "vmapped on one device"),
+                     ("training_sharded", f"vmapped and sharded over {jax.device_count()} devices")):
+        if key not in res:
+            continue
+        seeds = next(iter(res[key].values()))["seeds"]
+        print_table(f"2. training throughput: {seeds} seeds {how}, batch {BATCH_SIZE}, width {WIDTH}, "
+                    f"{s['steps']} train steps per call (no evaluation)",
+                    ["config", "kernel params", "time (s)", "examples/s", "GFLOP/s", "of peak", "of shape-matched"],
+                    [[name, r["dense_kernel_size"], f"{r['best_s']:.3f}", f"{r['examples_per_s']:,.0f}",
+                      f"{r['gflops']:.2f}", f"{r['gflops'] / peak:.1%}", f"{r['gflops'] / matched:.1%}"]
+                     for name, r in res[key].items()])
 
     v = res["vmap_vs_sequential"]
     rows = [["vmapped (one program, one device)", f"{v['vmapped']['best_s']:.3f}"],
@@ -296,7 +306,12 @@ def run(quick: bool) -> dict:
     res["shape_matched_matmul"] = shape_matched_matmul(NUM_SEEDS, BATCH_SIZE, WIDTH, s["chain"], s["matmul_repeats"])
     res["training"] = {name: training_throughput(model, data, NUM_SEEDS, s["steps"], s["repeats"])
                        for name, model in CONFIGS.items()}
-    for r in res["training"].values():
+    if jax.device_count() > 1:  # every core busy: as many seeds per device as the 3 need, sharded
+        seeds = -(-NUM_SEEDS // jax.device_count()) * jax.device_count()
+        res["training_sharded"] = {
+            name: training_throughput(model, data, seeds, s["steps"], s["repeats"], shard=True)
+            for name, model in CONFIGS.items()}
+    for r in [*res["training"].values(), *res.get("training_sharded", {}).values()]:
         r["fraction_of_peak"] = r["gflops"] / res["matmul"]["peak_gflops"]
         r["fraction_of_shape_matched"] = r["gflops"] / res["shape_matched_matmul"]["chained"]["gflops"]
     res["vmap_vs_sequential"] = vmap_vs_sequential(CONFIGS["plain_d32"], data, s["vmap_seeds"], s["steps"],
