@@ -106,15 +106,14 @@ class Trainer:
         return {"tau": hparams["tau"]} if self.uses_tau and "tau" in hparams else {}
 
     def init(self, key, hparams=None) -> Carry:
-        hparams = self.default_hparams() if hparams is None else hparams
+        hparams = {**self.default_hparams(), **(hparams or {})}
         init_key, data_key = jax.random.split(key)
         x0 = jnp.asarray(self.data.x_train[: self.config.batch_size])
         variables = self.model.init(init_key, x0, train=False, **self._model_kwargs(hparams))
         params = variables["params"]
         opt_state = self.tx.init(params)
         for name in ("learning_rate", "weight_decay"):
-            default = self.config.get(name, 0.0)
-            opt_state.hyperparams[name] = jnp.asarray(hparams.get(name, default), jnp.float32)
+            opt_state.hyperparams[name] = jnp.asarray(hparams[name], jnp.float32)
         state = TrainState(step=jnp.int32(0), params=params, batch_stats=variables.get("batch_stats", {}),
                            opt_state=opt_state)
         return Carry(state, data_key, jnp.int32(0), jnp.int32(-1))
