@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from resjax.nn import ResidualBlock, ResidualMLP, residual_add, stack_unrolled, unstack_scanned
+from resjax.nn import ResidualBlock, ResidualMLP, concat_merge, residual_add, stack_unrolled, unstack_scanned
 
 
 def test_residual_add_adds_equal_shapes():
@@ -164,3 +164,12 @@ def test_blocks_inside_user_module_under_jit_vmap_and_scan():
         np.testing.assert_allclose(ys[i], net.apply(vi, X), rtol=1e-5, atol=1e-6)
     g = jax.grad(lambda vv: jnp.sum(net.apply(vv, X) ** 2))(v)
     assert all(np.isfinite(leaf).all() for leaf in jax.tree_util.tree_leaves(g))
+
+
+def test_concat_merge_checks_every_axis_but_the_channels():
+    a, b = jnp.ones((2, 8, 8, 3)), jnp.zeros((2, 8, 8, 5))
+    assert concat_merge(a, b).shape == (2, 8, 8, 8)
+    with pytest.raises(ValueError, match=r"concat_merge: shapes \[\(2, 8, 8, 3\), \(2, 4, 4, 5\)\]"):
+        concat_merge(a, jnp.zeros((2, 4, 4, 5)))
+    with pytest.raises(ValueError, match="concat_merge"):
+        concat_merge(a, jnp.zeros((2, 8, 3)))

@@ -4,13 +4,13 @@ from resjax.nn.init import INITIALIZERS, get_initializer
 from resjax.nn.init import BIAS_INITIALIZERS, get_bias_initializer
 from resjax.nn.mlp import PlainLayer, PlainMLP, ResidualMLP, ResidualStack
 from resjax.nn.norms import NORMS, make_norm
-from resjax.nn.residual import (ORDERS, SCALINGS, ResidualBlock, residual_add, residual_stack, resolve_tau,
+from resjax.nn.residual import (ORDERS, SCALINGS, ResidualBlock, concat_merge, residual_add, residual_stack, resolve_tau,
                                 stack_unrolled, unstack_scanned)
 from resjax.nn.tau_resnet import tau_resnet
 
 __all__ = [
     "BIAS_INITIALIZERS", "INITIALIZERS", "NORMS", "ORDERS", "SCALINGS", "PlainLayer", "PlainMLP", "ResidualBlock", "ResidualMLP", "ResidualStack",
-    "get_bias_initializer", "get_initializer", "make_norm", "residual_add", "residual_stack", "resolve_tau", "stack_unrolled",
+    "concat_merge", "get_bias_initializer", "get_initializer", "make_norm", "residual_add", "residual_stack", "resolve_tau", "stack_unrolled",
     "unstack_scanned", "build_model", "tau_resnet",
 ]
 

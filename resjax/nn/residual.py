@@ -59,6 +59,20 @@ def residual_add(skip: jnp.ndarray, branch: jnp.ndarray) -> jnp.ndarray:
     return skip + branch
 
 
+def concat_merge(*tensors: jnp.ndarray, axis: int = -1) -> jnp.ndarray:
+    """Concatenate along ``axis`` (channels, flax's last axis) after asserting that every other axis
+    matches: the concatenating twin of ``residual_add`` (DenseNet blocks, U-Net skips)."""
+    if len(tensors) < 2:
+        raise ValueError(f"concat_merge: need at least two tensors, got {len(tensors)}")
+    shapes = [tuple(jnp.shape(t)) for t in tensors]
+    ndim = len(shapes[0])
+    ax = axis % ndim if ndim else 0
+    others = {tuple(d for i, d in enumerate(sh) if i != ax) if len(sh) == ndim else None for sh in shapes}
+    if len(others) != 1 or None in others:
+        raise ValueError(f"concat_merge: shapes {shapes} differ outside axis {axis}; resample or crop before merging")
+    return jnp.concatenate(tensors, axis=axis)
+
+
 _TAU_RULES: dict[str, Callable[[int], float]] = {
     "1": lambda k: 1.0,
     "1/sqrt(K)": lambda k: 1.0 / math.sqrt(k),
