@@ -1,0 +1,94 @@
+"""Hourglass networks (Newell, Yang & Deng 2016): repeated down- and up-sampling with processed, added skips.
+
+Channels-last (NHWC). ``Hourglass(depth, features)`` is recursive: at each level the input goes two ways,
+
+- the skip branch: a ``ConvBlock`` at full resolution of that level;
+- the low branch: 2x2 max-pool -> ``ConvBlock`` -> the next level (or a ``ConvBlock`` at the bottom) ->
+  ``ConvBlock`` -> 2x nearest-neighbour upsampling;
+
+and the two are added through ``residual_add`` (unlike U-Net, the skip is processed and added, not
+concatenated). Each level's skip is sown into ``'intermediates'`` as ``skip``. The input's height and width
+must be divisible by ``2**depth``.
+
+``StackedHourglass(num_stacks, depth, features, num_heatmaps)`` applies a 3x3 stem to ``features`` channels, then
+``num_stacks`` hourglasses; after each a 1x1 head gives ``num_heatmaps`` heatmaps (one per output channel, e.g.
+one per joint), and between stacks the features and heatmaps are remapped by 1x1 convs and added back to the
+stream through ``residual_add``. It returns the list of every stack's heatmaps (intermediate supervision);
+the last one is the prediction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import flax.linen as nn
+import jax
+
+from resjax.nn.norms import check_norm
+from resjax.nn.residual import check_positive, residual_add
+from resjax.nn.unet import ConvBlock, check_spatial
+
+
+def _upsample2(x):
+    b, h, w, c = x.shape
+    return jax.image.resize(x, (b, 2 * h, 2 * w, c), method="nearest")
+
+
+class Hourglass(nn.Module):
+    """One hourglass of ``depth`` levels at constant width ``features``; see the module docstring."""
+
+    depth: int
+    features: int
+    norm: str | Callable = "batch"
+
+    def __post_init__(self):
+        check_positive("depth", self.depth)
+        check_positive("features", self.features)
+        check_norm(self.norm)
+        super().__post_init__()
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        check_spatial(x, self.depth, "depth")
+        block = lambda name: ConvBlock(self.features, num_convs=1, norm=self.norm, name=name)
+        skip = block("skip_block")(x, train)
+        self.sow("intermediates", "skip", skip)
+        low = block("down")(nn.max_pool(x, (2, 2), strides=(2, 2)), train)
+        if self.depth > 1:
+            low = Hourglass(self.depth - 1, self.features, self.norm, name="inner")(low, train)
+        else:
+            low = block("bottom")(low, train)
+        low = block("up")(low, train)
+        return residual_add(skip, _upsample2(low))
+
+
+class StackedHourglass(nn.Module):
+    """``num_stacks`` hourglasses with a heatmap head after each; returns a list of ``(B, H, W, num_heatmaps)``."""
+
+    num_stacks: int
+    depth: int
+    features: int
+    num_heatmaps: int
+    norm: str | Callable = "batch"
+
+    def __post_init__(self):
+        for setting in ("num_stacks", "depth", "features", "num_heatmaps"):
+            check_positive(setting, getattr(self, setting))
+        check_norm(self.norm)
+        super().__post_init__()
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        check_spatial(x, self.depth, "depth")
+        x = ConvBlock(self.features, num_convs=1, norm=self.norm, name="stem")(x, train)
+        heatmaps = []
+        for s in range(self.num_stacks):
+            h = Hourglass(self.depth, self.features, self.norm, name=f"hourglass_{s}")(x, train)
+            h = ConvBlock(self.features, num_convs=1, norm=self.norm, name=f"features_{s}")(h, train)
+            heat = nn.Conv(self.num_heatmaps, (1, 1), name=f"heatmap_{s}")(h)
+            heatmaps.append(heat)
+            if s < self.num_stacks - 1:
+                back = nn.Conv(self.features, (1, 1), name=f"remap_features_{s}")(h)
+                back = back + nn.Conv(self.features, (1, 1), name=f"remap_heatmap_{s}")(heat)
+                x = residual_add(x, back)
+        return heatmaps
