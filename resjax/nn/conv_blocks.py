@@ -1,0 +1,212 @@
+"""Convolutional blocks for the lecture's architectures (NHWC, flax's channels-last layout).
+
+Residual branches (lecture 000, "Bottleneck blocks", "Weights in a bottleneck"):
+
+- ``BasicBranch(features)``: 3x3 conv -> norm -> relu -> 3x3 conv -> norm; at 256 channels its two
+  kernels hold 2 * 9 * 256^2 = 1,179,648 weights.
+- ``BottleneckBranch(features, bottleneck)``: 1x1 (reduce) -> norm -> relu -> 3x3 -> norm -> relu -> 1x1
+  (restore) -> norm; 256 -> 64 -> 64 -> 256 holds 256*64 + 9*64^2 + 64*256 = 69,632 weights.
+- ``ConvResidualBlock(branch)``: ``relu(x + branch(x))`` (post-activation, the original ResNet) or
+  ``x + branch(x)`` with ``post_activation=False``, added through ``residual_add``: an identity skip
+  only, so the branch must give back the input's shape (a mismatch raises ``ValueError``).
+
+Dense connections (lecture 000, "DenseNet", "Width in a dense block"; Huang et al. 2017):
+
+- ``DenseLayer(growth_rate, bottleneck)``: norm -> relu -> [1x1 conv to 4*growth -> norm -> relu] ->
+  3x3 conv to ``growth_rate`` channels (the bracket only when ``bottleneck=True``, DenseNet-B).
+- ``DenseBlock(num_layers, growth_rate)``: ``h_k = concat(h_{k-1}, f_k(h_{k-1}))`` through
+  ``concat_merge`` (the shape-checked twin of ``residual_add``), so layer k sees C_0 + (k-1) g channels.
+- ``Transition(compression)``: norm -> relu -> 1x1 conv to ``floor(compression * C)`` -> 2x2 average pool.
+
+Convolutions carry no bias when a normalisation follows them (the norm's offset replaces it), and a
+bias when ``norm='none'``. Normalisation is chosen by name (or callable) through ``make_norm``; kernels
+are drawn by ``kernel_init`` (a ``resjax.nn.init`` name; default He normal fan-out, the conv ResNets'
+choice). Call every module as ``module(x, train)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.linen as nn
+
+from resjax.nn.init import get_initializer
+from resjax.nn.norms import check_norm, make_norm
+from resjax.nn.residual import check_positive, concat_merge, residual_add
+
+DEFAULT_KERNEL_INIT = "he_normal_fan_out"
+
+
+def _conv(module: nn.Module, features: int, size: int, name: str, use_bias: bool):
+    return nn.Conv(features, (size, size), padding="SAME", use_bias=use_bias,
+                   kernel_init=get_initializer(module.kernel_init), name=name)
+
+
+def _check(module: nn.Module) -> None:
+    check_norm(module.norm)
+    get_initializer(module.kernel_init)  # raises on an unknown name
+
+
+class BasicBranch(nn.Module):
+    """3x3 conv -> norm -> relu -> 3x3 conv -> norm at constant width ``features``."""
+
+    features: int
+    norm: str | Callable = "batch"
+    kernel_init: str | Callable = DEFAULT_KERNEL_INIT
+    activation: Callable = nn.relu
+
+    def __post_init__(self):
+        check_positive("features", self.features)
+        _check(self)
+        super().__post_init__()
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        bias = self.norm == "none"
+        h = _conv(self, self.features, 3, "conv3x3_0", bias)(x)
+        h = self.activation(make_norm(self.norm, train=train, name="norm_0")(h))
+        h = _conv(self, self.features, 3, "conv3x3_1", bias)(h)
+        return make_norm(self.norm, train=train, name="norm_1")(h)
+
+
+class BottleneckBranch(nn.Module):
+    """1x1 (features -> bottleneck) -> 3x3 (bottleneck) -> 1x1 (bottleneck -> features), each followed by
+    a norm, with relu between them."""
+
+    features: int
+    bottleneck: int
+    norm: str | Callable = "batch"
+    kernel_init: str | Callable = DEFAULT_KERNEL_INIT
+    activation: Callable = nn.relu
+
+    def __post_init__(self):
+        check_positive("features", self.features)
+        check_positive("bottleneck", self.bottleneck)
+        _check(self)
+        super().__post_init__()
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        bias = self.norm == "none"
+        h = _conv(self, self.bottleneck, 1, "conv1x1_reduce", bias)(x)
+        h = self.activation(make_norm(self.norm, train=train, name="norm_0")(h))
+        h = _conv(self, self.bottleneck, 3, "conv3x3", bias)(h)
+        h = self.activation(make_norm(self.norm, train=train, name="norm_1")(h))
+        h = _conv(self, self.features, 1, "conv1x1_restore", bias)(h)
+        return make_norm(self.norm, train=train, name="norm_2")(h)
+
+
+class ConvResidualBlock(nn.Module):
+    """``act(x + branch(x))`` (``post_activation=True``) or ``x + branch(x)``, identity skip only.
+
+    ``branch`` is an unbound module (e.g. ``BottleneckBranch(256, 64)``), called as ``branch(x, train)``.
+    """
+
+    branch: Any
+    post_activation: bool = True
+    activation: Callable = nn.relu
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        # re-parent the branch here, so its parameters live under this block's ``branch`` whether it was
+        # built inside another module's compact method or outside any module
+        branch = self.branch if self.branch.parent is self else self.branch.clone(parent=self, name="branch")
+        out = residual_add(x, branch(x, train))
+        return self.activation(out) if self.post_activation else out
+
+
+class DenseLayer(nn.Module):
+    """norm -> relu -> [1x1 conv to ``4 * growth_rate`` -> norm -> relu] -> 3x3 conv to ``growth_rate``.
+
+    Returns only the ``growth_rate`` new channels; ``DenseBlock`` concatenates them to the input.
+    """
+
+    growth_rate: int
+    bottleneck: bool = False
+    bottleneck_factor: int = 4
+    norm: str | Callable = "batch"
+    kernel_init: str | Callable = DEFAULT_KERNEL_INIT
+    activation: Callable = nn.relu
+
+    def __post_init__(self):
+        check_positive("growth_rate", self.growth_rate)
+        check_positive("bottleneck_factor", self.bottleneck_factor)
+        _check(self)
+        super().__post_init__()
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        bias = self.norm == "none"
+        h = self.activation(make_norm(self.norm, train=train, name="norm_0")(x))
+        if self.bottleneck:
+            h = _conv(self, self.bottleneck_factor * self.growth_rate, 1, "conv1x1", bias)(h)
+            h = self.activation(make_norm(self.norm, train=train, name="norm_1")(h))
+        # the 3x3 conv's output is concatenated, not normalised, so it keeps no bias either way
+        # (DenseNet's convention); only with norm='none' is a bias added.
+        return _conv(self, self.growth_rate, 3, "conv3x3", bias)(h)
+
+
+class DenseBlock(nn.Module):
+    """``num_layers`` dense layers; layer k sees ``C_0 + (k-1) * growth_rate`` channels; the output has
+    ``C_0 + num_layers * growth_rate``. Layers are named ``layer_0`` ... ``layer_{n-1}``."""
+
+    num_layers: int
+    growth_rate: int
+    bottleneck: bool = False
+    norm: str | Callable = "batch"
+    kernel_init: str | Callable = DEFAULT_KERNEL_INIT
+
+    def __post_init__(self):
+        check_positive("num_layers", self.num_layers)
+        check_positive("growth_rate", self.growth_rate)
+        _check(self)
+        super().__post_init__()
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        h = x
+        for k in range(self.num_layers):
+            new = DenseLayer(self.growth_rate, self.bottleneck, norm=self.norm, kernel_init=self.kernel_init,
+                             name=f"layer_{k}")(h, train)
+            h = concat_merge(h, new, axis=-1)
+        return h
+
+
+class Transition(nn.Module):
+    """norm -> relu -> 1x1 conv to ``floor(compression * C)`` channels -> 2x2 average pool (stride 2)."""
+
+    compression: float = 0.5
+    norm: str | Callable = "batch"
+    kernel_init: str | Callable = DEFAULT_KERNEL_INIT
+    activation: Callable = nn.relu
+
+    def __post_init__(self):
+        if not 0 < self.compression <= 1:
+            raise ValueError(f"compression: must lie in (0, 1], got {self.compression!r}")
+        _check(self)
+        super().__post_init__()
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        out_channels = max(1, int(self.compression * x.shape[-1]))
+        h = self.activation(make_norm(self.norm, train=train, name="norm")(x))
+        h = _conv(self, out_channels, 1, "conv1x1", self.norm == "none")(h)
+        return nn.avg_pool(h, (2, 2), strides=(2, 2))
+
+
+def conv_kernel_weights(params) -> dict[str, int]:
+    """Weights (biases excluded) of every conv kernel in a parameter tree (or a tree of
+    ``jax.ShapeDtypeStruct`` from ``jax.eval_shape``), keyed by the '/'-joined path of the kernel.
+
+    A conv kernel is a leaf named ``kernel`` with 4 axes ``(h, w, in, out)``; norms' scales and offsets
+    and all biases are excluded.
+    """
+    import math
+
+    from flax.traverse_util import flatten_dict
+
+    out = {}
+    for path, leaf in flatten_dict(dict(params)).items():
+        if path[-1] == "kernel" and len(leaf.shape) == 4:
+            out["/".join(path[:-1])] = math.prod(leaf.shape)
+    return out
