@@ -1,14 +1,39 @@
 """Flax linen modules for residual networks; see each file's docstring."""
 
-from resjax.nn.init import INITIALIZERS, get_initializer
-from resjax.nn.init import BIAS_INITIALIZERS, get_bias_initializer
+from resjax.nn.conv_blocks import (
+    BasicBranch,
+    BottleneckBranch,
+    ConvResidualBlock,
+    DenseBlock,
+    DenseLayer,
+    Transition,
+)
+from resjax.nn.hourglass import Hourglass, StackedHourglass
+from resjax.nn.init import (
+    BIAS_INITIALIZERS,
+    INITIALIZERS,
+    get_bias_initializer,
+    get_initializer,
+)
 from resjax.nn.mlp import PlainLayer, PlainMLP, ResidualMLP, ResidualStack
 from resjax.nn.norms import NORMS, make_norm
-from resjax.nn.residual import (ORDERS, SCALINGS, ResidualBlock, concat_merge, residual_add, residual_stack, resolve_tau,
-                                stack_unrolled, unstack_scanned)
+from resjax.nn.residual import (
+    ORDERS,
+    SCALINGS,
+    ResidualBlock,
+    concat_merge,
+    residual_add,
+    residual_stack,
+    resolve_tau,
+    stack_unrolled,
+    unstack_scanned,
+)
 from resjax.nn.tau_resnet import tau_resnet
+from resjax.nn.unet import UNet
 
 __all__ = [
+    "BasicBranch", "BottleneckBranch", "ConvResidualBlock", "DenseBlock", "DenseLayer", "Hourglass",
+    "StackedHourglass", "Transition", "UNet",
     "BIAS_INITIALIZERS", "INITIALIZERS", "NORMS", "ORDERS", "SCALINGS", "PlainLayer", "PlainMLP", "ResidualBlock", "ResidualMLP", "ResidualStack",
     "concat_merge", "get_bias_initializer", "get_initializer", "make_norm", "residual_add", "residual_stack", "resolve_tau", "stack_unrolled",
     "unstack_scanned", "build_model", "tau_resnet",
