@@ -8,6 +8,7 @@ from resjax.nn.conv_blocks import (
     DenseLayer,
     Transition,
 )
+from resjax.nn.densenet import DenseNet, densenet121, densenet_bc_cifar
 from resjax.nn.hourglass import Hourglass, StackedHourglass
 from resjax.nn.init import (
     BIAS_INITIALIZERS,
@@ -33,7 +34,7 @@ from resjax.nn.unet import UNet
 
 __all__ = [
     "BasicBranch", "BottleneckBranch", "ConvResidualBlock", "DenseBlock", "DenseLayer", "Hourglass",
-    "StackedHourglass", "Transition", "UNet",
+    "StackedHourglass", "Transition", "UNet", "DenseNet", "densenet121", "densenet_bc_cifar",
     "BIAS_INITIALIZERS", "INITIALIZERS", "NORMS", "ORDERS", "SCALINGS", "PlainLayer", "PlainMLP", "ResidualBlock", "ResidualMLP", "ResidualStack",
     "concat_merge", "get_bias_initializer", "get_initializer", "make_norm", "residual_add", "residual_stack", "resolve_tau", "stack_unrolled",
     "unstack_scanned", "build_model", "tau_resnet",

@@ -1,0 +1,107 @@
+"""DenseNet (Huang et al. 2017) composed from ``DenseBlock`` and ``Transition`` (NHWC).
+
+``DenseNet(block_layers, growth_rate, init_features, compression, bottleneck, num_classes, stem)``:
+
+- stem ``'imagenet'``: 7x7 stride-2 conv to ``init_features`` (no bias) -> norm -> relu -> 3x3 stride-2
+  max pool (padding 1, as torchvision);
+- stem ``'cifar'``: one 3x3 conv to ``init_features`` (no bias), no pooling (DenseNet-BC on CIFAR: the
+  first dense block's norm follows directly);
+- ``len(block_layers)`` dense blocks separated by transitions (norm -> relu -> 1x1 conv to
+  ``floor(compression * C)`` -> 2x2 average pool);
+- final norm -> relu -> global average pool -> ``Dense(num_classes)`` with bias.
+
+Parameter counts (params only: norm scales and offsets counted, running statistics not), measured
+with ``jax.eval_shape``: ``densenet121()`` holds 7,978,856, torchvision's count;
+``densenet_bc_cifar(100, 12)`` with 10 classes holds 769,162 (the paper's "0.8M").
+
+Call as ``model(x, train)``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from resjax.nn.conv_blocks import DEFAULT_KERNEL_INIT, DenseBlock, Transition, _check
+from resjax.nn.init import get_initializer
+from resjax.nn.norms import make_norm
+from resjax.nn.residual import check_positive
+
+STEMS = ("imagenet", "cifar")
+
+
+class DenseNet(nn.Module):
+    """DenseNet classifier; see the module docstring."""
+
+    block_layers: Sequence[int] = (6, 12, 24, 16)
+    growth_rate: int = 32
+    init_features: int = 64
+    compression: float = 0.5
+    bottleneck: bool = True
+    num_classes: int = 1000
+    stem: str = "imagenet"
+    norm: str | Callable = "batch"
+    kernel_init: str | Callable = DEFAULT_KERNEL_INIT
+
+    def __post_init__(self):
+        layers = self.block_layers
+        if isinstance(layers, (str, bytes)) or not hasattr(layers, "__len__") or len(layers) == 0:
+            raise ValueError(f"block_layers: must be a non-empty sequence of integers >= 1, got {layers!r}")
+        for n in layers:
+            check_positive("block_layers", n)
+        object.__setattr__(self, "block_layers", tuple(layers))
+        check_positive("growth_rate", self.growth_rate)
+        check_positive("init_features", self.init_features)
+        check_positive("num_classes", self.num_classes)
+        if isinstance(self.compression, bool) or not isinstance(self.compression, (int, float)) \
+                or not 0 < self.compression <= 1:
+            raise ValueError(f"compression: must lie in (0, 1], got {self.compression!r}")
+        if not isinstance(self.bottleneck, bool):
+            raise ValueError(f"bottleneck: must be True or False, got {self.bottleneck!r}")
+        if self.stem not in STEMS:
+            raise ValueError(f"stem: unknown stem {self.stem!r}; choose one of {STEMS}")
+        _check(self)
+        super().__post_init__()
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        bias = self.norm == "none"
+        init = get_initializer(self.kernel_init)
+        if self.stem == "imagenet":
+            h = nn.Conv(self.init_features, (7, 7), strides=(2, 2), padding=((3, 3), (3, 3)),
+                        use_bias=bias, kernel_init=init, name="stem_conv")(x)
+            h = nn.relu(make_norm(self.norm, train=train, name="stem_norm")(h))
+            h = nn.max_pool(h, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+        else:
+            h = nn.Conv(self.init_features, (3, 3), padding="SAME", use_bias=bias, kernel_init=init,
+                        name="stem_conv")(x)
+        last = len(self.block_layers) - 1
+        for i, n in enumerate(self.block_layers):
+            h = DenseBlock(n, self.growth_rate, self.bottleneck, norm=self.norm, kernel_init=self.kernel_init,
+                           name=f"block_{i}")(h, train)
+            if i < last:
+                h = Transition(self.compression, norm=self.norm, kernel_init=self.kernel_init,
+                               name=f"transition_{i}")(h, train)
+        h = nn.relu(make_norm(self.norm, train=train, name="final_norm")(h))
+        h = jnp.mean(h, axis=(1, 2))
+        return nn.Dense(self.num_classes, name="classifier")(h)
+
+
+def densenet121(num_classes: int = 1000, **kwargs) -> DenseNet:
+    """DenseNet-121: blocks (6, 12, 24, 16), growth 32, 64 stem features, compression 0.5, bottlenecks."""
+    return DenseNet((6, 12, 24, 16), growth_rate=32, init_features=64, compression=0.5, bottleneck=True,
+                    num_classes=num_classes, stem="imagenet", **kwargs)
+
+
+def densenet_bc_cifar(depth: int = 100, growth_rate: int = 12, num_classes: int = 10, **kwargs) -> DenseNet:
+    """DenseNet-BC for CIFAR: 3 blocks of ``(depth - 4) / 6`` bottleneck layers, a 3x3 stem conv to
+    ``2 * growth_rate`` channels, compression 0.5, no max pool."""
+    check_positive("depth", depth)
+    check_positive("growth_rate", growth_rate)
+    if depth < 10 or (depth - 4) % 6:
+        raise ValueError(f"depth: DenseNet-BC needs depth = 6n + 4 with n >= 1, got {depth!r}")
+    n = (depth - 4) // 6
+    return DenseNet((n, n, n), growth_rate=growth_rate, init_features=2 * growth_rate, compression=0.5,
+                    bottleneck=True, num_classes=num_classes, stem="cifar", **kwargs)
