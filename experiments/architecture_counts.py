@@ -28,8 +28,14 @@ import ml_collections
 import numpy as np
 
 from experiments import common
-from resjax.nn.conv_blocks import (BasicBranch, BottleneckBranch, ConvResidualBlock, DenseBlock,
-                                     conv_kernel_weights)
+from resjax.nn.conv_blocks import (
+    BasicBranch,
+    BottleneckBranch,
+    ConvResidualBlock,
+    DenseBlock,
+    conv_kernel_weights,
+)
+from resjax.nn.unet import UNet
 
 NAME = "architecture_counts"
 
@@ -43,6 +49,8 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c.dense_channels_in = 64
     c.residual_width = 64
     c.spatial = 8  # only shapes are traced, so the image size does not matter
+    c.unet_input = 224
+    c.unet_features = (64, 128, 256, 512)
     return c  # the same at every size: shapes only
 
 
@@ -97,8 +105,24 @@ def run(config, out_dir) -> dict:
         "residual_stage.channels_in": res_in,
         "residual_stage.conv_weights": res_w,
     }
+    out.update(unet_skips(config))
     plot(out, config, out_dir / f"{NAME}.png")
     return out
+
+
+def unet_skips(config) -> dict:
+    """The spatial sizes and widths of ``UNet``'s skips, read from its own sown intermediates (shapes only)."""
+    unet = UNet(features=tuple(config.unet_features), out_channels=1)
+    x = jnp.zeros((1, config.unet_input, config.unet_input, 3))
+
+    def forward():
+        return unet.apply(unet.init(jax.random.key(0), x, False), x, False, mutable=["intermediates"])
+
+    out, state = jax.eval_shape(forward)
+    skips = [state["intermediates"][f"skip_{i}"][0].shape for i in range(len(config.unet_features) - 1)]
+    return {"unet.skip_sizes": [int(s[1]) for s in skips], "unet.skip_channels": [int(s[3]) for s in skips],
+            "unet.bottleneck_size": config.unet_input // 2 ** (len(config.unet_features) - 1),
+            "unet.output_size": int(out.shape[1])}
 
 
 # ---- claims ------------------------------------------------------------------------------------------
@@ -134,6 +158,12 @@ CLAIMS = [
                  lambda m: f"layer {m['dense.level_layer']}",
                  lambda m: m["dense.level_layer"] == 3
                  and m["dense.conv_weights"][2] == m["residual_stage.conv_weights"][2]),
+    common.Claim("U-Net on a 224 x 224 input: encoder features concatenated into the decoder at matching "
+                 "scales, among them 112 x 112 and 56 x 56 (read from the module's sown skips)",
+                 "000 lecture, U-Net skips", "112, 56",
+                 lambda m: f"skips at {m['unet.skip_sizes']} with {m['unet.skip_channels']} channels; "
+                           f"output {m['unet.output_size']}",
+                 lambda m: {112, 56} <= set(m["unet.skip_sizes"]) and m["unet.output_size"] == 224),
 ]
 
 
@@ -155,7 +185,7 @@ def report_section(m: dict) -> str:
 
 def plot(m: dict, config, path) -> None:
     plt = common.pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.6), gridspec_kw={"width_ratios": [1, 1.3, 1.3]})
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4.6), gridspec_kw={"width_ratios": [1, 1.3, 1.3, 1.3]})
 
     ax = axes[0]
     layers = [("basic", m["bottleneck.layers.basic"], ["3x3", "3x3"], ["tab:blue", "tab:cyan"]),
@@ -207,9 +237,37 @@ def plot(m: dict, config, path) -> None:
                  f"layer {k[-1]}: {m['dense.conv_weights'][-1]:,} vs {m['residual_stage.conv_weights'][-1]:,}",
                  fontsize=9)
     ax.legend(fontsize=8, loc="upper left")
-    for ax in axes:
+    for ax in axes[:3]:
         ax.grid(alpha=0.3, axis="y")
+    _plot_unet(axes[3], m)
     common.save_figure(fig, path)
+
+
+def _plot_unet(ax, m: dict) -> None:
+    """Encoder and decoder stages as boxes (height: spatial size, width: channels), skips as arrows."""
+    sizes, chans = m["unet.skip_sizes"], m["unet.skip_channels"]
+    scale = 0.6 / max(chans)
+    for i, (h, c) in enumerate(zip(sizes, chans)):
+        for x0, colour in ((i, "tab:blue"), (2 * len(sizes) - i, "tab:green")):
+            w = c * scale * (2 if colour == "tab:green" else 1)  # decoder: skip + upsampled channels
+            ax.add_patch(plt_rect(x0 - w / 2, -h / 2, w, h, colour))
+        ax.annotate("", xy=(2 * len(sizes) - i - 0.4, h / 2 + 8), xytext=(i + 0.4, h / 2 + 8),
+                    arrowprops=dict(arrowstyle="->", color="grey", lw=0.8))
+        ax.text(len(sizes), h / 2 + 12, f"skip {h} x {h}, {c} ch (concat)", ha="center", fontsize=7)
+    b = m["unet.bottleneck_size"]
+    ax.add_patch(plt_rect(len(sizes) - 0.3, -b / 2, 0.6, b, "tab:purple"))
+    ax.set_xlim(-1, 2 * len(sizes) + 1)
+    ax.set_ylim(-max(sizes) / 2 - 10, max(sizes) / 2 + 30)
+    ax.set_xticks([])
+    ax.set_ylabel("spatial size (pixels; box height); box width: channels")
+    ax.set_title("U-Net skips (lecture fig.), from the module's own shapes\n"
+                 "blue encoder, green decoder after concat, purple bottleneck", fontsize=9)
+
+
+def plt_rect(x, y, w, h, colour):
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((x, y), w, h, facecolor=colour, edgecolor="k", lw=0.5, alpha=0.8)
 
 
 if __name__ == "__main__":
