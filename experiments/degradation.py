@@ -127,6 +127,10 @@ def select_batch_size(m: dict, batch_sizes) -> int:
     return max(passing) if passing else FALLBACK_BATCH_SIZE
 
 
+def _mean_and_seeds(m: dict, name: str) -> str:
+    return f"{np.mean(_final(m, name)):.2f} ({_fmt(_final(m, name))})"
+
+
 def _mean_curve(m: dict, name: str) -> np.ndarray:
     return np.mean(np.array(m[f"curves.{name}.train_error_pct"], float), axis=0)
 
@@ -151,10 +155,10 @@ def _fmt(values) -> str:
 SRC = "000 lecture, Degradation / Training at depth 32"
 CLAIMS = [
     common.Claim("plain depth 8 final training error (%), mean of 3 seeds, at or below 1%", SRC, "0.2",
-                 lambda m: f"{np.mean(_final(m, 'plain_d8')):.2f} ({_fmt(_final(m, 'plain_d8'))})",
+                 lambda m: _mean_and_seeds(m, "plain_d8"),
                  lambda m: rule_claims(m)[1]),
     common.Claim("plain depth 32 final training error (%), mean and seeds", SRC, "10.6 (5.4, 19.5, 7.0)",
-                 lambda m: f"{np.mean(_final(m, 'plain_d32')):.2f} ({_fmt(_final(m, 'plain_d32'))})",
+                 lambda m: _mean_and_seeds(m, "plain_d32"),
                  lambda m: None),
     common.Claim("every depth-32 plain run ends worse than every depth-8 run", SRC, "yes",
                  lambda m: f"min d32 {np.nanmin(_final(m, 'plain_d32')):.2f} vs max d8 {np.nanmax(_final(m, 'plain_d8')):.2f}",
@@ -166,7 +170,7 @@ CLAIMS = [
                  "(percentage points)", SRC, "up to 33 between checkpoints",
                  lambda m: f"{_largest_swing(m, 'plain_d32'):.1f}", lambda m: None),
     common.Claim("residual + BatchNorm depth 32 final training error (%), mean at or below 3%", SRC, "1.2",
-                 lambda m: f"{np.mean(_final(m, 'residual_bn_d32')):.2f} ({_fmt(_final(m, 'residual_bn_d32'))})",
+                 lambda m: _mean_and_seeds(m, "residual_bn_d32"),
                  lambda m: rule_claims(m)[3]),
     common.Claim("residual without normalisation diverges in epoch 1 of every run (lr 0.005)", SRC, "epoch 1, 3/3",
                  lambda m: f"diverged epochs {_diverged(m, 'residual_d32')}",
