@@ -1,6 +1,9 @@
-"""Data sets: MNIST-1D generated offline (the default everywhere it can serve)."""
+"""Data sets: MNIST-1D generated offline (the default everywhere it can serve); MNIST, CIFAR-10/100 and
+ImageNet through ``tfds.data_source`` (:mod:`resjax.data.tfds`), with a synthetic stand-in."""
 
 from resjax.data.mnist1d import Dataset, load_mnist1d
+from resjax.data.tfds import (IMAGE_DATASETS, DataNotPreparedError, ImageSource, load_image_dataset,
+                              synthetic_image_dataset)
 
 DATASETS = ("mnist1d",)
 
@@ -12,4 +15,5 @@ def load_dataset(name: str) -> Dataset:
     raise ValueError(f"data.name: unknown data set {name!r}; choose one of {DATASETS}")
 
 
-__all__ = ["DATASETS", "Dataset", "load_dataset", "load_mnist1d"]
+__all__ = ["DATASETS", "IMAGE_DATASETS", "DataNotPreparedError", "Dataset", "ImageSource", "load_dataset",
+           "load_image_dataset", "load_mnist1d", "synthetic_image_dataset"]
