@@ -36,6 +36,7 @@ layer's fan-in, so the layer passes it (the size of the layer's input). Names:
 zeros               all zeros (the default everywhere)
 fan_in              N(0, 1/fan_in): the lecture's "weights and biases drawn at variance
                     1/fan-in" (so the input layer of a scalar-input network has variance 1)
+torch_default       U(+-1/sqrt(fan_in)): PyTorch's ``nn.Linear`` bias default
 ==================  =====================================================================
 """
 
@@ -44,6 +45,7 @@ from __future__ import annotations
 import re
 from typing import Callable
 
+import jax
 import jax.numpy as jnp
 from jax.nn import initializers
 
@@ -138,9 +140,20 @@ def get_initializer(name: str | Initializer, gain: float = 1.0, **params) -> Ini
     return scaled
 
 
+def _torch_bias(fan_in: int) -> Initializer:
+    bound = fan_in ** -0.5
+
+    def init(key, shape, dtype=jnp.float32):
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+    return init
+
+
 _BIAS = {
     "zeros": lambda fan_in: initializers.zeros,
     "fan_in": lambda fan_in: initializers.normal(stddev=(1.0 / fan_in) ** 0.5),
+    # PyTorch's nn.Linear / nn.Conv2d bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+    "torch_default": lambda fan_in: _torch_bias(fan_in),
 }
 BIAS_INITIALIZERS = tuple(_BIAS)
 

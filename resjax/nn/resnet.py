@@ -1,0 +1,468 @@
+"""Convolutional ResNets: CIFAR (depth 6n+2, wide), ImageNet (18/34/50/101/152) and Taki's 8x8 model.
+
+One block class, ``ResNetBlock``, covers every variant the seeds and their reference code use; every
+addition goes through ``residual_add`` (a shape mismatch raises ``ValueError``, never broadcasts).
+
+Block (NHWC, ``features`` output channels, ``strides`` on the first 3x3 conv, torchvision's "v1.5"
+placement for bottlenecks):
+
+- ``kind='basic'``: 3x3 -> 3x3. ``kind='bottleneck'``: 1x1 to ``features // expansion`` -> 3x3 -> 1x1
+  back to ``features`` (expansion 4).
+- ``order='post'`` (He et al. 2016a): ``act(skip + s * [conv -> norm (-> act)]*m)``. ``order='pre'``
+  (He et al. 2016b): ``p = act(norm(x))``; ``skip + s * [conv -> norm -> act]* ... conv``; nothing after the sum.
+- Shortcut, used only when the block changes the shape (an identity otherwise):
+  ``'A'`` = subsample by ``strides`` and append zero channels (no parameters; the CIFAR ResNets of He et
+  al., the Fixup and tau-ResNet repositories), ``'B'`` = strided 1x1 conv (followed by the norm in the
+  post order; in the pre order it reads the pre-activated ``p``, as in He et al.'s pre-activation code).
+- Branch scaling ``s`` exactly as ``resjax.nn.residual.ResidualBlock``: ``none``; ``tau`` (a number, a
+  rule of K = ``num_blocks``, or a traced value passed at call time); ``rescale`` (the sum times
+  1/sqrt(2)); ``skipinit`` (learned alpha = 0); ``fixup`` (learned multiplier 1, last conv zero, other
+  convs times K^(-1/(2m-2)) with m the number of convs in the branch).
+- ``scalar_biases``: Fixup's learned scalar biases before every conv (``bias_in_i``), before every
+  activation of the branch (``bias_act_i``) and at its end (``bias_out``). On by default for Fixup; the
+  tau-ResNet repository uses them with tau and no BatchNorm, where ``bias_out`` sits *inside* the tau
+  scaling: ``tau * (branch + bias_out)``; with Fixup it is ``scale * branch + bias_out`` (each as its
+  reference code does).
+
+Networks:
+
+- ``ResNet(stage_sizes, stage_widths, stem=...)``: stem (CIFAR: 3x3 conv 16 -> norm -> act; ImageNet:
+  7x7/2 conv 64 -> norm -> act -> 3x3/2 max pool; in the pre order the stem has no norm/act and a final
+  norm -> act precedes the pool), the stages (stage i > 0 starts with stride 2), global average pool,
+  ``Dense(num_classes)``. Convolutions carry no bias unless ``norm='none'`` and no scalar biases are used.
+  ``scan=True`` scans the identical blocks of each stage with ``nn.scan`` (a 1202-layer net compiles as
+  fast as a 20-layer one); ``scan=False`` unrolls them. Blocks sow ``intermediates/block_out``.
+- ``learnable_tau=True``: one tau shared by every block, a parameter ``tau`` initialised at the tau rule's
+  value, as in the tau-ResNet repository without BatchNorm. That repository divides tau's gradient by
+  the number of blocks (``scale_tau_grad``); resjax does the same inside the model with a stop-gradient
+  (``tau/K + stop_gradient(tau - tau/K)``: the value is tau, the gradient is 1/K of the sum over blocks).
+- ``cifar_resnet(depth, widen_factor=1, ...)``: depth = 6n+2, widths (16, 32, 64) * widen_factor.
+  ``cifar_resnet(20)`` / 56 / 110 / 1202 with option A and BatchNorm have 269,722 / 853,018 / 1,727,962 /
+  19,421,274 parameters, the published counts.
+- ``imagenet_resnet(depth)``: 18/34 basic, 50/101/152 bottleneck, option B; ``imagenet_resnet(50)`` has
+  torchvision's 25,557,032 parameters.
+- ``imagenet_tau(stage_sizes, convention)``: the seed (Zhang et al. Section 4.3) takes tau = 1/sqrt(L)
+  with L the *average* number of blocks per stage (``'seed'``); the tau-ResNet ImageNet code uses
+  2/sqrt(largest stage) (``'official'``). They differ (ResNet-50: 0.516 vs 0.816), so both are named.
+- ``taki_resnet(num_blocks=100)``: Taki's model (seed 004): a stem, ``num_blocks`` blocks
+  ``x + conv8x8(act(norm(x)))`` at 16 channels, pool, dense. See ``TakiResNet``.
+
+Kernels default to He normal with fan-out (std sqrt(2 / (k*k*out))), the initialisation of the
+torchvision, Fixup and tau-ResNet code; the classifier uses PyTorch's ``nn.Linear`` default (zeros
+under Fixup, as Fixup prescribes).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from resjax.nn.init import get_bias_initializer, get_initializer
+from resjax.nn.norms import check_norm, make_norm
+from resjax.nn.residual import SCALINGS, check_choice, check_positive, residual_add, resolve_tau
+
+BLOCK_KINDS = ("basic", "bottleneck")
+ORDERS = ("post", "pre")
+SHORTCUTS = ("A", "B")
+STEMS = ("cifar", "imagenet")
+DEFAULT_KERNEL_INIT = "he_normal_fan_out"
+HEAD_INIT = "torch_default"
+
+CIFAR_DEPTHS = (20, 32, 44, 56, 110, 1202)
+IMAGENET_STAGES = {
+    18: ("basic", (2, 2, 2, 2)),
+    34: ("basic", (3, 4, 6, 3)),
+    50: ("bottleneck", (3, 4, 6, 3)),
+    101: ("bottleneck", (3, 4, 23, 3)),
+    152: ("bottleneck", (3, 8, 36, 3)),
+}
+
+
+def _scalar(module: nn.Module, name: str, h, init=nn.initializers.zeros):
+    return module.param(name, init, (), h.dtype)
+
+
+class ResNetBlock(nn.Module):
+    """One convolutional residual block; see the module docstring. Call as ``block(x, train, tau)``."""
+
+    features: int
+    strides: int = 1
+    kind: str = "basic"
+    expansion: int = 4
+    order: str = "post"
+    shortcut: str = "A"
+    norm: str | Callable = "batch"
+    scaling: str = "none"
+    tau: float | str = "1/sqrt(K)"
+    num_blocks: int = 1
+    scalar_biases: bool | None = None
+    kernel_init: str | Callable = DEFAULT_KERNEL_INIT
+    activation: Callable = nn.relu
+
+    def __post_init__(self):
+        check_positive("features", self.features)
+        check_positive("strides", self.strides)
+        check_positive("expansion", self.expansion)
+        check_positive("num_blocks", self.num_blocks)
+        check_choice("kind", self.kind, BLOCK_KINDS)
+        check_choice("order", self.order, ORDERS)
+        check_choice("shortcut", self.shortcut, SHORTCUTS)
+        check_choice("scaling", self.scaling, SCALINGS)
+        check_norm(self.norm)
+        get_initializer(self.kernel_init)
+        if self.kind == "bottleneck" and self.features % self.expansion:
+            raise ValueError(f"features: a bottleneck block needs features divisible by expansion={self.expansion}, "
+                             f"got {self.features}")
+        if self.scaling == "tau" and not isinstance(self.tau, (int, float)):
+            resolve_tau(self.tau, self.num_blocks)
+        super().__post_init__()
+
+    @property
+    def uses_scalar_biases(self) -> bool:
+        return self.scaling == "fixup" if self.scalar_biases is None else self.scalar_biases
+
+    def _layers(self) -> list[tuple[int, int, int]]:
+        """(kernel size, output channels, stride) of each conv of the branch."""
+        if self.kind == "basic":
+            return [(3, self.features, self.strides), (3, self.features, 1)]
+        width = self.features // self.expansion
+        return [(1, width, 1), (3, width, self.strides), (1, self.features, 1)]
+
+    def _bias(self, name: str, h):
+        return h + _scalar(self, name, h) if self.uses_scalar_biases else h
+
+    def _conv(self, i: int, size: int, features: int, strides: int, h):
+        m = len(self._layers())
+        if self.scaling == "fixup" and i == m - 1:
+            init = get_initializer("zeros")
+        elif self.scaling == "fixup":
+            init = get_initializer(self.kernel_init, gain=self.num_blocks ** (-1.0 / (2 * m - 2)))
+        else:
+            init = get_initializer(self.kernel_init)
+        use_bias = self.norm == "none" and not self.uses_scalar_biases
+        return nn.Conv(features, (size, size), strides=strides, padding=[(size // 2, (size - 1) // 2)] * 2,
+                       use_bias=use_bias, kernel_init=init, name=f"conv_{i}")(h)
+
+    def _shortcut(self, x, first_input, train):
+        """Identity, or option A/B when the block changes the shape. Option B reads what the first conv
+        reads (``first_input``: the pre-activated input in the pre order, as He et al.'s pre-activation
+        code; ``x`` plus Fixup's first scalar bias in the post order, as Fixup's ImageNet code)."""
+        out_shape = (x.shape[0], -(-x.shape[1] // self.strides), -(-x.shape[2] // self.strides), self.features)
+        if tuple(x.shape) == out_shape:
+            return x
+        if self.shortcut == "A":
+            extra = self.features - x.shape[-1]
+            if extra < 0:
+                raise ValueError(f"shortcut: option 'A' (zero padding) cannot reduce channels from {x.shape[-1]} "
+                                 f"to {self.features}; use shortcut='B'")
+            skip = x[:, ::self.strides, ::self.strides, :]
+            return jnp.pad(skip, ((0, 0), (0, 0), (0, 0), (0, extra)))
+        skip = nn.Conv(self.features, (1, 1), strides=self.strides, use_bias=self.norm == "none",
+                       kernel_init=get_initializer(self.kernel_init), name="shortcut_conv")(first_input)
+        if self.order == "post":
+            skip = make_norm(self.norm, train=train, name="shortcut_norm")(skip)
+        return skip
+
+    @nn.compact
+    def __call__(self, x, train: bool = False, tau=None):
+        layers = self._layers()
+        m = len(layers)
+        h = x
+        if self.order == "pre":
+            h = self.activation(self._bias("bias_act_pre", make_norm(self.norm, train=train, name="norm_pre")(x)))
+        first_input = None
+        for i, (size, features, strides) in enumerate(layers):
+            h = self._bias(f"bias_in_{i}", h)
+            first_input = h if i == 0 else first_input
+            h = self._conv(i, size, features, strides, h)
+            if self.order == "post" or i < m - 1:
+                h = make_norm(self.norm, train=train, name=f"norm_{i}")(h)
+            if i < m - 1:
+                h = self.activation(self._bias(f"bias_act_{i}", h))
+        h = self._scale_branch(h, tau)
+        out = residual_add(self._shortcut(x, first_input, train), h)
+        if self.scaling == "rescale":
+            out = out * (1.0 / math.sqrt(2.0))
+        if self.order == "post":
+            out = self.activation(out)
+        self.sow("intermediates", "block_out", out)
+        return out
+
+    def _scale_branch(self, h, tau):
+        if self.scaling == "tau":
+            t = resolve_tau(self.tau, self.num_blocks) if tau is None else tau
+            return self._bias("bias_out", h) * jnp.asarray(t, h.dtype)
+        if self.scaling == "skipinit":
+            h = h * _scalar(self, "skipinit_alpha", h)
+        elif self.scaling == "fixup":
+            h = h * _scalar(self, "fixup_scale", h, nn.initializers.ones)
+        return self._bias("bias_out", h)
+
+
+class _ScanBlock(nn.Module):
+    """``ResNetBlock`` in ``nn.scan``'s ``(carry, *broadcast) -> (carry, out)`` form."""
+
+    block_kwargs: Any
+
+    @nn.compact
+    def __call__(self, x, train, tau):
+        return ResNetBlock(**dict(self.block_kwargs), name="block")(x, train, tau), None
+
+
+def _stage(block_kwargs: dict, num_blocks: int, x, train, tau, scan: bool, name: str):
+    """``num_blocks`` identical stride-1 blocks, scanned (``name/block``) or unrolled (``name_0``...)."""
+    if num_blocks == 0:
+        return x
+    if scan:
+        stack = nn.scan(_ScanBlock, variable_axes={"params": 0, "batch_stats": 0, "intermediates": 0},
+                        split_rngs={"params": True}, in_axes=(nn.broadcast, nn.broadcast), length=num_blocks)
+        x, _ = stack(block_kwargs=tuple(sorted(block_kwargs.items())), name=name)(x, train, tau)
+        return x
+    for k in range(num_blocks):
+        x = ResNetBlock(**block_kwargs, name=f"{name}_{k}")(x, train, tau)
+    return x
+
+
+class ResNet(nn.Module):
+    """A staged convolutional ResNet; see the module docstring. Call as ``model(images, train, tau)``.
+
+    ``tau_blocks`` is the K of the tau rule and of Fixup's rescaling (default: all blocks, as Zhang et
+    al. and Fixup count L for CIFAR); ``imagenet_tau`` gives the ImageNet conventions as numbers.
+    """
+
+    stage_sizes: Sequence[int]
+    stage_widths: Sequence[int]
+    num_classes: int = 10
+    kind: str = "basic"
+    expansion: int = 4
+    order: str = "post"
+    shortcut: str = "A"
+    norm: str | Callable = "batch"
+    scaling: str = "none"
+    tau: float | str = "1/sqrt(K)"
+    tau_blocks: int | None = None
+    learnable_tau: bool = False
+    scalar_biases: bool | None = None
+    stem: str = "cifar"
+    stem_width: int = 16
+    kernel_init: str | Callable = DEFAULT_KERNEL_INIT
+    scan: bool = False
+    activation: Callable = nn.relu
+
+    def __post_init__(self):
+        if not self.stage_sizes or len(self.stage_sizes) != len(self.stage_widths):
+            raise ValueError(f"stage_sizes: need one size per stage width, got {tuple(self.stage_sizes)} and "
+                             f"stage_widths {tuple(self.stage_widths)}")
+        for size in self.stage_sizes:
+            check_positive("stage_sizes", size)
+        for width in self.stage_widths:
+            check_positive("stage_widths", width)
+        check_positive("num_classes", self.num_classes)
+        check_positive("stem_width", self.stem_width)
+        check_choice("stem", self.stem, STEMS)
+        if self.tau_blocks is not None:
+            check_positive("tau_blocks", self.tau_blocks)
+        if self.learnable_tau and self.scaling != "tau":
+            raise ValueError(f"learnable_tau: needs scaling='tau', got scaling={self.scaling!r}")
+        super().__post_init__()
+        self._block_kwargs(0, 1)  # validates every block setting now, before anything is traced
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(self.stage_sizes)
+
+    @property
+    def use_scalar_biases(self) -> bool:
+        return self.scaling == "fixup" if self.scalar_biases is None else self.scalar_biases
+
+    def _block_kwargs(self, stage: int, strides: int) -> dict:
+        kwargs = dict(features=self.stage_widths[stage], strides=strides, kind=self.kind, expansion=self.expansion,
+                      order=self.order, shortcut=self.shortcut, norm=self.norm, scaling=self.scaling, tau=self.tau,
+                      num_blocks=self.tau_blocks or self.num_blocks, scalar_biases=self.scalar_biases,
+                      kernel_init=self.kernel_init, activation=self.activation)
+        ResNetBlock(**kwargs, parent=None)  # raises ValueError naming a bad setting
+        return kwargs
+
+    def _bias(self, name: str, h):
+        return h + _scalar(self, name, h) if self.use_scalar_biases else h
+
+    def _tau(self, tau):
+        if self.scaling != "tau" or not self.learnable_tau:
+            return tau
+        k = self.tau_blocks or self.num_blocks
+        init = resolve_tau(self.tau, k) if tau is None else tau
+        t = self.param("tau", lambda _key: jnp.asarray(init, jnp.float32))
+        return t / self.num_blocks + jax.lax.stop_gradient(t - t / self.num_blocks)
+
+    @nn.compact
+    def __call__(self, x, train: bool = False, tau=None):
+        if x.ndim != 4:
+            raise ValueError(f"images: expected NHWC (4 axes), got shape {tuple(x.shape)}")
+        tau = self._tau(tau)
+        conv_bias = self.norm == "none" and not self.use_scalar_biases
+        kernel_init = get_initializer(self.kernel_init)
+        if self.stem == "cifar":
+            h = nn.Conv(self.stem_width, (3, 3), padding=[(1, 1)] * 2, use_bias=conv_bias, kernel_init=kernel_init,
+                        name="stem_conv")(x)
+        else:
+            h = nn.Conv(self.stem_width, (7, 7), strides=2, padding=[(3, 3)] * 2, use_bias=conv_bias,
+                        kernel_init=kernel_init, name="stem_conv")(x)
+        if self.order == "post" or self.stem == "imagenet":
+            h = make_norm(self.norm, train=train, name="stem_norm")(h)
+            h = self.activation(self._bias("stem_bias", h))
+        if self.stem == "imagenet":
+            h = nn.max_pool(h, (3, 3), strides=(2, 2), padding=[(1, 1)] * 2)
+        self.sow("intermediates", "stem", h)
+        for s, size in enumerate(self.stage_sizes):
+            first = self._block_kwargs(s, 1 if s == 0 else 2)
+            h = ResNetBlock(**first, name=f"stage{s + 1}_first")(h, train, tau)
+            h = _stage(self._block_kwargs(s, 1), size - 1, h, train, tau, self.scan, name=f"stage{s + 1}")
+        if self.order == "pre":
+            h = self.activation(make_norm(self.norm, train=train, name="final_norm")(h))
+        h = jnp.mean(h, axis=(1, 2))
+        self.sow("intermediates", "pre_logits", h)
+        zero_head = self.scaling == "fixup"
+        head_init = get_initializer("zeros" if zero_head else HEAD_INIT)
+        bias_init = get_bias_initializer("zeros" if zero_head else "torch_default", h.shape[-1])
+        return nn.Dense(self.num_classes, kernel_init=head_init, bias_init=bias_init,
+                        name="head")(self._bias("head_bias", h))
+
+
+def cifar_resnet(depth: int = 20, num_classes: int = 10, widen_factor: int = 1, **kwargs) -> ResNet:
+    """He et al.'s CIFAR ResNet of depth 6n+2 (n basic blocks per stage, widths 16/32/64 * widen_factor).
+
+    Defaults: post-activation, option A shortcuts, BatchNorm, He fan-out normal kernels. A wide ResNet
+    (Zagoruyko & Komodakis) is ``cifar_resnet(6n+2, widen_factor=k, order='pre', shortcut='B')`` (WRN
+    counts depth as 6n+4, adding its projection convs; resjax keeps He et al.'s 6n+2).
+    Any ``ResNet`` field can be overridden (``norm``, ``scaling``, ``tau``, ``scan``, ...).
+    """
+    if not isinstance(depth, int) or depth < 8 or (depth - 2) % 6:
+        raise ValueError(f"depth: a CIFAR ResNet has depth 6n+2 with n >= 1 (20, 32, 44, 56, 110, 1202), got {depth!r}")
+    check_positive("widen_factor", widen_factor)
+    n = (depth - 2) // 6
+    widths = tuple(w * widen_factor for w in (16, 32, 64))
+    kwargs = {"kind": "basic", "stem": "cifar", "stem_width": 16, **kwargs}
+    return ResNet(stage_sizes=(n, n, n), stage_widths=widths, num_classes=num_classes, **kwargs)
+
+
+def imagenet_resnet(depth: int = 50, num_classes: int = 1000, **kwargs) -> ResNet:
+    """ResNet-18/34 (basic) and -50/101/152 (bottleneck, stride on the 3x3: torchvision's v1.5) with
+    option B projection shortcuts where the shape changes. ``imagenet_resnet(50)`` has 25,557,032
+    parameters, torchvision's count."""
+    if depth not in IMAGENET_STAGES:
+        raise ValueError(f"depth: ImageNet ResNets have depth {tuple(IMAGENET_STAGES)}, got {depth!r}")
+    kind, sizes = IMAGENET_STAGES[depth]
+    mult = 4 if kind == "bottleneck" else 1
+    kwargs = {"shortcut": "B", **kwargs}
+    return ResNet(stage_sizes=sizes, stage_widths=tuple(w * mult for w in (64, 128, 256, 512)),
+                  num_classes=num_classes, kind=kind, stem="imagenet", stem_width=64, **kwargs)
+
+
+TAU_CONVENTIONS = ("seed", "official")
+
+
+def imagenet_tau(stage_sizes: Sequence[int], convention: str = "seed") -> float:
+    """tau for a staged network: ``'seed'`` = 1/sqrt(mean blocks per stage) (Zhang et al. Sec. 4.3: the
+    average, since a BN sits on each stage's output), ``'official'`` = 2/sqrt(largest stage) (their code)."""
+    check_choice("tau_convention", convention, TAU_CONVENTIONS)
+    if convention == "seed":
+        return 1.0 / math.sqrt(sum(stage_sizes) / len(stage_sizes))
+    return 2.0 / math.sqrt(max(stage_sizes))
+
+
+class TakiResNet(nn.Module):
+    """Taki's 100-block convolutional ResNet (seed 004, Section 4 and Fig. 1).
+
+    The seed: "residual block consists of 8x8 convolution layer with 16 channels and ReLU", with BatchNorm
+    "inserted before residual connection" in Fig. 1b, and the weights drawn from N(0, 1/(8*8*16*100))
+    (``kernel_init='taki'``: c/(n L) with n = 8*8*16 the fan-in, c = 1, L = ``num_blocks``).
+    The block is ``x + conv8x8(act(N(x)))`` (N = ``norm``, the identity when ``'none'``): the order of
+    ``resjax.analysis.taki`` (pre-activation, one layer, nothing after the sum, no bias).
+
+    Choices the seed leaves open (documented, not tuned):
+    - the even 8x8 kernel is padded 'SAME' as XLA does it: 3 rows/columns before, 4 after, so the map
+      stays 32x32;
+    - the stem is a 3x3 convolution from 3 to 16 channels (He fan-in normal), the head a global average
+      pool and a dense layer with PyTorch's default initialisation.
+    """
+
+    num_blocks: int = 100
+    features: int = 16
+    kernel_size: int = 8
+    num_classes: int = 10
+    norm: str | Callable = "none"
+    kernel_init: str | Callable = "taki"
+    scan: bool = True
+    activation: Callable = nn.relu
+
+    def __post_init__(self):
+        check_positive("num_blocks", self.num_blocks)
+        check_positive("features", self.features)
+        check_positive("kernel_size", self.kernel_size)
+        check_positive("num_classes", self.num_classes)
+        check_norm(self.norm)
+        _taki_kernel_init(self.kernel_init, self.num_blocks)  # raises on an unknown name
+        super().__post_init__()
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        if x.ndim != 4:
+            raise ValueError(f"images: expected NHWC (4 axes), got shape {tuple(x.shape)}")
+        h = nn.Conv(self.features, (3, 3), padding="SAME", use_bias=False,
+                    kernel_init=get_initializer("he_normal_fan_in"), name="stem_conv")(x)
+        block_kwargs = dict(features=self.features, kernel_size=self.kernel_size, norm=self.norm,
+                            kernel_init=self.kernel_init, num_blocks=self.num_blocks, activation=self.activation)
+        if self.scan:
+            stack = nn.scan(_TakiScan, variable_axes={"params": 0, "batch_stats": 0, "intermediates": 0},
+                            split_rngs={"params": True}, in_axes=(nn.broadcast,), length=self.num_blocks)
+            h, _ = stack(block_kwargs=tuple(block_kwargs.items()), name="blocks")(h, train)
+        else:
+            for k in range(self.num_blocks):
+                h = TakiBlock(**block_kwargs, name=f"blocks_{k}")(h, train)
+        h = jnp.mean(h, axis=(1, 2))
+        return nn.Dense(self.num_classes, kernel_init=get_initializer(HEAD_INIT),
+                        bias_init=get_bias_initializer("torch_default", h.shape[-1]), name="head")(h)
+
+
+def _taki_kernel_init(name, num_blocks: int):
+    if name == "taki":
+        return get_initializer("taki", c=1.0, num_blocks=num_blocks)
+    return get_initializer(name)
+
+
+class TakiBlock(nn.Module):
+    """``x + conv(act(N(x)))``, no bias; ``kernel_init='taki'`` draws N(0, 1/(k*k*C*num_blocks))."""
+
+    features: int = 16
+    kernel_size: int = 8
+    norm: Any = "none"
+    kernel_init: Any = "taki"
+    num_blocks: int = 100
+    activation: Callable = nn.relu
+
+    @nn.compact
+    def __call__(self, x, train):
+        h = self.activation(make_norm(self.norm, train=train, name="norm")(x))
+        h = nn.Conv(self.features, (self.kernel_size,) * 2, padding="SAME", use_bias=False,
+                    kernel_init=_taki_kernel_init(self.kernel_init, self.num_blocks), name="conv")(h)
+        out = residual_add(x, h)
+        self.sow("intermediates", "block_out", out)
+        return out
+
+
+class _TakiScan(nn.Module):
+    block_kwargs: Any
+
+    @nn.compact
+    def __call__(self, x, train):
+        return TakiBlock(**dict(self.block_kwargs), name="block")(x, train), None
+
+
+def taki_resnet(num_blocks: int = 100, norm: str = "none", kernel_init: str = "taki", **kwargs) -> TakiResNet:
+    """Taki's model: ``norm='none', kernel_init='taki'`` (his initialisation), ``kernel_init='he_normal'``
+    (He's), or ``norm='batch', kernel_init='he_normal'`` (He's with BatchNorm, his Fig. 1b)."""
+    return TakiResNet(num_blocks=num_blocks, norm=norm, kernel_init=kernel_init, **kwargs)
