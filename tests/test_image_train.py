@@ -166,7 +166,9 @@ def test_fit_lowers_the_loss_and_updates_batch_stats():
     c = tiny_config(epochs=6, learning_rate=0.1, schedule="constant", augment=True)
     trainer = make_image_train(c, TinyCNN(), TRAIN, TEST)
     init = trainer.init(0)
-    state, h = trainer.fit(0)
+    seen = []
+    state, h = trainer.fit(0, progress=lambda done, m: seen.append((done, float(m["train_loss"]))))
+    assert [d for d, _ in seen] == list(range(1, 7)) and seen[0][1] == pytest.approx(h["train_loss"][0])
     assert h["train_loss"].shape == (6,) and h["epochs"] == 6 and int(h["diverged_epoch"]) == -1
     assert h["train_loss"][-1] < 0.7 * h["train_loss"][0]
     assert h["test_acc"][-1] > 0.5 and h["best_test_acc"] == h["test_acc"].max()
@@ -216,9 +218,10 @@ def test_divergence_is_recorded_not_raised_and_stops_early():
 
 def test_resume_from_a_checkpoint_is_bit_identical(tmp_path):
     c = tiny_config(epochs=4, checkpoint_every=2, milestones=(3,), augment=True, scalar_lr_factor=0.1)
-    full, hf = make_image_train(c, TinyCNN(), TRAIN, TEST).fit([0, 1])
+    trainer = make_image_train(c, TinyCNN(), TRAIN, TEST)
+    full, hf = trainer.fit([0, 1])
     d = tmp_path / "ckpt"
-    part, _ = make_image_train(c, TinyCNN(), TRAIN, TEST).fit([0, 1], epochs=2, checkpoint_dir=d)
+    trainer.fit([0, 1], epochs=2, checkpoint_dir=d)
     assert ckpt_lib.latest(d) == 2 and {"meta", "state"} <= set(os.listdir(d / "2"))
     # a new trainer (as in a new process) finds the checkpoint and goes on from epoch 2
     resumed, hr = make_image_train(c, TinyCNN(), TRAIN, TEST).fit([0, 1], checkpoint_dir=d)
@@ -250,7 +253,7 @@ SHARDED = textwrap.dedent("""
     from resjax.train import make_data_mesh, make_image_train
     assert jax.device_count() == 4, jax.devices()
     mesh = make_data_mesh()
-    c = tiny_config(epochs=2)
+    c = tiny_config(epochs=1)  # 4 steps and an evaluation
     for seeds in (0, [0, 1]):
         with jax.default_matmul_precision("highest"):
             s4, h4 = make_image_train(c, TinyCNN(), TRAIN, TEST, mesh=mesh).fit(seeds)
@@ -315,5 +318,9 @@ def test_bad_call_arguments_name_the_argument():
         trainer.fit(0, epochs=99)
     with pytest.raises(ValueError, match="num_seeds"):
         trainer.init(0, num_seeds=0)
+    with pytest.raises(ValueError, match="mesh"):
+        make_image_train(tiny_config(), TinyCNN(), TRAIN, TEST, mesh=jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("x",)))
+    with pytest.raises(ValueError, match="batch_size"):
+        trainer.evaluate(trainer.init(0), TEST, batch_size=0)
     with pytest.raises(ValueError, match="weight_decay_on"):
         make_optimizer(tiny_config(weight_decay_on="kernels"), {"tau": jnp.float32(1.0)}, 1)

@@ -261,7 +261,8 @@ class ImageTrainer:
         every ``config.checkpoint_every`` epochs and when the call ends; with ``resume`` and a checkpoint
         there, continue from the newest one (when it is further along than the state given; it must come
         from the same seeds). ``resume=False`` refuses a directory that already holds checkpoints.
-        ``progress``: True or a label for a tqdm bar, or ``callback(epochs_done, summary)``.
+        ``progress``: True or a label for a tqdm bar, or ``callback(epochs_done, summary)`` (the epoch's
+        metrics as numpy arrays). A state passed in is consumed: the first step donates its buffers.
         """
         epochs = self.config.epochs if epochs is None else epochs
         if not _is_int(epochs) or not 1 <= epochs <= self.config.epochs:
