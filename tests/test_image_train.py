@@ -12,9 +12,14 @@ import numpy as np
 import optax
 import pytest
 
-from resjax.train import image_train_config, make_image_train, make_optimizer, make_schedule
 from resjax.train import checkpoint as ckpt_lib
-from resjax.train import distributed
+from resjax.train import (
+    distributed,
+    image_train_config,
+    make_image_train,
+    make_optimizer,
+    make_schedule,
+)
 
 
 class FakeImages:
@@ -135,7 +140,9 @@ def test_sgd_steps_match_a_hand_computation(nesterov):
         return w1, w1 - 0.1 * factor * (d2 + 0.9 * buf2 if nesterov else buf2)
 
     for path in (("dense", "kernel"), ("dense", "bias"), ("tau",)):
-        get = lambda t: t[path[0]][path[1]] if len(path) == 2 else t[path[0]]  # noqa: E731
+        def get(t, path=path):
+            return t[path[0]][path[1]] if len(path) == 2 else t[path[0]]
+
         w1, w2 = hand(get(p), get(g1), get(g2), 0.1 if path == ("tau",) else 1.0)
         np.testing.assert_allclose(get(p1), w1, rtol=1e-6)
         np.testing.assert_allclose(get(p2), w2, rtol=1e-6)
@@ -276,7 +283,7 @@ SHARDED = textwrap.dedent("""
 def test_batch_sharded_over_4_devices_equals_one_device():
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, "-c", SHARDED], env=env, cwd=root, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", SHARDED], check=False, env=env, cwd=root, capture_output=True, text=True)
     assert out.returncode == 0 and "SHARDED OK" in out.stdout, out.stderr[-3000:]
 
 

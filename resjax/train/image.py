@@ -45,7 +45,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -196,7 +197,7 @@ class ImageTrainer:
             kwargs["out_shardings"] = distributed.replicated(self.mesh)
         return jax.jit(fn, **kwargs)
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def _compiled(self, name: str, seeded: bool):
         if name == "init":
             fn = jax.vmap(self._init_one) if seeded else self._init_one
@@ -362,13 +363,13 @@ class ImageTrainer:
         elif key.ndim > 1:
             raise ValueError(f"key: expected one key or a 1-d array of keys, got shape {key.shape}")
         seeded = key.ndim == 1
-        draw = lambda k: (jax.random.bits(jax.random.fold_in(k, _DATA_SEED_TAG), (), jnp.uint32) >> 1).astype(jnp.int32)  # noqa: E731
+        draw = lambda k: (jax.random.bits(jax.random.fold_in(k, _DATA_SEED_TAG), (), jnp.uint32) >> 1).astype(jnp.int32)
         data_seeds = np.asarray(jax.device_get(jax.vmap(draw)(key) if seeded else draw(key)))
         return key, data_seeds, seeded
 
     def _batches(self, epoch: int, data_seeds: list, seeded: bool):
-        kw = dict(shuffle=bool(self.config.get("shuffle", True)), augment=bool(self.config.get("augment", False)),
-                  drop_remainder=True)
+        kw = {"shuffle": bool(self.config.get("shuffle", True)), "augment": bool(self.config.get("augment", False)),
+              "drop_remainder": True}
         b, src = self.config.batch_size, self.train_source
         if not seeded:
             yield from src.epoch(epoch, b, seed=int(data_seeds[0]), **kw)

@@ -76,7 +76,7 @@ def make_schedule(config, steps_per_epoch: int) -> optax.Schedule:
             return jnp.full(jnp.shape(step), lr, jnp.float32)
     elif name == "step":
         factor = float(_get(config, "decay_factor", 0.1))
-        boundaries = [int(round(m * steps_per_epoch)) for m in _get(config, "milestones", ())]
+        boundaries = [round(m * steps_per_epoch) for m in _get(config, "milestones", ())]
 
         def base(step):
             passed = sum((step >= b).astype(jnp.int32) for b in boundaries) if boundaries else jnp.zeros_like(step)
