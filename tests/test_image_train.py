@@ -199,8 +199,9 @@ def test_synthetic_image_dataset_if_available():
     assert np.isfinite(h["train_loss"]).all() and h["train_loss"].shape == (2,)
 
 
-def test_seeds_in_one_vmapped_step_match_each_seed_alone():
-    c = tiny_config(epochs=2, weight_decay_on="all", scalar_lr_factor=0.1)
+@pytest.mark.parametrize("seed_axis", ["vmap", "unroll"])
+def test_seeds_in_one_step_match_each_seed_alone(seed_axis):
+    c = tiny_config(epochs=2, weight_decay_on="all", scalar_lr_factor=0.1, seed_axis=seed_axis)
     trainer = make_image_train(c, ScalarNet(), TRAIN, TEST)
     together, ht = trainer.fit([3, 4])
     alone, ha = trainer.fit(4)
@@ -311,6 +312,7 @@ def test_initialize_if_needed_only_when_asked(monkeypatch):
     ("decay_factor", -0.1), ("optimizer", "rmsprop"), ("weight_decay_on", "biases"), ("scalar_lr_factor", -1.0),
     ("momentum", 1.0), ("batch_size", 0), ("batch_size", 1000), ("eval_batch_size", 0), ("checkpoint_every", -1),
     ("learning_rate", -0.1), ("epochs", 0), ("weight_decay", -1.0), ("grad_clip_norm", -1.0), ("seed", -3),
+    ("seed_axis", "pmap"),
 ])
 def test_bad_settings_name_the_setting(setting, value):
     c = tiny_config()
