@@ -2,3 +2,18 @@ import os
 
 # Tests never write to the user's cache.
 os.environ.setdefault("RESJAX_CACHE", os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "resjax"))
+
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def fast_compiles():
+    """XLA's optimisation passes cost far more than tiny test programs' run time (initialising a small
+    ResNet compiles in ~8 s with them, ~1 s without); modules that only check numbers of such programs
+    compile without them (``jax_disable_most_optimizations``)."""
+    old = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)
+    yield
+    jax.config.update("jax_disable_most_optimizations", old)

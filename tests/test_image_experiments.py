@@ -9,6 +9,11 @@ import pytest
 from experiments import cifar_tau, common, image_runs, reproduce, taki_cifar
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _fast(fast_compiles):
+    yield
+
+
 def small_cifar_tau_config():
     c = cifar_tau.get_config("quick")
     c.bn_datasets = ()

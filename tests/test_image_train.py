@@ -22,6 +22,11 @@ from resjax.train import (
 )
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _fast(fast_compiles):
+    yield
+
+
 class FakeImages:
     """The loader interface of ``resjax.data.tfds`` on a tiny in-memory set: four noisy prototypes."""
 

@@ -10,6 +10,11 @@ from resjax.nn.residual import stack_unrolled
 from resjax.nn.resnet import (ResNetBlock, cifar_resnet, imagenet_resnet, imagenet_tau, taki_resnet)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _fast(fast_compiles):
+    yield
+
+
 def n_params(model, shape):
     variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros(shape)))
     return sum(x.size for x in jax.tree_util.tree_leaves(variables["params"]))

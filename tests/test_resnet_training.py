@@ -42,13 +42,8 @@ TAKI = {"taki_init": {"norm": "none", "kernel_init": "taki"}, "he_init": {"norm"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def fast_compiles():
-    """XLA's optimisation passes cost far more than these tiny programs' run time (initialising a model
-    compiles in ~8 s with them, ~1 s without), so this module compiles without them."""
-    old = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
+def _fast(fast_compiles):
     yield
-    jax.config.update("jax_disable_most_optimizations", old)
 
 
 @pytest.fixture(scope="module")
