@@ -1,0 +1,176 @@
+"""Block-output norms of the CIFAR ResNets (resjax.analysis.resnet_signal) and the resnet_signal experiment."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import common, resnet_signal
+from resjax.analysis.resnet_signal import (
+    block_output_norms,
+    block_outputs,
+    mean_log10_norm,
+)
+from resjax.nn.resnet import cifar_resnet
+
+
+@pytest.fixture(scope="module")
+def images():
+    return jax.random.normal(jax.random.key(3), (3, 32, 32, 3))
+
+
+def _sown_in_order(model, variables, x, train):
+    """The block outputs of a scanned CIFAR ResNet read by hand from the sown intermediates, in depth order."""
+    _, state = model.apply(variables, x, train=train, mutable=["intermediates", "batch_stats"])
+    inter = state["intermediates"]
+    n = model.stage_sizes[0]
+    outs = []
+    for s in (1, 2, 3):
+        outs.append(inter[f"stage{s}_first"]["block_out"][0])
+        stacked = inter[f"stage{s}"]["block"]["block_out"][0]
+        outs += [stacked[k] for k in range(n - 1)]
+    return outs
+
+
+def test_norms_equal_a_hand_computation_from_the_sown_intermediates(images):
+    """Scanned stages (the unrolled layout is checked against exact values in the tau = 0 test below)."""
+    model = cifar_resnet(20, norm="batch", scan=True)
+
+    def everything(key, x):
+        variables = model.init(key, x)
+        with jax.default_matmul_precision("highest"):
+            norms = block_output_norms(model, variables, x)
+            logs, logits = block_output_norms(model, variables, x, log10=True, return_output=True)
+            hand = [jnp.sqrt(jnp.sum(jnp.square(h.reshape(len(x), -1)), axis=1))
+                    for h in _sown_in_order(model, variables, x, train=True)]
+            direct = model.apply(variables, x, train=True, mutable=["batch_stats"])[0]
+        return norms, logs, logits, jnp.stack(hand), direct, block_outputs(model, variables, x)
+
+    # one compilation for everything (each eager apply would compile the scan again)
+    norms, logs, logits, hand, direct, stages = jax.device_get(jax.jit(everything)(jax.random.key(0), images))
+    assert norms.shape == (model.num_blocks, len(images)) == (9, 3)
+    np.testing.assert_allclose(norms, hand, rtol=1e-5)
+    np.testing.assert_allclose(logs, np.log10(hand), atol=1e-5)
+    np.testing.assert_allclose(logits, direct, rtol=1e-5, atol=1e-6)
+    # one stacked array per stage, with the stage's shape
+    assert [a.shape for a in stages] == [(3, 3, 32, 32, 16), (3, 3, 16, 16, 32), (3, 3, 8, 8, 64)]
+    np.testing.assert_array_equal(resnet_signal.elements_per_example(20),
+                                  np.repeat([np.prod(a.shape[2:]) for a in stages], 3))
+
+
+def test_batchnorm_uses_batch_statistics_by_default(images):
+    model = cifar_resnet(14, norm="batch")
+    variables = model.init(jax.random.key(0), images)
+    train = np.asarray(block_output_norms(model, variables, images))
+    running = np.asarray(block_output_norms(model, variables, images, train=False))
+    assert not np.allclose(train, running)  # running estimates 0/1 at init: no normalisation
+    assert np.all(np.isfinite(train))
+
+
+def test_tau_zero_blocks_pass_the_stem_through(images):
+    """With tau = 0 every post-activation block is relu(shortcut) = shortcut (the stem output is >= 0): stage 1
+    keeps |stem|, stages 2 and 3 the norms of the stem subsampled by option A (stride 2, then 4)."""
+    model = cifar_resnet(20, norm="none", scaling="tau", scalar_biases=True)
+    variables = model.init(jax.random.key(1), images)
+    norms = np.asarray(block_output_norms(model, variables, images, tau=0.0))
+    _, state = model.apply(variables, images, tau=0.0, mutable=["intermediates"])
+    stem = np.asarray(state["intermediates"]["stem"][0], np.float64)
+    expect = [np.linalg.norm(stem[:, ::k, ::k].reshape(3, -1), axis=1) for k in (1, 2, 4)]
+    np.testing.assert_allclose(norms, np.repeat(np.stack(expect), 3, axis=0), rtol=1e-5)
+
+
+def test_log10_norms_do_not_overflow_where_the_squares_would(images):
+    """No BN, no biases: the net is positively homogeneous, so scaling the input by c adds log10 c to every
+    log10 norm, past float32's squaring range (|h|^2 > 3.4e38) and up to the entries' own overflow."""
+    model = cifar_resnet(14, norm="none", scalar_biases=True)
+    variables = model.init(jax.random.key(2), images)
+    base = np.asarray(block_output_norms(model, variables, images, log10=True))
+    big = np.asarray(block_output_norms(model, variables, images * 1e25, log10=True))
+    assert np.all(base + 25 > np.log10(np.finfo(np.float32).max) / 2)  # naive squares would overflow
+    np.testing.assert_allclose(big, base + 25, atol=1e-4)
+    huge = np.asarray(block_output_norms(model, variables, images * 1e38, log10=True))
+    assert np.any(np.isposinf(huge)) and not np.any(np.isnan(huge))  # overflowed entries: inf, never nan
+
+
+def test_mean_log10_norm():
+    x = np.array([[0.0, 1.0, 2.0], [300.0, 301.0, 302.0]])
+    expect = np.log10(np.mean(10.0 ** x, axis=1))
+    np.testing.assert_allclose(np.asarray(mean_log10_norm(x, axis=1)), expect, rtol=1e-5)
+    assert np.isposinf(np.asarray(mean_log10_norm(np.array([1.0, np.inf]))))
+
+
+def test_helpers_refuse_what_they_cannot_read(images):
+    from resjax.nn.tau_resnet import tau_resnet
+
+    mlp = tau_resnet("tau", 8, 3, 10)
+    with pytest.raises(ValueError, match="model"):
+        block_output_norms(mlp, {}, images)
+
+
+def test_curve_statistics_on_exact_curves():
+    depth = 110  # n = 18 blocks per stage
+    ls = np.arange(1, 55)
+    # sqrt(l) in stage 1: exponent 0.5
+    assert resnet_signal.bn_stage1_exponent(np.log10(3.0 * np.sqrt(ls)), depth) == pytest.approx(0.5, abs=1e-9)
+    # |h_l|^2 = E (c_s + l): the per-entry mean square grows by exactly 1 per block
+    e = resnet_signal.elements_per_example(depth)
+    log10 = 0.5 * np.log10(e * (5.0 + ls))[:, None] * np.ones((1, 4))
+    np.testing.assert_allclose(resnet_signal.ms_increments(log10, depth), [1.0, 1.0, 1.0])
+    # a x1.5 growth per block within stages, with drops between them
+    curve = ls * np.log10(1.5) - np.repeat([0, 5, 10], 18)
+    assert resnet_signal.median_within_stage_increment(curve, depth) == pytest.approx(np.log10(1.5))
+    assert [s.stop - s.start for s in resnet_signal.stage_slices(depth)] == [18, 18, 18]
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("resnet_signal")
+    config = resnet_signal.get_config("quick")
+    return common.run_experiment(resnet_signal, config, out), out
+
+
+def test_quick_run_follows_the_contract(quick_run):
+    results, out = quick_run
+    assert json.loads((out / "results.json").read_text()) == results
+    assert set(results) == {"experiment", "config", "metrics", "seconds"}
+    assert results["experiment"] == "resnet_signal"
+    m, c = results["metrics"], results["config"]
+    assert m["depths"] == list(c["depths"])
+    for d in c["depths"]:
+        L = 3 * ((d - 2) // 6)
+        for name in ("bn", "tau", "none", "none_float32"):
+            assert len(m[f"curves.log10_norm.{name}.d{d}"]) == L
+        for variant in resnet_signal.STEP_VARIANTS:
+            for k in range(c["num_steps"] + 1):
+                assert len(m[f"curves.log10_norm.{variant}.step{k}.d{d}"]) == L
+                assert f"log10_output_norm.{variant}.step{k}.d{d}" in m
+        # nothing overflows at these depths: the float64 and float32 passes agree
+        assert m[f"none.float32_overflow_block.d{d}"] is None
+        np.testing.assert_allclose(m[f"curves.log10_norm.none.d{d}"], m[f"curves.log10_norm.none_float32.d{d}"],
+                                   atol=1e-4)
+        # Fixup's classifier starts at 0: logits exactly 0 (JSON null for log10 0), and one step moves only it
+        assert m[f"log10_output_norm.fixup.step0.d{d}"] is None
+        np.testing.assert_allclose(m[f"curves.log10_norm.fixup.step1.d{d}"], m[f"curves.log10_norm.fixup.step0.d{d}"],
+                                   atol=1e-6)
+    # Fixup's first step moves only the classifier, so its output does not depend on the depth at all
+    lo, hi = c["depths"][0], c["depths"][-1]
+    assert m[f"log10_output_norm.fixup.step1.d{lo}"] == pytest.approx(m[f"log10_output_norm.fixup.step1.d{hi}"],
+                                                                      abs=1e-5)
+    assert (out / "resnet_signal.png").stat().st_size > 10_000
+    for claim in resnet_signal.CLAIMS:
+        claim.measure(m)
+        assert claim.holds(m) in (True, False)
+    assert "| fixup |" in resnet_signal.report_section(m)
+
+
+def test_bad_settings_are_refused(tmp_path):
+    config = resnet_signal.get_config("quick")
+    config.depths = (15,)
+    with pytest.raises(ValueError, match="depths"):
+        resnet_signal.run(config, tmp_path)
+    config = resnet_signal.get_config("quick")
+    config.batch_size = 1
+    with pytest.raises(ValueError, match="batch_size"):
+        resnet_signal.run(config, tmp_path)
