@@ -30,9 +30,9 @@ c. FLOPs per step from XLA's cost analysis of the one-device step (``compiled.co
    forward, backward and update, a multiply-add counted as 2), as achieved FLOP/s and as a fraction of
    the machine's float32 matmul peak measured by ``benchmarks.throughput.matmul_peak`` (a jitted square
    matmul on one device). The data-parallel row uses the same FLOPs per step (the same work).
-d. ``--seeds`` seeds in one seed-vmapped step (``fit([0, 1, ...])``'s program, one device, each seed its
-   own batch of ``--batch-size``) against the same number of single-seed steps one after another (the
-   program of (a), each waited for before the next starts).
+d. ``--seeds`` seeds in one step (``fit([0, 1, ...])``'s program, one device, each seed its own batch
+   of ``--batch-size``), with the seed axis vmapped and unrolled (``config.seed_axis``), against the same
+   number of single-seed steps one after another (the program of (a), each waited for before the next).
 e. Evaluation: the trainer's evaluation program (``evaluate``'s, running BatchNorm statistics) on one
    batch of ``--eval-batch-size`` images, one device.
 """
@@ -65,8 +65,9 @@ QUICK = {"depth": 8, "batch_size": 16, "eval_batch_size": 32, "steps": 2, "seeds
 # ---- building and timing ---------------------------------------------------------------------------
 
 
-def build_trainer(depth: int, batch_size: int, eval_batch_size: int, mesh=None):
+def build_trainer(depth: int, batch_size: int, eval_batch_size: int, mesh=None, seed_axis: str = "auto"):
     config = image_train_config()
+    config.seed_axis = seed_axis
     config.batch_size = batch_size
     config.eval_batch_size = eval_batch_size
     config.epochs = 1
@@ -154,14 +155,19 @@ def data_parallel(depth, batch_size, eval_batch_size, steps, peak, flops_per_ste
     return out
 
 
-def seeds_vmapped_vs_sequential(trainer, step_prog, num_seeds, batch_size, steps, peak) -> dict:
-    """(d): ``num_seeds`` seeds in one vmapped step against ``num_seeds`` single-seed steps in turn."""
+def seeds_vmapped_vs_sequential(trainer, step_prog, depth, num_seeds, batch_size, steps, peak) -> dict:
+    """(d): ``num_seeds`` seeds in one step, vmapped and unrolled (``config.seed_axis``), against
+    ``num_seeds`` single-seed steps in turn."""
     x, y = a_batch(batch_size)
     xs = jnp.asarray(np.broadcast_to(x, (num_seeds, *x.shape)))
     ys = jnp.asarray(np.broadcast_to(y, (num_seeds, *y.shape)))
-    state = trainer.init(list(range(num_seeds)))
-    prog = compile_program(trainer._compiled("step", True), state, xs, ys)
-    vmapped = time_calls(Stepper(prog["compiled"], state, xs, ys), steps)
+    one_program = {}
+    for mode in ("vmap", "unroll"):
+        t = build_trainer(depth, batch_size, trainer.config.eval_batch_size, seed_axis=mode)
+        state = t.init(list(range(num_seeds)))
+        prog = compile_program(t._compiled("step", True), state, xs, ys)
+        times = time_calls(Stepper(prog["compiled"], state, xs, ys), steps)
+        one_program[mode] = summary(times, num_seeds * batch_size, prog["flops"], peak, prog["compile_s"])
 
     x, y = jnp.asarray(x), jnp.asarray(y)
     steppers = [Stepper(step_prog["compiled"], trainer.init(s), x, y) for s in range(num_seeds)]
@@ -172,10 +178,10 @@ def seeds_vmapped_vs_sequential(trainer, step_prog, num_seeds, batch_size, steps
 
     seq = time_calls(sequential, steps)
     images = num_seeds * batch_size
-    return {"seeds": num_seeds,
-            "vmapped": summary(vmapped, images, prog["flops"], peak, prog["compile_s"]),
+    return {"seeds": num_seeds, "vmapped": one_program["vmap"], "unrolled": one_program["unroll"],
             "sequential": summary(seq, images, num_seeds * step_prog["flops"], peak, 0.0),
-            "sequential_over_vmapped": statistics.median(seq) / statistics.median(vmapped)}
+            "sequential_over_vmapped": statistics.median(seq) / one_program["vmap"]["median_s"],
+            "sequential_over_unrolled": statistics.median(seq) / one_program["unroll"]["median_s"]}
 
 
 def evaluation(trainer, eval_batch_size, steps, peak) -> dict:
@@ -206,6 +212,7 @@ def report(res: dict) -> None:
     d = res["seeds"]
     if d is not None:
         row(f"(d) {d['seeds']} seeds vmapped, one step", d["vmapped"], 1)
+        row(f"(d) {d['seeds']} seeds unrolled in one step (seed_axis='unroll')", d["unrolled"], 1)
         row(f"(d) {d['seeds']} seeds sequential, {d['seeds']} steps", d["sequential"], 1)
     row("(e) evaluation", res["evaluation"], 1)
     print_table(f"CIFAR ResNet-{s['depth']} (BatchNorm), float32, {res['machine']['backend']}: median of "
@@ -220,8 +227,8 @@ def report(res: dict) -> None:
     else:
         print(f"(b) skipped: batch {s['batch_size']} does not split over {jax.device_count()} devices")
     if d is not None:
-        print(f"sequential / vmapped time for {d['seeds']} seeds: {d['sequential_over_vmapped']:.2f}x "
-              "(above 1: vmapping the seeds is faster)")
+        print(f"sequential / vmapped time for {d['seeds']} seeds: {d['sequential_over_vmapped']:.2f}x, "
+              f"sequential / unrolled: {d['sequential_over_unrolled']:.2f}x (above 1: one program is faster)")
 
 
 # ---- main ------------------------------------------------------------------------------------------
@@ -240,7 +247,8 @@ def run(quick: bool, seeds_too: bool = True, **overrides) -> dict:
                                                         s["steps"], peak)
     res["data_parallel"] = data_parallel(s["depth"], s["batch_size"], s["eval_batch_size"], s["steps"], peak,
                                          res["one_device"]["flops_per_call"])
-    res["seeds"] = (seeds_vmapped_vs_sequential(trainer, step_prog, s["seeds"], s["batch_size"], s["steps"], peak)
+    res["seeds"] = (seeds_vmapped_vs_sequential(trainer, step_prog, s["depth"], s["seeds"], s["batch_size"], s["steps"],
+                                                peak)
                     if seeds_too else None)
     res["evaluation"] = evaluation(trainer, s["eval_batch_size"], s["steps"], peak)
     res["machine"]["load_avg_1min_at_end"] = os.getloadavg()[0]
