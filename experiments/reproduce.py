@@ -36,7 +36,7 @@ REGISTRY = (
     "batchnorm_example", "batch_noise", "running_estimates", "scale_invariance", "batchnorm_loss_surface",
     "normalisation_axes", "architecture_counts",
     # Zhang et al. (seed 003)
-    "tau_stability", "tau_batchnorm_growth", "fixup_one_step", "tau_training",
+    "tau_stability", "tau_batchnorm_growth", "fixup_one_step", "tau_training", "resnet_signal",
     # Taki (seed 004)
     "taki_init",
     # image training (seeds 003, 004): need CIFAR prepared; otherwise a synthetic stand-in, "not measured"
