@@ -75,8 +75,9 @@ def use_scan(config) -> bool:
 
 
 def data_mesh(batch_size: int):
-    """A data-parallel mesh over the local devices, or None on one device or when the batch does not split."""
-    n = jax.local_device_count()
+    """A data-parallel mesh over every device (of every host), or None on one device or when the batch does
+    not split evenly over them."""
+    n = jax.device_count()
     return make_data_mesh() if n > 1 and batch_size % n == 0 else None
 
 
