@@ -30,9 +30,10 @@ c. FLOPs per step from XLA's cost analysis of the one-device step (``compiled.co
    forward, backward and update, a multiply-add counted as 2), as achieved FLOP/s and as a fraction of
    the machine's float32 matmul peak measured by ``benchmarks.throughput.matmul_peak`` (a jitted square
    matmul on one device). The data-parallel row uses the same FLOPs per step (the same work).
-d. ``--seeds`` seeds in one step (``fit([0, 1, ...])``'s program, one device, each seed its own batch
-   of ``--batch-size``), with the seed axis vmapped and unrolled (``config.seed_axis``), against the same
-   number of single-seed steps one after another (the program of (a), each waited for before the next).
+d. ``--seeds`` seeds in one step (``fit([0, 1, ...])``'s step, one device, each seed its own batch of
+   ``--batch-size``) with the seed axis vmapped, unrolled into one program, and looped (the single-seed
+   program per seed on slices of the stacked state: ``config.seed_axis``), against the same number of
+   single-seed steps one after another (the program of (a), each waited for before the next).
 e. Evaluation: the trainer's evaluation program (``evaluate``'s, running BatchNorm statistics) on one
    batch of ``--eval-batch-size`` images, one device.
 """
@@ -162,12 +163,16 @@ def seeds_vmapped_vs_sequential(trainer, step_prog, depth, num_seeds, batch_size
     xs = jnp.asarray(np.broadcast_to(x, (num_seeds, *x.shape)))
     ys = jnp.asarray(np.broadcast_to(y, (num_seeds, *y.shape)))
     one_program = {}
-    for mode in ("vmap", "unroll"):
+    for mode in ("vmap", "unroll", "loop"):
         t = build_trainer(depth, batch_size, trainer.config.eval_batch_size, seed_axis=mode)
         state = t.init(list(range(num_seeds)))
-        prog = compile_program(t._compiled("step", True), state, xs, ys)
-        times = time_calls(Stepper(prog["compiled"], state, xs, ys), steps)
-        one_program[mode] = summary(times, num_seeds * batch_size, prog["flops"], peak, prog["compile_s"])
+        if mode == "loop":  # the single-seed program per seed, with the slicing and stacking fit does
+            step, flops, compile_s = t._compiled("step", True), num_seeds * step_prog["flops"], 0.0
+        else:
+            prog = compile_program(t._compiled("step", True), state, xs, ys)
+            step, flops, compile_s = prog["compiled"], prog["flops"], prog["compile_s"]
+        times = time_calls(Stepper(step, state, xs, ys), steps)
+        one_program[mode] = summary(times, num_seeds * batch_size, flops, peak, compile_s)
 
     x, y = jnp.asarray(x), jnp.asarray(y)
     steppers = [Stepper(step_prog["compiled"], trainer.init(s), x, y) for s in range(num_seeds)]
@@ -179,6 +184,8 @@ def seeds_vmapped_vs_sequential(trainer, step_prog, depth, num_seeds, batch_size
     seq = time_calls(sequential, steps)
     images = num_seeds * batch_size
     return {"seeds": num_seeds, "vmapped": one_program["vmap"], "unrolled": one_program["unroll"],
+            "looped": one_program["loop"],
+            "sequential_over_looped": statistics.median(seq) / one_program["loop"]["median_s"],
             "sequential": summary(seq, images, num_seeds * step_prog["flops"], peak, 0.0),
             "sequential_over_vmapped": statistics.median(seq) / one_program["vmap"]["median_s"],
             "sequential_over_unrolled": statistics.median(seq) / one_program["unroll"]["median_s"]}
@@ -213,6 +220,7 @@ def report(res: dict) -> None:
     if d is not None:
         row(f"(d) {d['seeds']} seeds vmapped, one step", d["vmapped"], 1)
         row(f"(d) {d['seeds']} seeds unrolled in one step (seed_axis='unroll')", d["unrolled"], 1)
+        row(f"(d) {d['seeds']} seeds, fit's CPU default (seed_axis='loop')", d["looped"], 1)
         row(f"(d) {d['seeds']} seeds sequential, {d['seeds']} steps", d["sequential"], 1)
     row("(e) evaluation", res["evaluation"], 1)
     print_table(f"CIFAR ResNet-{s['depth']} (BatchNorm), float32, {res['machine']['backend']}: median of "
@@ -228,7 +236,8 @@ def report(res: dict) -> None:
         print(f"(b) skipped: batch {s['batch_size']} does not split over {jax.device_count()} devices")
     if d is not None:
         print(f"sequential / vmapped time for {d['seeds']} seeds: {d['sequential_over_vmapped']:.2f}x, "
-              f"sequential / unrolled: {d['sequential_over_unrolled']:.2f}x (above 1: one program is faster)")
+              f"sequential / unrolled: {d['sequential_over_unrolled']:.2f}x, sequential / loop: "
+              f"{d['sequential_over_looped']:.2f}x (above 1: faster than single-seed steps one after another)")
 
 
 # ---- main ------------------------------------------------------------------------------------------

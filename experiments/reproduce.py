@@ -114,9 +114,12 @@ def main(argv=None) -> pathlib.Path:
         if missing:
             print(f"reproduce: {name}: data not prepared; running its --quick stand-in\n{missing}", flush=True)
             config = module.get_config("quick")
+            label = "quick stand-in"
+        else:
+            label = size_name
         results = _previous(out / name, config) if args.reuse else None
         if results is None:
-            print(f"reproduce: running {name} ({size_name})", flush=True)
+            print(f"reproduce: running {name} ({label})", flush=True)
             results = common.run_experiment(module, config, out / name)
         else:
             print(f"reproduce: reusing {out / name / 'results.json'}", flush=True)

@@ -24,7 +24,7 @@ reported beside 0.434 and 0.017; (3) Taki's mean first-epoch accuracy is higher 
 first-epoch accuracy varies more across runs than Taki's (variance); (5) BN's mean accuracy at epoch 20 is
 at least Taki's ("slightly better") and (6) within 10 points of it ("comparable").
 
-``--quick``: 6 blocks, 2 runs, 1 epoch on 256 synthetic CIFAR-shaped images (a pipeline check).
+``--quick``: 6 blocks, 2 runs, 2 epochs on 256 synthetic CIFAR-shaped images (a pipeline check).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
         c.data = "synthetic"
         c.num_blocks = 6
         c.num_seeds = 2
-        c.train.epochs = 1
+        c.train.epochs = 2
         c.train.batch_size = 64
         c.train.eval_batch_size = 64
         c.train.checkpoint_every = 0
@@ -118,9 +118,10 @@ def _plot(config, metrics, out_dir) -> None:
         loss = np.asarray(metrics[f"curves.{v}.train_loss"], float)
         epochs = np.arange(1, acc.shape[1] + 1)
         for i, row in enumerate(acc):
-            a1.plot(epochs, row, color=COLOURS[v], alpha=0.6, lw=1, label=LABELS[v] if i == 0 else None)
+            a1.plot(epochs, row, marker="o", ms=3, color=COLOURS[v], alpha=0.6, lw=1,
+                    label=LABELS[v] if i == 0 else None)
         for i, row in enumerate(loss):
-            a2.plot(np.arange(1, len(row) + 1), row, color=COLOURS[v], alpha=0.6, lw=1,
+            a2.plot(np.arange(1, len(row) + 1), row, marker="o", ms=3, color=COLOURS[v], alpha=0.6, lw=1,
                     label=LABELS[v] if i == 0 else None)
     a1.axhline(0.434, color="goldenrod", ls=":", lw=1, label="seed: Taki, epoch-1 mean 0.434")
     a1.set_xlabel("epoch")

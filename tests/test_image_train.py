@@ -204,7 +204,7 @@ def test_synthetic_image_dataset_if_available():
     assert np.isfinite(h["train_loss"]).all() and h["train_loss"].shape == (2,)
 
 
-@pytest.mark.parametrize("seed_axis", ["vmap", "unroll"])
+@pytest.mark.parametrize("seed_axis", ["vmap", "unroll", "loop"])
 def test_seeds_in_one_step_match_each_seed_alone(seed_axis):
     c = tiny_config(epochs=2, weight_decay_on="all", scalar_lr_factor=0.1, seed_axis=seed_axis)
     trainer = make_image_train(c, ScalarNet(), TRAIN, TEST)

@@ -8,4 +8,5 @@ scale_invariance.py  the scale-invariance identities of a weight layer followed 
 loss_surface.py      loss and gradient variation along the gradient, trainable learning rates, noisy BatchNorm
 stability.py         log-space forward norms and per-block gradients of positively homogeneous stacks
 taki.py              Taki's gradient-variance curves through depth and their measurement
+resnet_signal.py     block-output norms of convolutional ResNets from their sown intermediates (overflow-safe)
 """

@@ -7,13 +7,15 @@ running BatchNorm statistics) and, every ``checkpoint_every`` epochs, the whole 
 
     trainer = make_image_train(image_train_config(), model, train_source, test_source)
     state, history = trainer.fit(0)                                  # one run, seed 0
-    state, history = trainer.fit([0, 1, 2], checkpoint_dir="ckpt")   # three seeds in one vmapped step
+    state, history = trainer.fit([0, 1, 2], checkpoint_dir="ckpt")   # three seeds, one state with a seed axis
 
 Seeds. ``init``/``fit`` take a seed integer, a list of them (a leading seed axis), a PRNG key, or keys of
 shape ``(S,)``. Seed ``s`` initialises from ``jax.random.key(s)`` and reads the data in the order of
 ``source.epoch(epoch, ..., seed=s)``; a key ``k`` reads it with a seed integer drawn from ``k``. Several seeds
-are trained by ONE jitted ``jax.vmap`` of the step over ``source.stacked_epoch`` batches (row ``s`` is seed
-``s``'s own data order); nothing names the seed axis, so BatchNorm never pools across seeds.
+are trained together, one state with a leading seed axis, over ``source.stacked_epoch`` batches (row ``s`` is
+seed ``s``'s own data order): one ``jax.vmap``-ed step on accelerators, the single-seed step per seed on the
+CPU (``config.seed_axis``, ``seed_axis_mode``); nothing names the seed axis, so BatchNorm never pools
+across seeds.
 
 Determinism and exact resume. Every random number is a function of the state: the step's model RNG
 (``rngs={'dropout': ...}``, for models that draw any) is ``fold_in(run_key, step)``, the data order and
@@ -93,7 +95,7 @@ def image_train_config() -> ml_collections.ConfigDict:
     c.checkpoint_every = 10  # epochs; 0 = only at the end of each fit
     c.checkpoint_keep = 2
     c.seed = 0
-    c.seed_axis = "auto"  # 'auto' | 'vmap' | 'unroll': how several seeds share one step (see seed_axis_mode)
+    c.seed_axis = "auto"  # 'auto' | 'vmap' | 'unroll' | 'loop': how several seeds are stepped (seed_axis_mode)
     return c
 
 
@@ -199,21 +201,27 @@ class ImageTrainer:
             kwargs["out_shardings"] = distributed.replicated(self.mesh)
         return jax.jit(fn, **kwargs)
 
-    def _over_seeds(self, fn, shared: int = 0):
-        """``fn`` over a leading seed axis, in one program: ``jax.vmap``, or, when ``config.seed_axis``
-        resolves to 'unroll', one copy of ``fn`` per seed in the program (a Python loop at trace time; not
-        ``lax.map``, whose loop body is as slow on XLA:CPU as a scan over conv blocks). The last ``shared``
-        arguments have no seed axis."""
-        if seed_axis_mode(self.config) == "vmap":
-            return jax.vmap(fn, in_axes=(0,) + (None,) * shared) if shared else jax.vmap(fn)
+    def _over_seeds(self, name: str, fn, shared: int = 0):
+        """``fn`` over a leading seed axis. ``config.seed_axis`` (see ``seed_axis_mode``): 'vmap' = one
+        vmapped program; 'unroll' = one program holding one copy of ``fn`` per seed (a Python loop at trace
+        time; not ``lax.map``, whose loop body is as slow on XLA:CPU as a scan over conv blocks); 'loop' =
+        the single-seed program called once per seed (one compile; each seed's slice taken and the results
+        stacked by small jitted programs). The last ``shared`` arguments have no seed axis."""
+        mode = seed_axis_mode(self.config)
+        if mode == "vmap":
+            return self._jit(jax.vmap(fn, in_axes=(0,) + (None,) * shared) if shared else jax.vmap(fn),
+                             donate=name == "step")
 
-        def unrolled(*args):
-            per_seed, common_args = args[:len(args) - shared], args[len(args) - shared:]
-            num_seeds = jax.tree_util.tree_leaves(per_seed[0])[0].shape[0]
-            outs = [fn(*jax.tree_util.tree_map(lambda a, i=i: a[i], per_seed), *common_args) for i in range(num_seeds)]
-            return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *outs)
+        def per_seed_calls(one, *args):
+            seeded, common_args = args[:len(args) - shared], args[len(args) - shared:]
+            num_seeds = jax.tree_util.tree_leaves(seeded[0])[0].shape[0]
+            outs = [one(*(_take(a, i) for a in seeded), *common_args) for i in range(num_seeds)]
+            return outs
 
-        return unrolled
+        if mode == "unroll":
+            return self._jit(lambda *args: _stack(*per_seed_calls(fn, *args)), donate=name == "step")
+        one = self._compiled(name, False)
+        return lambda *args: _stack_jit(*per_seed_calls(one, *args))
 
     @functools.cache
     def _compiled(self, name: str, seeded: bool):
@@ -221,10 +229,10 @@ class ImageTrainer:
             fn = jax.vmap(self._init_one) if seeded else self._init_one
             return self._jit(fn, donate=False)
         if name == "step":
-            return self._jit(self._over_seeds(self._step_one) if seeded else self._step_one, donate=True)
+            return self._over_seeds(name, self._step_one) if seeded else self._jit(self._step_one, donate=True)
         if name == "eval":
-            return self._jit(self._over_seeds(self._eval_one, shared=3) if seeded else self._eval_one,
-                             donate=False)
+            return (self._over_seeds(name, self._eval_one, shared=3) if seeded
+                    else self._jit(self._eval_one, donate=False))
         if name == "end_epoch":
             return self._jit(jax.vmap(self._end_epoch_one) if seeded else self._end_epoch_one, donate=True)
         raise KeyError(name)
@@ -441,21 +449,40 @@ class ImageTrainer:
         return restored
 
 
-SEED_AXIS_MODES = ("auto", "vmap", "unroll")
+SEED_AXIS_MODES = ("auto", "vmap", "unroll", "loop")
 
 
 def seed_axis_mode(config) -> str:
-    """How a seed axis runs inside the one compiled step: ``config.seed_axis`` 'vmap', 'unroll' or 'auto' =
-    'unroll' on the CPU, 'vmap' elsewhere. Vmapping a convolution over seeds makes one grouped convolution
-    (each seed its own kernels), which XLA:CPU runs about 3x slower than the seeds one after another
-    (``benchmarks.resnet`` measures it); on accelerators the vmapped program is the one to use. Both give
-    the same numbers to float tolerance (tested)."""
+    """How a seed axis runs the training and evaluation steps: ``config.seed_axis`` 'vmap', 'unroll',
+    'loop' or 'auto' = 'loop' on the CPU, 'vmap' elsewhere (see ``ImageTrainer._over_seeds``).
+
+    Vmapping a convolution over seeds makes one grouped convolution (each seed its own kernels), which
+    XLA:CPU runs about 4x slower than the seeds one after another; unrolling the seeds into one program
+    runs at the sequential speed but multiplies the compile time by the number of seeds (``benchmarks.resnet``
+    measures all three: ResNet-56, 4 seeds, 2-core CPU). On accelerators the vmapped program is the one to
+    use. All modes give the same numbers to float tolerance (tested)."""
     mode = config.get("seed_axis", "auto")
     if mode not in SEED_AXIS_MODES:
         raise ValueError(f"seed_axis: unknown value {mode!r}; choose one of {SEED_AXIS_MODES}")
     if mode == "auto":
-        return "unroll" if jax.default_backend() == "cpu" else "vmap"
+        return "loop" if jax.default_backend() == "cpu" else "vmap"
     return mode
+
+
+def _take(tree, i: int):
+    return _take_jit(tree, jnp.int32(i))
+
+
+@jax.jit
+def _take_jit(tree, i):
+    return jax.tree_util.tree_map(lambda a: a[i], tree)
+
+
+def _stack(*trees):
+    return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *trees)
+
+
+_stack_jit = jax.jit(_stack)
 
 
 def _seeded(state: ImageState) -> bool:
