@@ -9,14 +9,17 @@ config)`` returns the preparation message of the first data set that is not on d
 are); ``experiments.reproduce`` then runs the experiment's ``--quick`` version on the synthetic stand-in and
 marks its claims "not measured".
 
-Cells. ``train_cell`` trains ``len(seeds)`` copies of one model in ONE vmapped jitted step per batch
-(``ImageTrainer.fit`` with a list of seeds), data-parallel over every local device when the batch size
-divides their number, checkpointing into ``<out>/checkpoints/<cell>`` so a full run that is stopped resumes
-where it stopped, bit for bit. It returns the history (a leading seed axis) and the wall time.
+Cells. ``train_cell`` trains ``len(seeds)`` copies of one model together (``ImageTrainer.fit`` with a list
+of seeds: one vmapped step on accelerators, the single-seed step per seed on the CPU), data-parallel over
+every device when the batch size divides their number, checkpointing into
+``<out>/checkpoints/<cell>-<hash of its settings>``: a full run that is stopped resumes where it stopped,
+bit for bit, and a run with changed settings never meets an old checkpoint. It returns the history (a
+leading seed axis) and the wall time.
 """
 
 from __future__ import annotations
 
+import hashlib
 import pathlib
 import time
 
@@ -85,8 +88,17 @@ def train_cell(model, train_config, train, test, seeds, out_dir: pathlib.Path, c
     """Train ``model`` from each of ``seeds`` (one vmapped program); returns ``(history, seconds)``."""
     start = time.time()
     trainer = make_image_train(train_config, model, train, test, mesh=data_mesh(train_config.batch_size))
-    _, history = trainer.fit(list(seeds), checkpoint_dir=out_dir / "checkpoints" / cell, progress=cell)
+    _, history = trainer.fit(list(seeds), checkpoint_dir=out_dir / "checkpoints" / checkpoint_name(
+        cell, model, train_config, train, seeds), progress=cell)
     return history, time.time() - start
+
+
+def checkpoint_name(cell: str, model, train_config, train, seeds) -> str:
+    """``<cell>-<hash>``: the hash covers the model, the training config, the data and the seeds, so a
+    rerun with the same settings resumes its checkpoints and a changed setting starts afresh."""
+    text = repr((model, sorted(train_config.to_dict().items()), train.name, train.split, train.num_examples,
+                 list(seeds)))
+    return f"{cell}-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
 
 def error_pct(acc) -> list:

@@ -248,6 +248,18 @@ def test_resume_from_a_checkpoint_is_bit_identical(tmp_path):
         make_image_train(c, TinyCNN(), TRAIN, TEST).fit([0, 2], checkpoint_dir=d)
 
 
+def test_resume_refuses_a_checkpoint_made_with_other_settings(tmp_path):
+    c = tiny_config(epochs=2, checkpoint_every=1)
+    make_image_train(c, TinyCNN(), TRAIN, TEST).fit(0, epochs=1, checkpoint_dir=tmp_path)
+    longer = tiny_config(epochs=3, checkpoint_every=1)
+    with pytest.raises(ValueError, match=r"checkpoint_dir: .*other settings \(epochs\)"):
+        make_image_train(longer, TinyCNN(), TRAIN, TEST).fit(0, checkpoint_dir=tmp_path)
+    # checkpoint cadence is free to change: the same run resumes
+    c.checkpoint_every = 2
+    _, h = make_image_train(c, TinyCNN(), TRAIN, TEST).fit(0, checkpoint_dir=tmp_path)
+    assert h["epochs"] == 2
+
+
 def test_checkpoint_round_trip_of_a_bn_free_state(tmp_path):
     trainer = make_image_train(tiny_config(), ScalarNet(), TRAIN)
     state = trainer.init(7)

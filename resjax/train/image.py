@@ -57,7 +57,7 @@ import numpy as np
 import optax
 
 from resjax.train import distributed
-from resjax.train.checkpoint import Checkpoints
+from resjax.train.checkpoint import Checkpoints, _json
 from resjax.train.distributed import make_data_mesh
 from resjax.train.optim import check_optimizer, make_optimizer
 from resjax.train.schedules import check_schedule, make_schedule
@@ -424,9 +424,12 @@ class ImageTrainer:
         sharding = distributed.batch_sharding(self.mesh, seeded)
         return distributed.global_batch(distributed.host_block(x, 1 if seeded else 0), sharding, x.shape)
 
+    def _config_dict(self) -> dict:
+        return self.config.to_dict() if hasattr(self.config, "to_dict") else dict(self.config)
+
     def _meta(self, state: ImageState, done: int, num_seeds) -> dict:
         return {"epoch": done, "num_seeds": num_seeds, "data_seeds": np.asarray(jax.device_get(state.data_seed)),
-                "config": self.config.to_dict() if hasattr(self.config, "to_dict") else dict(self.config),
+                "config": self._config_dict(),
                 "history": {k: v for k, v in self.history(state).items()}}
 
     def _save(self, ckpt: Checkpoints, state: ImageState, done: int, num_seeds) -> None:
@@ -434,6 +437,11 @@ class ImageTrainer:
 
     def _resume(self, ckpt: Checkpoints, state: ImageState, num_seeds) -> ImageState:
         meta = ckpt.meta()
+        saved, ours = _resume_config(meta.get("config", {})), _resume_config(self._config_dict())
+        if saved != ours:
+            changed = sorted(k for k in set(saved) | set(ours) if saved.get(k) != ours.get(k))
+            raise ValueError(f"checkpoint_dir: the checkpoint in {ckpt.directory} was made with other settings "
+                             f"({', '.join(changed)}); resuming needs the same config. Use another directory.")
         if meta.get("num_seeds") != num_seeds:
             raise ValueError(f"checkpoint_dir: the checkpoint in {ckpt.directory} has num_seeds="
                              f"{meta.get('num_seeds')}, this run {num_seeds}")
@@ -467,6 +475,14 @@ def seed_axis_mode(config) -> str:
     if mode == "auto":
         return "loop" if jax.default_backend() == "cpu" else "vmap"
     return mode
+
+
+RESUME_FREE = ("checkpoint_every", "checkpoint_keep")  # settings a resumed run may change
+
+
+def _resume_config(config: dict) -> dict:
+    """The settings that must match for an exact resume, JSON-normalised (tuples as lists)."""
+    return {k: v for k, v in _json(dict(config)).items() if k not in RESUME_FREE}
 
 
 def _take(tree, i: int):
