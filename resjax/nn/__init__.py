@@ -25,6 +25,7 @@ from resjax.nn.residual import (
     concat_merge,
     residual_add,
     residual_stack,
+    stack_blocks,
     resolve_tau,
     stack_unrolled,
     unstack_scanned,
@@ -36,7 +37,7 @@ __all__ = [
     "BasicBranch", "BottleneckBranch", "ConvResidualBlock", "DenseBlock", "DenseLayer", "Hourglass",
     "StackedHourglass", "Transition", "UNet", "DenseNet", "densenet121", "densenet_bc_cifar",
     "BIAS_INITIALIZERS", "INITIALIZERS", "NORMS", "ORDERS", "SCALINGS", "PlainLayer", "PlainMLP", "ResidualBlock", "ResidualMLP", "ResidualStack",
-    "concat_merge", "get_bias_initializer", "get_initializer", "make_norm", "residual_add", "residual_stack", "resolve_tau", "stack_unrolled",
+    "concat_merge", "get_bias_initializer", "get_initializer", "make_norm", "residual_add", "residual_stack", "resolve_tau", "stack_blocks", "stack_unrolled",
     "unstack_scanned", "build_model", "tau_resnet",
 ]
 

@@ -116,6 +116,19 @@ def check_positive(setting: str, value: int) -> None:
         raise ValueError(f"{setting}: must be an integer >= 1, got {value!r}")
 
 
+def close_block(block: nn.Module, skip, branch):
+    """The end every residual block shares: ``residual_add(skip, branch)``, times 1/sqrt(2) when
+    ``block.scaling == 'rescale'``, then ``block.activation`` in the post order; sown as
+    ``intermediates/block_out``. Call from the block's compact method."""
+    out = residual_add(skip, branch)
+    if block.scaling == "rescale":
+        out = out * (1.0 / math.sqrt(2.0))
+    if block.order == "post":
+        out = block.activation(out)
+    block.sow("intermediates", "block_out", out)
+    return out
+
+
 class ResidualBlock(nn.Module):
     """One residual block on a ``(..., features)`` stream; see the module docstring.
 
@@ -183,14 +196,7 @@ class ResidualBlock(nn.Module):
                 h = make_norm(self.norm, train=train, name=f"norm_{i}")(h)
                 if i < self.num_layers - 1:
                     h = self.activation(self._bias(f"bias_act_{i}", h))
-        h = self._bias("bias_out", self._scale_branch(h, tau))
-        out = residual_add(x, h)
-        if self.scaling == "rescale":
-            out = out * (1.0 / math.sqrt(2.0))
-        if self.order == "post":
-            out = self.activation(out)
-        self.sow("intermediates", "block_out", out)
-        return out
+        return close_block(self, x, self._bias("bias_out", self._scale_branch(h, tau)))
 
     def _scale_branch(self, h, tau):
         if self.scaling == "tau":
@@ -204,35 +210,44 @@ class ResidualBlock(nn.Module):
 
 
 class _ScanStep(nn.Module):
-    """Adapts a block to ``nn.scan``'s ``(carry, *broadcast) -> (carry, out)`` signature."""
+    """Adapts a block class to ``nn.scan``'s ``(carry, *broadcast) -> (carry, out)`` signature."""
 
+    block_cls: Any
     block_kwargs: Any
 
     @nn.compact
-    def __call__(self, x, train, tau):
-        return ResidualBlock(**dict(self.block_kwargs), name="block")(x, train, tau), None
+    def __call__(self, x, *broadcast):
+        return self.block_cls(**dict(self.block_kwargs), name="block")(x, *broadcast), None
 
 
-def residual_stack(block_kwargs: dict, num_blocks: int, x, train: bool, tau, scan: bool, name: str = "blocks"):
-    """Apply ``num_blocks`` residual blocks, unrolled (``blocks_0`` ... ``blocks_{K-1}``) or with ``nn.scan``
-    (one ``blocks/block`` subtree whose leaves have a leading axis of size K).
+def stack_blocks(block_cls, block_kwargs: dict, num_blocks: int, x, *broadcast, scan: bool, name: str = "blocks"):
+    """Apply ``num_blocks`` blocks ``block_cls(**block_kwargs)(x, *broadcast)`` one after another, unrolled
+    (``name_0`` ... ``name_{K-1}``) or with ``nn.scan`` (one ``name/block`` subtree whose leaves have a
+    leading axis of size K; ``broadcast`` is passed unchanged to every block).
 
     Must be called inside a ``@nn.compact`` method. ``unstack_scanned``/``stack_unrolled`` convert
-    between the two parameter layouts.
+    between the two parameter layouts. ``num_blocks = 0`` returns ``x`` (a one-block ResNet stage).
     """
+    if num_blocks == 0:
+        return x
     if scan:
         stack = nn.scan(
             _ScanStep,
             variable_axes={"params": 0, "batch_stats": 0, "intermediates": 0},
             split_rngs={"params": True},
-            in_axes=(nn.broadcast, nn.broadcast),
+            in_axes=(nn.broadcast,) * len(broadcast),
             length=num_blocks,
-        )(block_kwargs=tuple(sorted(block_kwargs.items())), name=name)
-        x, _ = stack(x, train, tau)
+        )(block_cls=block_cls, block_kwargs=tuple(sorted(block_kwargs.items())), name=name)
+        x, _ = stack(x, *broadcast)
         return x
     for k in range(num_blocks):
-        x = ResidualBlock(**block_kwargs, name=f"{name}_{k}")(x, train, tau)
+        x = block_cls(**block_kwargs, name=f"{name}_{k}")(x, *broadcast)
     return x
+
+
+def residual_stack(block_kwargs: dict, num_blocks: int, x, train: bool, tau, scan: bool, name: str = "blocks"):
+    """``num_blocks`` ``ResidualBlock``s called as ``block(x, train, tau)``: ``stack_blocks`` with that class."""
+    return stack_blocks(ResidualBlock, block_kwargs, num_blocks, x, train, tau, scan=scan, name=name)
 
 
 def stack_unrolled(collection: dict, num_blocks: int, name: str = "blocks") -> dict:

@@ -63,7 +63,8 @@ import jax.numpy as jnp
 
 from resjax.nn.init import get_bias_initializer, get_initializer
 from resjax.nn.norms import check_norm, make_norm
-from resjax.nn.residual import SCALINGS, check_choice, check_positive, residual_add, resolve_tau
+from resjax.nn.residual import (SCALINGS, check_choice, check_positive, close_block, residual_add, resolve_tau,
+                                stack_blocks)
 
 BLOCK_KINDS = ("basic", "bottleneck")
 ORDERS = ("post", "pre")
@@ -183,14 +184,7 @@ class ResNetBlock(nn.Module):
                 h = make_norm(self.norm, train=train, name=f"norm_{i}")(h)
             if i < m - 1:
                 h = self.activation(self._bias(f"bias_act_{i}", h))
-        h = self._scale_branch(h, tau)
-        out = residual_add(self._shortcut(x, first_input, train), h)
-        if self.scaling == "rescale":
-            out = out * (1.0 / math.sqrt(2.0))
-        if self.order == "post":
-            out = self.activation(out)
-        self.sow("intermediates", "block_out", out)
-        return out
+        return close_block(self, self._shortcut(x, first_input, train), self._scale_branch(h, tau))
 
     def _scale_branch(self, h, tau):
         if self.scaling == "tau":
@@ -201,30 +195,6 @@ class ResNetBlock(nn.Module):
         elif self.scaling == "fixup":
             h = h * _scalar(self, "fixup_scale", h, nn.initializers.ones)
         return self._bias("bias_out", h)
-
-
-class _ScanBlock(nn.Module):
-    """``ResNetBlock`` in ``nn.scan``'s ``(carry, *broadcast) -> (carry, out)`` form."""
-
-    block_kwargs: Any
-
-    @nn.compact
-    def __call__(self, x, train, tau):
-        return ResNetBlock(**dict(self.block_kwargs), name="block")(x, train, tau), None
-
-
-def _stage(block_kwargs: dict, num_blocks: int, x, train, tau, scan: bool, name: str):
-    """``num_blocks`` identical stride-1 blocks, scanned (``name/block``) or unrolled (``name_0``...)."""
-    if num_blocks == 0:
-        return x
-    if scan:
-        stack = nn.scan(_ScanBlock, variable_axes={"params": 0, "batch_stats": 0, "intermediates": 0},
-                        split_rngs={"params": True}, in_axes=(nn.broadcast, nn.broadcast), length=num_blocks)
-        x, _ = stack(block_kwargs=tuple(sorted(block_kwargs.items())), name=name)(x, train, tau)
-        return x
-    for k in range(num_blocks):
-        x = ResNetBlock(**block_kwargs, name=f"{name}_{k}")(x, train, tau)
-    return x
 
 
 class ResNet(nn.Module):
@@ -320,7 +290,8 @@ class ResNet(nn.Module):
         for s, size in enumerate(self.stage_sizes):
             first = self._block_kwargs(s, 1 if s == 0 else 2)
             h = ResNetBlock(**first, name=f"stage{s + 1}_first")(h, train, tau)
-            h = _stage(self._block_kwargs(s, 1), size - 1, h, train, tau, self.scan, name=f"stage{s + 1}")
+            h = stack_blocks(ResNetBlock, self._block_kwargs(s, 1), size - 1, h, train, tau, scan=self.scan,
+                             name=f"stage{s + 1}")
         if self.order == "pre":
             h = self.activation(make_norm(self.norm, train=train, name="final_norm")(h))
         h = jnp.mean(h, axis=(1, 2))
@@ -416,13 +387,7 @@ class TakiResNet(nn.Module):
                     kernel_init=get_initializer("he_normal_fan_in"), name="stem_conv")(x)
         block_kwargs = dict(features=self.features, kernel_size=self.kernel_size, norm=self.norm,
                             kernel_init=self.kernel_init, num_blocks=self.num_blocks, activation=self.activation)
-        if self.scan:
-            stack = nn.scan(_TakiScan, variable_axes={"params": 0, "batch_stats": 0, "intermediates": 0},
-                            split_rngs={"params": True}, in_axes=(nn.broadcast,), length=self.num_blocks)
-            h, _ = stack(block_kwargs=tuple(block_kwargs.items()), name="blocks")(h, train)
-        else:
-            for k in range(self.num_blocks):
-                h = TakiBlock(**block_kwargs, name=f"blocks_{k}")(h, train)
+        h = stack_blocks(TakiBlock, block_kwargs, self.num_blocks, h, train, scan=self.scan)
         h = jnp.mean(h, axis=(1, 2))
         return nn.Dense(self.num_classes, kernel_init=get_initializer(HEAD_INIT),
                         bias_init=get_bias_initializer("torch_default", h.shape[-1]), name="head")(h)
@@ -452,14 +417,6 @@ class TakiBlock(nn.Module):
         out = residual_add(x, h)
         self.sow("intermediates", "block_out", out)
         return out
-
-
-class _TakiScan(nn.Module):
-    block_kwargs: Any
-
-    @nn.compact
-    def __call__(self, x, train):
-        return TakiBlock(**dict(self.block_kwargs), name="block")(x, train), None
 
 
 def taki_resnet(num_blocks: int = 100, norm: str = "none", kernel_init: str = "taki", **kwargs) -> TakiResNet:

@@ -61,7 +61,7 @@ from resjax.train.checkpoint import Checkpoints, _json
 from resjax.train.distributed import make_data_mesh
 from resjax.train.optim import check_optimizer, make_optimizer
 from resjax.train.schedules import check_schedule, make_schedule
-from resjax.train.state import TrainState
+from resjax.train.state import TrainState, guarded_step
 
 EPOCH_METRICS = ("train_loss", "train_acc", "test_loss", "test_acc", "lr")
 _DATA_SEED_TAG = 0x64617461  # fold_in tag for drawing a data seed from a key
@@ -169,15 +169,7 @@ class ImageTrainer:
             return loss, (logits, updates.get("batch_stats", ts.batch_stats))
 
         (loss, (logits, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(ts.params)
-        updates, opt_state = self.tx.update(grads, ts.opt_state, ts.params)
-        new = TrainState(step=ts.step + 1, params=optax.apply_updates(ts.params, updates),
-                         batch_stats=batch_stats, opt_state=opt_state)
-        finite = [jnp.all(jnp.isfinite(g)) for g in jax.tree_util.tree_leaves(grads)]
-        bad = ~jnp.all(jnp.stack([jnp.isfinite(loss), *finite]))
-        was_diverged = s.diverged_epoch >= 0
-        frozen = was_diverged | bad
-        ts = jax.tree_util.tree_map(lambda old, upd: jnp.where(frozen, old, upd), ts, new)
-        diverged_epoch = jnp.where(~was_diverged & bad, s.epoch + 1, s.diverged_epoch)
+        ts, diverged_epoch = guarded_step(ts, self.tx, grads, loss, batch_stats, s.diverged_epoch, s.epoch)
         acc = jnp.mean(jnp.argmax(logits, -1) == labels)
         return s._replace(state=ts, diverged_epoch=diverged_epoch), (loss, acc)
 

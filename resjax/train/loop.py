@@ -42,7 +42,7 @@ import optax
 
 from resjax.data import Dataset, load_dataset
 from resjax.nn import build_model
-from resjax.train.state import TrainState
+from resjax.train.state import TrainState, guarded_step
 
 METRICS = ("train_loss", "train_error", "test_error")
 
@@ -135,15 +135,8 @@ class Trainer:
         y = jnp.asarray(self.data.y_train)[idx]
         grad_fn = jax.value_and_grad(self.loss_and_updates, has_aux=True)
         (loss, batch_stats), grads = grad_fn(state.params, state.batch_stats, x, y, hparams)
-        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-        new = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                         batch_stats=batch_stats, opt_state=opt_state)
-        finite = [jnp.all(jnp.isfinite(g)) for g in jax.tree_util.tree_leaves(grads)]
-        bad = ~jnp.all(jnp.stack([jnp.isfinite(loss), *finite]))
-        was_diverged = carry.diverged_epoch >= 0
-        frozen = was_diverged | bad
-        state = jax.tree_util.tree_map(lambda old, upd: jnp.where(frozen, old, upd), state, new)
-        diverged_epoch = jnp.where(~was_diverged & bad, carry.epoch + 1, carry.diverged_epoch)
+        state, diverged_epoch = guarded_step(state, self.tx, grads, loss, batch_stats, carry.diverged_epoch,
+                                             carry.epoch)
         return carry._replace(state=state, diverged_epoch=diverged_epoch), loss
 
     def train_epoch(self, carry: Carry, hparams):
