@@ -10,7 +10,7 @@ Two ways to have "prepared" data here:
   argument for every split, so it is not used). Workaround for tfds 4.9.10: ``mock_data`` sets
   ``__getitems__`` on its MagicMock data source to ``functools.partial(_getitems, generator=...)``;
   ``__getitems__`` is not a dunder MagicMock binds, so ``self`` is never passed and every batched read
-  fails with ``TypeError: _getitems() missing ... 'record_keys'``. The fixture below replaces
+  fails with ``TypeError: _getitems() missing ... 'record_keys'``. ``tests/tfds_mock.py`` replaces
   ``mocking._getitems`` (looked up when ``data_source`` is called) with a version without ``self``.
 * Real array_record files written in ``tmp_path`` (tfds serialises examples and array_record writes them
   without TensorFlow), which exercises the unmocked path including PNG/JPEG decoding.
@@ -19,7 +19,6 @@ Two ways to have "prepared" data here:
 import io
 import itertools
 import json
-import pathlib
 import shutil
 
 import numpy as np
@@ -30,7 +29,8 @@ from resjax.data import tfds as T
 from resjax.data import (IMAGE_DATASETS, DataNotPreparedError, ImageSource, load_image_dataset,
                          synthetic_image_dataset)
 
-META = pathlib.Path(__file__).parent / "data" / "tfds"
+from tests.tfds_mock import META, mocked_tfds
+
 REAL_SIZES = {"mnist": {"train": 60_000, "test": 10_000}, "cifar10": {"train": 50_000, "test": 10_000},
               "cifar100": {"train": 50_000, "test": 10_000},
               "imagenet2012": {"train": 1_281_167, "validation": 50_000}}
@@ -38,18 +38,10 @@ REAL_SIZES = {"mnist": {"train": 60_000, "test": 10_000}, "cifar10": {"train": 5
 
 @pytest.fixture
 def mocked():
-    """Inside: tfds.data_source serves random examples for the committed metadata's real splits."""
-    import tensorflow_datasets as tfds
-    from tensorflow_datasets.testing import mocking
-
-    def getitems(record_keys, generator, serialized=False):
-        assert not serialized
-        return [generator[k] for k in record_keys]
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(mocking, "_getitems", getitems)
-        with tfds.testing.mock_data(num_examples=1, policy=tfds.testing.MockPolicy.USE_FILES, data_dir=str(META)):
-            yield lambda name, split: load_image_dataset(name, split, data_dir=META)
+    """Inside: tfds.data_source serves random examples for the committed metadata's real splits
+    (``tests.tfds_mock.mocked_tfds``, with the workaround described above)."""
+    with mocked_tfds() as meta:
+        yield lambda name, split: load_image_dataset(name, split, data_dir=meta)
 
 
 def denormalise(x, spec):

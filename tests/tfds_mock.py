@@ -1,6 +1,6 @@
-"""Mocked TFDS data for tests outside ``test_tfds.py``: ``tfds.testing.mock_data`` on the committed metadata.
+"""Mocked TFDS data for tests: ``tfds.testing.mock_data`` on the committed metadata.
 
-``mocked_tfds()`` is the setup of ``test_tfds.py``'s ``mocked`` fixture as a context manager: inside it,
+``mocked_tfds()`` (a context manager; ``test_tfds.py``'s ``mocked`` fixture wraps it): inside it,
 ``load_image_dataset(name, split, data_dir=META)`` reads the committed ``dataset_info.json`` (real split
 sizes) and serves the mock's random examples. It carries the same workaround for tfds 4.9.10, whose
 ``mock_data`` sets ``__getitems__`` to a ``functools.partial`` that MagicMock never binds, so ``self`` is
