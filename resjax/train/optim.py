@@ -26,7 +26,7 @@ import math
 import jax
 import optax
 
-from resjax.train.schedules import _get, make_schedule
+from resjax.train.schedules import _get, check_schedule, make_schedule
 
 OPTIMIZERS = ("sgd", "adam")
 WEIGHT_DECAY_ON = ("all", "kernels")
@@ -74,32 +74,40 @@ def check_optimizer(config) -> None:
 def make_optimizer(config, params=None, steps_per_epoch: int = 1) -> optax.GradientTransformation:
     """The optax transformation for ``config`` (see the module docstring).
 
+    The learning rate and the weight decay are ``optax.inject_hyperparams`` values: they live in the
+    optimiser state (``opt_state.hyperparams['learning_rate' | 'weight_decay']``), start at the config's,
+    and a seed-vmapped run may set them per seed (``resjax.train.core.with_hyperparams``). The rate at a step
+    is ``make_schedule(config, steps_per_epoch, learning_rate)`` of the optimiser's own step count.
+
     ``params`` (one seed's parameter tree, or its shapes) is only checked: with ``weight_decay_on='kernels'``
-    and ``weight_decay > 0`` it must hold a ``kernel``. The learning rate follows
-    ``make_schedule(config, steps_per_epoch)`` on the optimiser's own step count.
+    and ``weight_decay > 0`` it must hold a ``kernel``.
     """
     check_optimizer(config)
-    schedule = make_schedule(config, steps_per_epoch)
+    check_schedule(config, steps_per_epoch)
     name = _get(config, "optimizer", "sgd")
-    wd = float(_get(config, "weight_decay", 0.0))
     on = _get(config, "weight_decay_on", "all")
+    wd = float(_get(config, "weight_decay", 0.0))
     if params is not None and wd > 0 and on == "kernels" and not any(jax.tree_util.tree_leaves(kernel_mask(params))):
         raise ValueError("weight_decay_on: 'kernels' but the model has no parameter named 'kernel'")
-    parts = []
     clip = float(_get(config, "grad_clip_norm", 0.0))
-    if clip > 0:
-        parts.append(optax.clip_by_global_norm(clip))
-    if wd > 0:
-        parts.append(optax.add_decayed_weights(wd, mask=kernel_mask if on == "kernels" else None))
-    if name == "sgd":
-        momentum = float(_get(config, "momentum", 0.9))
-        if momentum > 0:
-            parts.append(optax.trace(decay=momentum, nesterov=bool(_get(config, "nesterov", False))))
-    else:
-        parts.append(optax.scale_by_adam(b1=float(_get(config, "adam_b1", 0.9)), b2=float(_get(config, "adam_b2", 0.999)),
-                                         eps=float(_get(config, "adam_eps", 1e-8))))
-    parts.append(optax.scale_by_learning_rate(schedule))
+    momentum = float(_get(config, "momentum", 0.9)) if name == "sgd" else 0.0
+    nesterov = bool(_get(config, "nesterov", False))
+    adam = tuple(float(_get(config, k, d)) for k, d in (("adam_b1", 0.9), ("adam_b2", 0.999), ("adam_eps", 1e-8)))
     factor = float(_get(config, "scalar_lr_factor", 1.0))
-    if factor != 1.0:
-        parts.append(optax.masked(optax.scale(factor), scalar_mask))
-    return optax.chain(*parts)
+
+    def chain(learning_rate, weight_decay):
+        parts = []
+        if clip > 0:
+            parts.append(optax.clip_by_global_norm(clip))
+        parts.append(optax.add_decayed_weights(weight_decay, mask=kernel_mask if on == "kernels" else None))
+        if name == "sgd":
+            if momentum > 0:
+                parts.append(optax.trace(decay=momentum, nesterov=nesterov))
+        else:
+            parts.append(optax.scale_by_adam(b1=adam[0], b2=adam[1], eps=adam[2]))
+        parts.append(optax.scale_by_learning_rate(make_schedule(config, steps_per_epoch, learning_rate)))
+        if factor != 1.0:
+            parts.append(optax.masked(optax.scale(factor), scalar_mask))
+        return optax.chain(*parts)
+
+    return optax.inject_hyperparams(chain)(learning_rate=float(_get(config, "learning_rate", None)), weight_decay=wd)

@@ -63,17 +63,19 @@ def check_schedule(config, steps_per_epoch: int) -> None:
             raise ValueError(f"warmup_epochs: {warmup} leaves no cosine phase in {epochs} epochs")
 
 
-def make_schedule(config, steps_per_epoch: int) -> optax.Schedule:
-    """The learning rate as a function of the step (see the module docstring)."""
+def make_schedule(config, steps_per_epoch: int, learning_rate=None) -> optax.Schedule:
+    """The learning rate as a function of the step (see the module docstring). ``learning_rate`` (default
+    ``config.learning_rate``) may be a traced value: the optimiser passes the per-seed rate it holds in its
+    state, so one program trains seeds at different rates on the same schedule."""
     check_schedule(config, steps_per_epoch)
     name = _get(config, "schedule", "constant")
-    lr = float(_get(config, "learning_rate", None))
+    lr = float(_get(config, "learning_rate", None)) if learning_rate is None else learning_rate
     warmup_epochs = float(_get(config, "warmup_epochs", 0.0))
     warmup_steps = max(1, round(warmup_epochs * steps_per_epoch)) if warmup_epochs > 0 else 0
 
     if name == "constant":
         def base(step):
-            return jnp.full(jnp.shape(step), lr, jnp.float32)
+            return jnp.broadcast_to(jnp.asarray(lr, jnp.float32), jnp.shape(step))
     elif name == "step":
         factor = float(_get(config, "decay_factor", 0.1))
         boundaries = [round(m * steps_per_epoch) for m in _get(config, "milestones", ())]

@@ -1,13 +1,15 @@
-"""The training state: parameters, BatchNorm statistics and optimiser state as one pytree.
+"""The run state: ``TrainState`` (parameters, BatchNorm statistics, optimiser state, step) inside
+``RunState`` (plus the run's key, data seed, epoch, divergence and the epoch history), one pytree.
 
 ``batch_stats`` is ``{}`` for a model without BatchNorm. The model and the optax transformation are not
-in the state (they are static); the learning rate lives in the optimiser state
-(``optax.inject_hyperparams``), so it can differ between seeds of one vmapped program.
+in the state (they are static); the learning rate and weight decay live in the optimiser state
+(``optax.inject_hyperparams``), so they can differ between seeds of one vmapped program. A ``RunState`` is
+everything a run is: a checkpoint of it resumes bit-identically, with either feeder.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.struct
 import jax
@@ -26,6 +28,17 @@ class TrainState(flax.struct.PyTreeNode):
         if self.batch_stats:
             return {"params": self.params, "batch_stats": self.batch_stats}
         return {"params": self.params}
+
+
+class RunState(NamedTuple):
+    """One run (a leading seed axis on every leaf when several runs are stepped together)."""
+
+    state: TrainState
+    key: jax.Array  # typed PRNG key: on-device permutations fold_in(key, epoch); model RNG fold_in(key, step)
+    data_seed: jnp.ndarray  # int32: the host data source's seed
+    epoch: jnp.ndarray  # epochs completed
+    diverged_epoch: jnp.ndarray  # 1-based epoch of divergence, -1 if none
+    history: dict  # metric name -> float32[epochs], NaN where not yet run (``resjax.train.core.METRICS``)
 
 
 def guarded_step(state: TrainState, tx: optax.GradientTransformation, grads, loss, batch_stats,

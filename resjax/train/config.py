@@ -1,0 +1,111 @@
+"""The one training config: ``train_config()`` and its checks.
+
+Both feeders (``make_train``: on-device, the whole run a ``lax.scan``; ``make_image_train``: batches from
+a host data source) read the same nested ``config.train``, an ``ml_collections.ConfigDict`` with these
+fields:
+
+  optimizer          'sgd' (with ``momentum`` > 0: heavy ball; with ``nesterov``: Nesterov) | 'adam'
+  learning_rate      the base rate (a per-seed ``hparams`` value may replace it inside one program)
+  momentum, nesterov SGD momentum ``buf = momentum * buf + g`` (PyTorch's, no dampening)
+  adam_b1, adam_b2, adam_eps
+  weight_decay       coupled L2, ``g + weight_decay * w`` (PyTorch's ``weight_decay``; per-seed in ``hparams``)
+  weight_decay_on    'all' (PyTorch's default: every parameter) | 'kernels' (Dense/Conv kernels only; the
+                     lecture's L2 penalty on weights)
+  scalar_lr_factor   learning-rate factor for 0-d parameters (Fixup, SkipInit, a learnable tau)
+  grad_clip_norm     global-norm clipping; 0 = off
+  schedule           'constant' | 'step' | 'cosine'; ``milestones``, ``decay_factor``, ``warmup_epochs``
+                     (see ``resjax.train.schedules``)
+  batch_size, epochs, eval_batch_size (host feeder: evaluation batches)
+  augment, shuffle   host feeder: the data source's augmentation and shuffling
+  checkpoint_every   epochs between checkpoints (on-device: rounded to whole chunks); 0 = only at the end
+  checkpoint_keep    how many checkpoints to keep
+  seed               the first seed when seeds are given as a count
+  seed_axis          how several seeds are stepped by the host feeder: 'auto' | 'vmap' | 'unroll' | 'loop'
+                     (on-device runs always vmap)
+
+``train_config()`` holds the lecture's MNIST-1D setup (plain SGD at 0.005, batch 100, 300 epochs, no
+weight decay); ``image_train_config()`` the CIFAR ResNet recipe of He et al. as the tau-ResNet repository
+runs it. They are the same fields with other values.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_collections
+import numpy as np
+
+from resjax.train.optim import check_optimizer
+
+SEED_AXIS_MODES = ("auto", "vmap", "unroll", "loop")
+
+
+def train_config(**overrides) -> ml_collections.ConfigDict:
+    """The training settings (see the module docstring); defaults: the lecture's MNIST-1D setup."""
+    c = ml_collections.ConfigDict()
+    c.optimizer = "sgd"
+    c.learning_rate = 0.005
+    c.momentum = 0.0
+    c.nesterov = False
+    c.adam_b1 = 0.9
+    c.adam_b2 = 0.999
+    c.adam_eps = 1e-8
+    c.weight_decay = 0.0
+    c.weight_decay_on = "kernels"
+    c.scalar_lr_factor = 1.0
+    c.grad_clip_norm = 0.0
+    c.schedule = "constant"
+    c.milestones = ()
+    c.decay_factor = 0.1
+    c.warmup_epochs = 0.0
+    c.batch_size = 100
+    c.eval_batch_size = 1000
+    c.epochs = 300
+    c.augment = False
+    c.shuffle = True
+    c.checkpoint_every = 10
+    c.checkpoint_keep = 2
+    c.seed = 0
+    c.seed_axis = "auto"
+    for name, value in overrides.items():
+        if name not in c:
+            raise ValueError(f"train.{name}: unknown setting; known: {sorted(c.keys())}")
+        c[name] = tuple(value) if isinstance(value, list) else value
+    return c
+
+
+def image_train_config(**overrides) -> ml_collections.ConfigDict:
+    """The CIFAR ResNet recipe of He et al. as the tau-ResNet repository runs it: SGD with momentum 0.9,
+    batch 128, learning rate 0.1 divided by 10 at epochs 100 and 150 of 200, weight decay 1e-4 on every
+    parameter, flips and crops."""
+    base = dict(learning_rate=0.1, momentum=0.9, weight_decay=1e-4, weight_decay_on="all", schedule="step",
+                milestones=(100, 150), batch_size=128, epochs=200, augment=True)
+    return train_config(**{**base, **overrides})
+
+
+def is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def check_train_config(c) -> None:
+    """Raise ``ValueError`` naming the first bad setting of a ``train_config``."""
+    for name in ("batch_size", "eval_batch_size", "epochs"):
+        v = c.get(name)
+        if not is_int(v) or v < 1:
+            raise ValueError(f"{name}: must be an integer >= 1, got {v!r}")
+    v = c.get("checkpoint_every", 0)
+    if not is_int(v) or v < 0:
+        raise ValueError(f"checkpoint_every: must be an integer >= 0, got {v!r}")
+    v = c.get("checkpoint_keep", 2)
+    if v is not None and (not is_int(v) or v < 1):
+        raise ValueError(f"checkpoint_keep: must be an integer >= 1 or None, got {v!r}")
+    v = c.get("seed", 0)
+    if not is_int(v) or not 0 <= v < 2**31:
+        raise ValueError(f"seed: must be an integer in [0, 2**31), got {v!r}")
+    lr = c.get("learning_rate")
+    if lr is None or isinstance(lr, bool) or not math.isfinite(lr) or lr < 0:
+        raise ValueError(f"learning_rate: must be a finite number >= 0, got {lr!r}")
+    mode = c.get("seed_axis", "auto")
+    if mode not in SEED_AXIS_MODES:
+        raise ValueError(f"seed_axis: unknown value {mode!r}; choose one of {SEED_AXIS_MODES}")
+    check_optimizer(c)

@@ -1,0 +1,326 @@
+"""The one training core that both feeders share.
+
+A run is a ``RunState`` (``resjax.train.state``); the core turns it over with pure functions that jit and
+vmap over seeds:
+
+* ``init_run(key, data_seed, hparams)``: parameters from ``split(key)[0]``, the run key ``split(key)[1]``,
+  the optimiser (``make_optimizer``: one builder, learning rate and weight decay injected per seed);
+* ``train_step(run, (x, y), hparams)``: one minibatch in training mode (``batch_stats`` updated), the
+  optimiser step and the divergence freeze (``guarded_step``: a seed whose loss or gradient becomes
+  non-finite keeps its last good state; its seed-mates go on); returns ``(run, (loss, batch_error))``;
+* ``eval_sums(run, x, y, mask, hparams)``: summed loss and wrong predictions in evaluation mode;
+* ``end_epoch(run, metrics)``: the epoch's metrics into the history (NaN once diverged), ``epoch + 1``.
+
+``hparams`` holds the values a sweep may vary inside one program: ``learning_rate`` and ``weight_decay``
+(written into the optimiser state at ``init_run``) and, for models with ``scaling='tau'``, ``tau``
+(passed to ``model.apply``). Random numbers are functions of the state: the model's ``dropout`` stream is
+``fold_in(key, step)``; data order is the feeder's function of ``(key or data_seed, epoch)``.
+
+Metrics, one vocabulary for both feeders (``METRICS``; per epoch, NaN once a run has diverged):
+
+  train_loss    mean minibatch loss over the epoch (training mode)
+  batch_error   mean minibatch error over the epoch (training mode: batch statistics, augmentation)
+  train_error   error on the whole training set in evaluation mode after the epoch (on-device feeder;
+                NaN from the host feeder, which does not re-read the training set)
+  test_loss, test_error   the whole test set in evaluation mode after the epoch
+  lr            the learning rate of the epoch's first step
+
+``history(run)`` adds per run ``best_test_error`` (min over epochs), ``final_test_error``,
+``diverged_epoch`` and ``diverged_step`` (1-based; -1 if never) and ``epochs`` (completed). Errors are
+fractions. The on-device feeder's ``train_error`` is what the lecture calls training error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from resjax.train.checkpoint import Checkpoints, _json
+from resjax.train.config import check_train_config, is_int
+from resjax.train.schedules import make_schedule
+from resjax.train.state import RunState, TrainState, guarded_step
+
+METRICS = ("train_loss", "batch_error", "train_error", "test_loss", "test_error", "lr")
+HPARAMS = ("learning_rate", "weight_decay", "tau")
+RESUME_FREE = ("train.checkpoint_every", "train.checkpoint_keep")  # settings a resumed run may change
+_DATA_SEED_TAG = 0x64617461  # fold_in tag for drawing a data seed from a key
+
+
+def run_config(model=None, train=None, data=None) -> ml_collections.ConfigDict:
+    """A run config: ``model`` (for ``build_model``), ``train`` (``train_config()``) and ``data``."""
+    from resjax.train.config import train_config
+
+    c = ml_collections.ConfigDict()
+    if data is not None:
+        c.data = data
+    if model is not None:
+        c.model = ml_collections.ConfigDict(dict(model))
+    c.train = train if train is not None else train_config()
+    return c
+
+
+def config_dict(config) -> dict:
+    return config.to_dict() if hasattr(config, "to_dict") else dict(config)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Core:
+    """The pure pieces of a run shared by both feeders (see the module docstring)."""
+
+    config: Any  # the run config: ``config.train`` (and ``config.model`` when the model was built by name)
+    model: Any
+    tx: optax.GradientTransformation
+    example_shape: tuple  # one example's shape, for ``model.init``
+    uses_tau: bool
+    steps_per_epoch: int
+
+    # ---- hyper-parameters ---------------------------------------------------------------------------
+
+    def default_hparams(self) -> dict:
+        t = self.config.train
+        return {"learning_rate": jnp.float32(t.learning_rate), "weight_decay": jnp.float32(t.get("weight_decay", 0.0))}
+
+    def check_hparams(self, hparams, num: int | None = None) -> dict:
+        """``hparams`` merged over the defaults, validated (``ValueError`` naming the entry), as float32
+        arrays; with ``num``, broadcast to ``(num,)``."""
+        allowed = {"learning_rate", "weight_decay"} | ({"tau"} if self.uses_tau else set())
+        unknown = set(hparams or {}) - allowed
+        if unknown:
+            raise ValueError(f"hparams: {sorted(unknown)} cannot vary in this program; allowed: {sorted(allowed)}")
+        hp = {**self.default_hparams(), **(hparams or {})}
+        for name, v in hp.items():
+            v = np.asarray(v)
+            if np.any(v < 0):
+                raise ValueError(f"{name}: must be >= 0, got {v}")
+            if num is not None and (v.ndim not in (0, 1) or (v.ndim == 1 and v.shape[0] != num)):
+                raise ValueError(f"hparams.{name}: must be a scalar or have one value per key ({num}), got shape {v.shape}")
+        if num is None:
+            return {k: jnp.asarray(v, jnp.float32) for k, v in hp.items()}
+        return {k: jnp.broadcast_to(jnp.asarray(v, jnp.float32), (num,)) for k, v in hp.items()}
+
+    def model_kwargs(self, hparams) -> dict:
+        return {"tau": hparams["tau"]} if self.uses_tau and hparams and "tau" in hparams else {}
+
+    # ---- pure per-run functions ---------------------------------------------------------------------
+
+    def init_run(self, key, data_seed=0, hparams=None) -> RunState:
+        hparams = {**self.default_hparams(), **(hparams or {})}
+        init_key, run_key = jax.random.split(key)
+        x = jnp.zeros((2, *self.example_shape), jnp.float32)
+        variables = self.model.init({"params": init_key, "dropout": jax.random.fold_in(init_key, 1)}, x,
+                                    train=False, **self.model_kwargs(hparams))
+        params = variables["params"]
+        opt_state = with_hyperparams(self.tx.init(params), hparams)
+        state = TrainState(step=jnp.int32(0), params=params, batch_stats=variables.get("batch_stats", {}),
+                           opt_state=opt_state)
+        history = {name: jnp.full((self.config.train.epochs,), jnp.nan, jnp.float32) for name in METRICS}
+        return RunState(state, run_key, jnp.asarray(data_seed, jnp.int32), jnp.int32(0), jnp.int32(-1), history)
+
+    def train_step(self, run: RunState, batch, hparams=None):
+        """One minibatch ``(x, y)``: ``(run, (loss, batch_error))`` (see the module docstring)."""
+        x, y = batch
+        ts = run.state
+        rng = jax.random.fold_in(run.key, ts.step)
+        kwargs = self.model_kwargs(hparams)
+
+        def loss_fn(params):
+            variables = {"params": params, **({"batch_stats": ts.batch_stats} if ts.batch_stats else {})}
+            logits, updates = self.model.apply(variables, x, train=True, mutable=["batch_stats"],
+                                               rngs={"dropout": rng}, **kwargs)
+            loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+            return loss, (logits, updates.get("batch_stats", ts.batch_stats))
+
+        (loss, (logits, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(ts.params)
+        ts, diverged_epoch = guarded_step(ts, self.tx, grads, loss, batch_stats, run.diverged_epoch, run.epoch)
+        error = jnp.mean(jnp.argmax(logits, -1) != y)
+        return run._replace(state=ts, diverged_epoch=diverged_epoch), (loss, error)
+
+    def eval_sums(self, run: RunState, x, y, mask=None, hparams=None):
+        """Summed loss and summed wrong predictions over the examples of ``x`` where ``mask`` (evaluation mode)."""
+        logits = self.model.apply(run.state.variables(), x, train=False, **self.model_kwargs(hparams))
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+        wrong = (jnp.argmax(logits, -1) != y).astype(jnp.float32)
+        if mask is None:
+            return jnp.sum(loss), jnp.sum(wrong)
+        return jnp.sum(jnp.where(mask, loss, 0.0)), jnp.sum(jnp.where(mask, wrong, 0.0))
+
+    def epoch_learning_rate(self, run: RunState):
+        """The learning rate of the first step of the run's current epoch (its own base rate)."""
+        base = run.state.opt_state.hyperparams["learning_rate"]
+        return make_schedule(self.config.train, self.steps_per_epoch, base)(run.epoch * self.steps_per_epoch)
+
+    def end_epoch(self, run: RunState, metrics: dict) -> RunState:
+        """Write ``metrics`` (name -> scalar; missing names NaN) as the epoch's history entry."""
+        diverged = run.diverged_epoch >= 0
+        history = {}
+        for name, h in run.history.items():
+            v = jnp.asarray(metrics.get(name, jnp.nan), jnp.float32)
+            history[name] = h.at[run.epoch].set(v if name == "lr" else jnp.where(diverged, jnp.nan, v))
+        return run._replace(epoch=run.epoch + 1, history=history)
+
+    # ---- host side ----------------------------------------------------------------------------------
+
+    def history(self, run: RunState) -> dict:
+        """The run's history so far as numpy arrays (see the module docstring)."""
+        epoch, hist, diverged, step = jax.device_get((run.epoch, run.history, run.diverged_epoch, run.state.step))
+        done = int(np.max(epoch))
+        out = {name: np.asarray(v)[..., :done] for name, v in hist.items()}
+        err = out["test_error"]
+        finite = np.isfinite(err)
+        out["best_test_error"] = np.where(finite.any(-1), np.min(np.where(finite, err, np.inf), -1), np.nan)
+        out["final_test_error"] = err[..., -1] if done else np.full(np.shape(diverged), np.nan)
+        out.update(divergence(diverged, step))
+        out["epochs"] = done
+        return out
+
+    def resume(self, ckpt: Checkpoints, run: RunState, num_seeds) -> RunState:
+        """The newest checkpoint in ``ckpt`` when it is further along than ``run`` and was made by the same
+        settings and seeds (``ValueError`` naming what differs otherwise)."""
+        meta = ckpt.meta()
+        saved, ours = resume_config(meta.get("config", {})), resume_config(config_dict(self.config))
+        if saved != ours:
+            changed = sorted(k for k in set(saved) | set(ours) if saved.get(k) != ours.get(k))
+            raise ValueError(f"checkpoint_dir: the checkpoint in {ckpt.directory} was made with other settings "
+                             f"({', '.join(changed)}); resuming needs the same config. Use another directory.")
+        if meta.get("num_seeds") != num_seeds:
+            raise ValueError(f"checkpoint_dir: the checkpoint in {ckpt.directory} has num_seeds="
+                             f"{meta.get('num_seeds')}, this run {num_seeds}")
+        if int(meta["epoch"]) <= int(np.max(jax.device_get(run.epoch))):
+            return run
+        restored = ckpt.restore(run)
+        same = (np.array_equal(jax.device_get(restored.data_seed), jax.device_get(run.data_seed))
+                and np.array_equal(jax.device_get(jax.random.key_data(restored.key)),
+                                   jax.device_get(jax.random.key_data(run.key))))
+        if not same:
+            raise ValueError(f"checkpoint_dir: the checkpoint in {ckpt.directory} was made from other seeds; "
+                             "use another directory, or resume=False with an empty one")
+        return restored
+
+    def save(self, ckpt: Checkpoints, run: RunState, done: int, num_seeds) -> None:
+        meta = {"epoch": done, "num_seeds": num_seeds, "data_seeds": np.asarray(jax.device_get(run.data_seed)),
+                "config": config_dict(self.config), "history": self.history(run)}
+        ckpt.save(done, run, meta)
+
+    def open_checkpoints(self, checkpoint_dir, run: RunState, num_seeds, resume: bool):
+        """``(Checkpoints or None, run)``: the directory opened and, with ``resume``, the run resumed."""
+        if checkpoint_dir is None:
+            return None, run
+        ckpt = Checkpoints(checkpoint_dir, keep=self.config.train.get("checkpoint_keep", 2))
+        if ckpt.latest() is not None:
+            if not resume:
+                raise ValueError(f"checkpoint_dir: {ckpt.directory} already holds checkpoints; pass resume=True "
+                                 "or use an empty directory")
+            run = self.resume(ckpt, run, num_seeds)
+        return ckpt, run
+
+
+def with_hyperparams(opt_state, hparams: dict):
+    """``opt_state`` with its injected ``learning_rate`` / ``weight_decay`` set from ``hparams``."""
+    for name in ("learning_rate", "weight_decay"):
+        if name in hparams:
+            opt_state.hyperparams[name] = jnp.asarray(hparams[name], jnp.float32)
+    return opt_state
+
+
+def divergence(diverged_epoch, step) -> dict:
+    """``diverged_epoch`` and ``diverged_step`` (1-based; -1 if the run never diverged). A diverged state
+    is frozen, so its step counter stopped at the last good step."""
+    xp = jnp if isinstance(diverged_epoch, jax.Array) else np
+    diverged = diverged_epoch >= 0
+    return {"diverged_epoch": diverged_epoch, "diverged_step": xp.where(diverged, step + 1, -1)}
+
+
+def resume_config(config: dict) -> dict:
+    """The settings that must match for an exact resume, flattened and JSON-normalised (tuples as lists)."""
+    flat = {}
+
+    def walk(d, prefix):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            else:
+                flat[f"{prefix}{k}"] = v
+
+    walk(_json(dict(config)), "")
+    return {k: v for k, v in flat.items() if k not in RESUME_FREE}
+
+
+def seed_handles(key, num_seeds: int | None, default_seed: int = 0):
+    """``(keys, data_seeds, seeded)`` from a seed integer, a list of them, a typed PRNG key or keys of
+    shape ``(S,)`` (see ``ImageTrainer.init``). Seed integer ``s`` gives ``jax.random.key(s)`` and data seed
+    ``s``; a key gives a data seed drawn from it."""
+    if num_seeds is not None and (not is_int(num_seeds) or num_seeds < 1):
+        raise ValueError(f"num_seeds: must be an integer >= 1, got {num_seeds!r}")
+    key = default_seed if key is None else key
+    if is_int(key) or isinstance(key, (list, tuple)) or (isinstance(key, np.ndarray) and key.dtype.kind in "iu"):
+        if is_int(key):
+            seeded = num_seeds is not None
+            ints = [int(key) + i for i in range(num_seeds or 1)]
+        else:
+            ints = [int(k) for k in np.asarray(key).reshape(-1)]
+            seeded = True
+            if not ints or (num_seeds is not None and num_seeds != len(ints)):
+                raise ValueError(f"num_seeds: {num_seeds} does not match the {len(ints)} seeds given")
+        if any(not 0 <= i < 2**31 for i in ints):
+            raise ValueError(f"seed: seed integers must be in [0, 2**31), got {ints}")
+        keys = jnp.stack([jax.random.key(i) for i in ints])
+        data_seeds = np.asarray(ints, np.int32)
+        return (keys if seeded else keys[0]), (data_seeds if seeded else data_seeds[0]), seeded
+    if not (hasattr(key, "dtype") and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)):
+        raise ValueError(f"key: expected a seed integer, a list of them or a typed PRNG key (jax.random.key), got {key!r}")
+    if key.ndim == 0 and num_seeds is not None:
+        key = jax.random.split(key, num_seeds)
+    elif key.ndim == 1 and num_seeds is not None and key.shape[0] != num_seeds:
+        raise ValueError(f"num_seeds: {num_seeds} does not match the {key.shape[0]} keys given")
+    elif key.ndim > 1:
+        raise ValueError(f"key: expected one key or a 1-d array of keys, got shape {key.shape}")
+    seeded = key.ndim == 1
+    draw = lambda k: (jax.random.bits(jax.random.fold_in(k, _DATA_SEED_TAG), (), jnp.uint32) >> 1).astype(jnp.int32)  # noqa: E731
+    data_seeds = np.asarray(jax.device_get(jax.vmap(draw)(key) if seeded else draw(key)))
+    return key, data_seeds, seeded
+
+
+class Progress:
+    """One progress display for both feeders: a tqdm bar (``progress`` True or a label; silent when not a
+    terminal) or ``progress(epochs_done, summary)`` called with the last epoch's metrics (numpy, per seed)."""
+
+    def __init__(self, total: int, done: int, progress: bool | str | Callable[[int, dict], None]):
+        self.callback = progress if callable(progress) else None
+        self.bar = None
+        if self.callback is None:
+            from tqdm.auto import tqdm
+
+            desc = progress if isinstance(progress, str) else "epochs"
+            self.bar = tqdm(total=total, initial=done, desc=desc, unit="epoch", leave=False, disable=None)
+
+    def update(self, done: int, last: int, summary: dict) -> None:
+        if self.callback is not None:
+            self.callback(done, summary)
+            return
+        self.bar.update(done - last)
+        post = {}
+        for name in ("train_loss", "test_error"):
+            v = np.asarray(summary[name])
+            post[name] = f"{np.nanmean(v) if np.isfinite(v).any() else np.nan:.4f}"
+        self.bar.set_postfix(**post)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def progress_bar(total: int, done: int, progress) -> Progress | None:
+    return Progress(total, done, progress) if progress else None
+
+
+def check_run_config(config) -> None:
+    if "train" not in config:
+        raise ValueError("config.train: a run config needs a nested train config (resjax.train.train_config())")
+    check_train_config(config.train)

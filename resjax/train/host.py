@@ -1,0 +1,321 @@
+"""The host feeder: ``make_image_train(config, train_source, test_source)`` trains on batches a host
+data source yields (``resjax.data.tfds`` sources, or anything with their interface).
+
+Image data sets do not fit in a program, so epochs run on the host: each minibatch of
+``train_source.epoch(...)`` goes through one jitted, state-donating step of the core's ``train_step``
+(``resjax.train.core``); after every epoch the model is evaluated on ``test_source`` (evaluation mode,
+running BatchNorm statistics) and, every ``config.train.checkpoint_every`` epochs, the whole run state is
+checkpointed::
+
+    trainer = make_image_train(config, train_source, test_source)      # config.model, config.train
+    run, history = trainer.fit(0)                                      # one run, seed 0
+    run, history = trainer.fit([0, 1, 2], checkpoint_dir="ckpt")       # three seeds, one state with a seed axis
+
+Seeds. ``init``/``fit`` take a seed integer, a list of them (a leading seed axis), a PRNG key, or keys of
+shape ``(S,)`` (``resjax.train.core.seed_handles``). Seed ``s`` initialises from ``jax.random.key(s)`` and
+reads the data in the order of ``source.epoch(epoch, ..., seed=s)``. Several seeds are trained together,
+one state with a leading seed axis, over ``source.stacked_epoch`` batches (row ``s`` is seed ``s``'s own
+data order): one ``jax.vmap``-ed step on accelerators, the single-seed step per seed on the CPU
+(``config.train.seed_axis``, ``seed_axis_mode``); nothing names the seed axis, so BatchNorm never pools
+across seeds.
+
+Determinism and exact resume. Every random number is a function of the run state (the core's), the data
+order and augmentation are the loader's pure function of ``(seed, epoch)``, and the learning rate is the
+schedule of the optimiser's step count over ``config.train.epochs`` (not over the ``epochs`` a ``fit``
+call stops at), so a run stopped after ``k`` epochs and resumed from its checkpoint is bit-identical to an
+unstopped one.
+
+Divergence: the core's freeze; ``fit`` stops early once every seed has diverged.
+
+Data parallelism. With ``mesh`` (``make_data_mesh()``: axis ``'data'``), each batch's example axis is
+sharded over the devices and the state replicated; jit + GSPMD make BatchNorm's batch statistics and the
+loss means global (see ``resjax.train.distributed``, also for several hosts). ``batch_size`` and
+``eval_batch_size`` must be multiples of the mesh size.
+
+History (``fit``'s second value, ``history(run)``): the core's metrics (``resjax.train.core.METRICS``):
+``train_loss`` and ``batch_error`` over the epoch's minibatches, ``test_loss`` and ``test_error`` on the
+whole test set (NaN without ``test_source``), ``lr``; ``train_error`` is NaN (the training set is not
+re-read in evaluation mode). Arrays have a leading seed axis when the state has one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from resjax.train import distributed
+from resjax.train.config import SEED_AXIS_MODES, image_train_config, is_int
+from resjax.train.core import Core, check_run_config, progress_bar, seed_handles
+from resjax.train.distributed import make_data_mesh
+from resjax.train.optim import make_optimizer
+from resjax.train.state import RunState
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ImageTrainer(Core):
+    """See the module docstring. Build with ``make_image_train``."""
+
+    train_source: Any = None
+    test_source: Any = None
+    mesh: Any = None
+
+    def _step_one(self, run: RunState, images, labels):
+        return self.train_step(run, (images, labels))
+
+    def _eval_one(self, run: RunState, images, labels, mask):
+        return self.eval_sums(run, images, labels, mask)
+
+    # ---- compiled versions (one per seed-axis choice) ---------------------------------------------
+
+    def _jit(self, fn, donate: bool):
+        kwargs = {"donate_argnums": 0} if donate else {}
+        if self.mesh is not None:
+            kwargs["out_shardings"] = distributed.replicated(self.mesh)
+        return jax.jit(fn, **kwargs)
+
+    def _over_seeds(self, name: str, fn, shared: int = 0):
+        """``fn`` over a leading seed axis. ``config.seed_axis`` (see ``seed_axis_mode``): 'vmap' = one
+        vmapped program; 'unroll' = one program holding one copy of ``fn`` per seed (a Python loop at trace
+        time; not ``lax.map``, whose loop body is as slow on XLA:CPU as a scan over conv blocks); 'loop' =
+        the single-seed program called once per seed (one compile; each seed's slice taken and the results
+        stacked by small jitted programs). The last ``shared`` arguments have no seed axis."""
+        mode = seed_axis_mode(self.config)
+        if mode == "vmap":
+            return self._jit(jax.vmap(fn, in_axes=(0,) + (None,) * shared) if shared else jax.vmap(fn),
+                             donate=name == "step")
+
+        def per_seed_calls(one, *args):
+            seeded, common_args = args[:len(args) - shared], args[len(args) - shared:]
+            num_seeds = jax.tree_util.tree_leaves(seeded[0])[0].shape[0]
+            outs = [one(*(_take(a, i) for a in seeded), *common_args) for i in range(num_seeds)]
+            return outs
+
+        if mode == "unroll":
+            return self._jit(lambda *args: _stack(*per_seed_calls(fn, *args)), donate=name == "step")
+        one = self._compiled(name, False)
+        return lambda *args: _stack_jit(*per_seed_calls(one, *args))
+
+    @functools.cache
+    def _compiled(self, name: str, seeded: bool):
+        if name == "init":
+            fn = jax.vmap(self.init_run) if seeded else self.init_run
+            return self._jit(fn, donate=False)
+        if name == "step":
+            return self._over_seeds(name, self._step_one) if seeded else self._jit(self._step_one, donate=True)
+        if name == "eval":
+            return (self._over_seeds(name, self._eval_one, shared=3) if seeded
+                    else self._jit(self._eval_one, donate=False))
+        if name == "end_epoch":
+            return self._jit(jax.vmap(self.end_epoch) if seeded else self.end_epoch, donate=True)
+        if name == "lr":
+            return self._jit(jax.vmap(self.epoch_learning_rate) if seeded else self.epoch_learning_rate, donate=False)
+        raise KeyError(name)
+
+    # ---- public API -------------------------------------------------------------------------------
+
+    def init(self, key=None, num_seeds: int | None = None) -> RunState:
+        """A fresh state. ``key``: a seed integer (default ``config.seed``), a list of seed integers, a
+        PRNG key or PRNG keys of shape ``(S,)``. With ``num_seeds`` (or a list / ``(S,)`` keys) every leaf
+        has a leading seed axis: seed integers ``key, key+1, ...``, or ``jax.random.split(key, num_seeds)``."""
+        keys, data_seeds, seeded = seed_handles(key, num_seeds, self.config.train.get("seed", 0))
+        return self._compiled("init", seeded)(keys, jnp.asarray(data_seeds, jnp.int32))
+
+    def step(self, run: RunState, images, labels):
+        """One donated, jitted step on a placed batch; returns ``(run, (loss, batch_error))``."""
+        return self._compiled("step", _seeded(run))(run, images, labels)
+
+    def evaluate(self, state: RunState, source=None, batch_size: int | None = None) -> dict:
+        """``{'loss', 'error'}`` over the whole of ``source`` (default: ``test_source``) in evaluation mode
+        (running BatchNorm statistics, no augmentation); one value per seed. The last partial batch is
+        padded to ``batch_size`` (default ``config.eval_batch_size``) and masked, so one program serves."""
+        source = self.test_source if source is None else source
+        if source is None:
+            raise ValueError("source: no test_source to evaluate on")
+        batch_size = self.config.train.eval_batch_size if batch_size is None else batch_size
+        if not is_int(batch_size) or batch_size < 1:
+            raise ValueError(f"batch_size: must be an integer >= 1, got {batch_size!r}")
+        _check_divides("batch_size", batch_size, self.mesh)
+        fn = self._compiled("eval", _seeded(state))
+        loss_sum = wrong = 0.0
+        count = 0
+        for images, labels in source.epoch(0, batch_size, seed=0, shuffle=False, augment=False, drop_remainder=False):
+            images, labels = np.asarray(images, np.float32), np.asarray(labels, np.int32)
+            n = len(labels)
+            mask = np.arange(batch_size) < n
+            if n < batch_size:
+                images = np.concatenate([images, np.zeros((batch_size - n, *images.shape[1:]), np.float32)])
+                labels = np.concatenate([labels, np.zeros(batch_size - n, np.int32)])
+            l, c = fn(state, *(self._place(a, seeded=False) for a in (images, labels, mask)))
+            loss_sum, wrong, count = loss_sum + l, wrong + c, count + n
+        if count == 0:
+            raise ValueError("source: the evaluation source yielded no examples")
+        return {"loss": loss_sum / count, "error": wrong / count}
+
+    def fit(self, keys_or_state=None, *, epochs: int | None = None, checkpoint_dir=None, resume: bool = True,
+            progress: bool | str | Callable[[int, dict], None] | None = None):
+        """Train until ``epochs`` (default ``config.train.epochs``) epochs are done; returns ``(run, history)``.
+
+        ``keys_or_state``: what ``init`` takes, or a ``RunState`` to continue. ``checkpoint_dir``: save
+        every ``config.train.checkpoint_every`` epochs and when the call ends; with ``resume`` and a
+        checkpoint there, continue from the newest one (when it is further along than the state given; it
+        must come from the same seeds and settings). ``resume=False`` refuses a directory that already
+        holds checkpoints. ``progress``: True or a label for a tqdm bar, or ``callback(epochs_done,
+        summary)`` (the epoch's metrics as numpy arrays). A state passed in is consumed: the first step
+        donates its buffers.
+        """
+        total = self.config.train.epochs
+        epochs = total if epochs is None else epochs
+        if not is_int(epochs) or not 1 <= epochs <= total:
+            raise ValueError(f"epochs: must be an integer in [1, config.train.epochs={total}], got {epochs!r}")
+        run = keys_or_state if isinstance(keys_or_state, RunState) else self.init(keys_or_state)
+        seeded = _seeded(run)
+        num_seeds = int(run.epoch.shape[0]) if seeded else None
+        ckpt, run = self.open_checkpoints(checkpoint_dir, run, num_seeds, resume)
+        data_seeds = np.atleast_1d(np.asarray(jax.device_get(run.data_seed))).tolist()
+        done = int(np.max(jax.device_get(run.epoch)))
+        every = self.config.train.get("checkpoint_every", 0)
+        bar = progress_bar(epochs, done, progress)
+        end_epoch, lr = self._compiled("end_epoch", seeded), self._compiled("lr", seeded)
+        try:
+            while done < epochs and not np.all(np.asarray(jax.device_get(run.diverged_epoch)) >= 0):
+                losses, errors = [], []
+                for images, labels in self._batches(done, data_seeds, seeded):
+                    run, (loss, error) = self.step(run, self._place(images, seeded), self._place(labels, seeded))
+                    losses.append(loss)
+                    errors.append(error)
+                if not losses:
+                    raise ValueError("batch_size: the training source yielded no full batch")
+                metrics = {"train_loss": jnp.mean(jnp.stack(losses), 0), "batch_error": jnp.mean(jnp.stack(errors), 0),
+                           "lr": lr(run)}
+                if self.test_source is not None:
+                    ev = self.evaluate(run)
+                    metrics["test_loss"], metrics["test_error"] = ev["loss"], ev["error"]
+                run = end_epoch(run, metrics)
+                done += 1
+                if ckpt is not None and every and done % every == 0:
+                    self.save(ckpt, run, done, num_seeds)
+                if bar is not None:
+                    summary = {k: np.asarray(jax.device_get(v)) for k, v in metrics.items()}
+                    summary.setdefault("test_error", np.full(np.shape(summary["train_loss"]), np.nan))
+                    bar.update(done, done - 1, summary)
+        finally:
+            if bar is not None:
+                bar.close()
+        if ckpt is not None:
+            if ckpt.latest() != done:
+                self.save(ckpt, run, done, num_seeds)
+            ckpt.close()
+        return run, self.history(run)
+
+    def _batches(self, epoch: int, data_seeds: list, seeded: bool):
+        kw = {"shuffle": bool(self.config.train.get("shuffle", True)), "augment": bool(self.config.train.get("augment", False)),
+              "drop_remainder": True}
+        b, src = self.config.train.batch_size, self.train_source
+        if not seeded:
+            yield from src.epoch(epoch, b, seed=int(data_seeds[0]), **kw)
+            return
+        if not hasattr(src, "stacked_epoch"):  # one loader per seed, stacked here
+            for batch in zip(*(src.epoch(epoch, b, seed=int(s), **kw) for s in data_seeds)):
+                yield np.stack([x for x, _ in batch]), np.stack([y for _, y in batch])
+            return
+        out = src.stacked_epoch(epoch, b, [int(s) for s in data_seeds], **kw)
+        if isinstance(out, tuple) and len(out) == 2 and np.ndim(out[0]) in (5, 6):  # the whole epoch at once
+            images, labels = np.asarray(out[0]), np.asarray(out[1])
+            if images.ndim == 5:  # [S, steps * B, H, W, C]
+                steps = images.shape[1] // b
+                images = images[:, : steps * b].reshape(images.shape[0], steps, b, *images.shape[2:])
+                labels = labels[:, : steps * b].reshape(labels.shape[0], steps, b)
+            for i in range(images.shape[1]):
+                yield images[:, i], labels[:, i]
+            return
+        yield from out
+
+    def _place(self, x, seeded: bool):
+        """A host batch as a device array: sharded over the mesh's 'data' axis (example axis), else plain."""
+        x = np.asarray(x)
+        if self.mesh is None:
+            return jnp.asarray(x)
+        sharding = distributed.batch_sharding(self.mesh, seeded)
+        return distributed.global_batch(distributed.host_block(x, 1 if seeded else 0), sharding, x.shape)
+
+
+
+
+def seed_axis_mode(config) -> str:
+    """How a seed axis runs the training and evaluation steps: ``config.train.seed_axis`` 'vmap', 'unroll',
+    'loop' or 'auto' = 'loop' on the CPU, 'vmap' elsewhere (see ``ImageTrainer._over_seeds``).
+
+    Vmapping a convolution over seeds makes one grouped convolution (each seed its own kernels), which
+    XLA:CPU runs about 4x slower than the seeds one after another; unrolling the seeds into one program
+    runs at the sequential speed but multiplies the compile time by the number of seeds (``benchmarks.resnet``
+    measures all three: ResNet-56, 4 seeds, 2-core CPU). On accelerators the vmapped program is the one to
+    use. All modes give the same numbers to float tolerance (tested)."""
+    mode = config.train.get("seed_axis", "auto")
+    if mode not in SEED_AXIS_MODES:
+        raise ValueError(f"seed_axis: unknown value {mode!r}; choose one of {SEED_AXIS_MODES}")
+    if mode == "auto":
+        return "loop" if jax.default_backend() == "cpu" else "vmap"
+    return mode
+
+
+def _take(tree, i: int):
+    return _take_jit(tree, jnp.int32(i))
+
+
+@jax.jit
+def _take_jit(tree, i):
+    return jax.tree_util.tree_map(lambda a: a[i], tree)
+
+
+def _stack(*trees):
+    return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *trees)
+
+
+_stack_jit = jax.jit(_stack)
+
+
+def _seeded(run: RunState) -> bool:
+    return np.ndim(run.epoch) == 1
+
+
+def _check_divides(name: str, value: int, mesh) -> None:
+    n = distributed.data_size(mesh)
+    if value % n:
+        raise ValueError(f"{name}: {value} does not split evenly over the {n} devices of the mesh's 'data' axis")
+
+
+def make_image_train(config, train_source, test_source=None, *, model=None, mesh=None) -> ImageTrainer:
+    """An ``ImageTrainer`` for the run config ``config`` (``config.train``, and ``config.model`` unless
+    ``model``, a module, is given) on ``train_source`` (see the module docstring). ``mesh``: a
+    ``jax.sharding.Mesh`` with axis ``'data'`` (``make_data_mesh()``) for data parallelism, or None for one
+    device. Validates every setting (``ValueError`` naming it) before anything is traced."""
+    check_run_config(config)
+    t = config.train
+    if mesh is not None and distributed.DATA_AXIS not in mesh.shape:
+        raise ValueError(f"mesh: needs an axis named {distributed.DATA_AXIS!r}, got axes {tuple(mesh.shape)}")
+    if t.batch_size > train_source.num_examples:
+        raise ValueError(f"batch_size: {t.batch_size} exceeds the {train_source.num_examples} training examples")
+    _check_divides("batch_size", t.batch_size, mesh)
+    _check_divides("eval_batch_size", t.eval_batch_size, mesh)
+    if model is None:
+        if "model" not in config:
+            raise ValueError("config.model: no model config and no model given")
+        from resjax.nn import build_model
+
+        model = build_model(config.model, num_classes=train_source.num_classes)
+    steps = train_source.num_batches(t.batch_size, drop_remainder=True)
+    x = jax.ShapeDtypeStruct((2, *train_source.image_shape), jnp.float32)
+    params = jax.eval_shape(lambda k, x: model.init(k, x, train=False)["params"], jax.random.key(0), x)  # traced, not compiled
+    tx = make_optimizer(t, params, steps)
+    return ImageTrainer(config=config, model=model, tx=tx, example_shape=tuple(train_source.image_shape),
+                        uses_tau=False, steps_per_epoch=int(steps), train_source=train_source,
+                        test_source=test_source, mesh=mesh)
+
+
+__all__ = ["ImageTrainer", "image_train_config", "make_data_mesh", "make_image_train", "seed_axis_mode"]

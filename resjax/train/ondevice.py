@@ -1,0 +1,212 @@
+"""The on-device feeder: ``make_train(config)`` returns a pure ``train(key, hparams) -> (run, metrics)``.
+
+For data sets that fit on the device (MNIST-1D). A run is ``config.train.epochs`` epochs of
+``N // batch_size`` minibatch steps of the core's ``train_step`` (the last partial batch of each epoch is
+dropped, so every step has the same shape; each epoch draws a fresh permutation from
+``fold_in(run.key, epoch)``, so a run does not depend on how it is chunked). Steps and epochs are
+``lax.scan``; the whole run is one program:
+
+    trainer = make_train(config)          # config.data, config.model, config.train
+    run, metrics = jax.jit(jax.vmap(trainer))(jax.random.split(key, 3))
+
+``hparams`` (``learning_rate``, ``weight_decay`` and, for models with ``scaling='tau'``, ``tau``) are arrays
+vmapped like the keys. After every epoch the whole training and test sets are evaluated (evaluation
+mode); the metrics are the core's (``resjax.train.core``).
+
+``trainer.sweep(keys, hparams, chunk_epochs=..., checkpoint_dir=...)`` runs the same computation as
+jitted chunks of epochs with a thin host loop between them (progress bar, checkpoints); one chunk is the
+whole run as one program. With ``checkpoint_dir`` the run state is saved every
+``config.train.checkpoint_every`` epochs (chunks are cut there) and at the end, and a sweep started again
+with the same settings and keys resumes from the newest checkpoint, bit-identical to an unbroken run.
+With more than one device the seeds are sharded across devices (one mesh axis ``'seeds'``; nothing in the
+model names it, so BatchNorm never pools statistics across seeds); when the seeds do not divide evenly,
+the last run is repeated to fill the devices and dropped from the results. On a CPU,
+``resjax.use_every_cpu_core()`` makes each core a device (the experiment entry points call it).
+
+Measurements from inside the compiled run (as purejaxrl returns metrics out of its scan):
+``step_hook(before, after, hparams) -> pytree`` is called on the run state around every step and
+``epoch_hook(run, hparams) -> pytree`` after every epoch; their values come back stacked, as
+``metrics['step_records']`` (leading axes ``(seeds,) epochs, steps``) and ``metrics['epoch_records']``
+(``(seeds,) epochs``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from resjax.data import Dataset, load_dataset
+from resjax.nn import build_model
+from resjax.train.core import Core, check_run_config, divergence, progress_bar, seed_handles
+from resjax.train.optim import make_optimizer
+from resjax.train.state import RunState
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Trainer(Core):
+    """See the module docstring. Build with ``make_train``."""
+
+    data: Dataset = None
+    step_hook: Callable | None = None
+    epoch_hook: Callable | None = None
+
+    # ---- pure functions (jit/vmap them) ------------------------------------------------------------
+
+    def init(self, key, hparams=None) -> RunState:
+        """A fresh run from ``key`` (one typed PRNG key)."""
+        return self.init_run(key, 0, hparams)
+
+    def evaluate(self, run: RunState, x, y, hparams=None):
+        """``(loss, error)`` over the arrays ``x, y`` in evaluation mode."""
+        loss, wrong = self.eval_sums(run, x, y, None, hparams)
+        return loss / len(y), wrong / len(y)
+
+    def train_epoch(self, run: RunState, hparams):
+        n, b = len(self.data.y_train), self.config.train.batch_size
+        steps = n // b
+        perm = jax.random.permutation(jax.random.fold_in(run.key, run.epoch), n)
+        batches = perm[: steps * b].reshape(steps, b)
+        x_train, y_train = jnp.asarray(self.data.x_train), jnp.asarray(self.data.y_train)
+        lr = self.epoch_learning_rate(run)
+
+        def step(r, idx):
+            after, out = self.train_step(r, (x_train[idx], y_train[idx]), hparams)
+            if self.step_hook is not None:
+                out = (*out, self.step_hook(r, after, hparams))
+            return after, out
+
+        run, outs = jax.lax.scan(step, run, batches)
+        _, train_error = self.evaluate(run, x_train, y_train, hparams)
+        test_loss, test_error = self.evaluate(run, jnp.asarray(self.data.x_test), jnp.asarray(self.data.y_test),
+                                              hparams)
+        metrics = {"train_loss": jnp.mean(outs[0]), "batch_error": jnp.mean(outs[1]), "train_error": train_error,
+                   "test_loss": test_loss, "test_error": test_error, "lr": lr}
+        run = self.end_epoch(run, metrics)
+        records = {}
+        if self.step_hook is not None:
+            records["step_records"] = outs[2]
+        if self.epoch_hook is not None:
+            records["epoch_records"] = self.epoch_hook(run, hparams)
+        return run, records
+
+    def run_epochs(self, run: RunState, hparams, num_epochs: int):
+        """``num_epochs`` epochs as one ``lax.scan``; the hooks' records have a leading epoch axis."""
+        return jax.lax.scan(lambda r, _: self.train_epoch(r, hparams), run, None, length=num_epochs)
+
+    def __call__(self, key, hparams=None):
+        """The whole run as one pure function: ``(run, metrics)``; metrics are the history arrays
+        (``(epochs,)`` each), ``diverged_epoch``, ``diverged_step`` and the hooks' records."""
+        hparams = self.default_hparams() if hparams is None else hparams
+        run, records = self.run_epochs(self.init(key, hparams), hparams, self.config.train.epochs)
+        return run, {**run.history, **divergence(run.diverged_epoch, run.state.step), **records}
+
+    # ---- host loop -----------------------------------------------------------------------------------
+
+    def sweep(self, keys, hparams=None, chunk_epochs: int | None = None, progress: bool | str = False,
+              callback: Callable[[int, dict], None] | None = None, checkpoint_dir=None, resume: bool = True):
+        """Every seed (and hparam setting) in one vmapped program, run in jitted chunks of epochs.
+
+        ``keys``: ``(S,)`` PRNG keys (or a list of seed integers). ``hparams``: dict of scalars or ``(S,)``
+        arrays (default: the config's). Returns ``(run, metrics)``: the run state with a leading seed axis,
+        and ``history(run)`` (numpy, ``(S, epochs)`` per metric, ``(S,)`` for ``diverged_epoch`` and the
+        per-run summaries) plus the hooks' records. ``callback(epochs_done, summary)`` or ``progress`` run after
+        each chunk. ``checkpoint_dir``: see the module docstring; ``resume=False`` refuses a directory that
+        already holds checkpoints.
+        """
+        keys, _, seeded = seed_handles(keys, None)
+        if not seeded:
+            keys = keys[None]
+        num = keys.shape[0]
+        hp = self.check_hparams(hparams, num)
+        pad = (-num) % jax.device_count()  # repeat the last run so the seeds split evenly over devices
+        if pad:
+            keys, hp = jax.tree_util.tree_map(lambda a: jnp.concatenate([a, jnp.repeat(a[-1:], pad, 0)]), (keys, hp))
+        keys, hp = shard_over_seeds((keys, hp))
+
+        epochs = self.config.train.epochs
+        chunk = epochs if chunk_epochs is None else max(1, min(chunk_epochs, epochs))
+        every = self.config.train.get("checkpoint_every", 0) if checkpoint_dir is not None else 0
+        run = self._init_fn(keys, hp)
+        ckpt, run = self.open_checkpoints(checkpoint_dir, run, num + pad, resume)
+        done = int(np.max(jax.device_get(run.epoch)))
+        records, bar = [], progress_bar(epochs, done, progress)
+        if (self.step_hook or self.epoch_hook) and done:
+            raise ValueError(f"checkpoint_dir: {checkpoint_dir} holds a run {done} epochs in; the hooks' records "
+                             "of those epochs were not saved, so a run with hooks cannot resume")
+        try:
+            while done < epochs:
+                n = min(chunk, epochs - done, every - done % every if every else epochs)
+                run, rec = self._chunk_fn(n)(run, hp)
+                records.append(jax.device_get(rec))
+                last, done = done, done + n
+                if ckpt is not None and (done == epochs or (every and done % every == 0)):
+                    self.save(ckpt, run, done, num + pad)
+                if bar is not None or callback is not None:
+                    summary = {k: v[:num, done - 1] for k, v in self.history(run).items() if k in run.history}
+                    if bar is not None:
+                        bar.update(done, last, summary)
+                    if callback is not None:
+                        callback(done, summary)
+        finally:
+            if bar is not None:
+                bar.close()
+            if ckpt is not None:
+                ckpt.close()
+        keep = lambda a: a[:num]  # noqa: E731  (drop the padding runs)
+        metrics = {k: keep(v) if np.ndim(v) else v for k, v in self.history(run).items()}
+        for name in ("step_records", "epoch_records"):
+            if records and name in records[0]:
+                metrics[name] = jax.tree_util.tree_map(lambda *c: keep(np.concatenate(c, axis=1)),
+                                                       *[r[name] for r in records])
+        return jax.tree_util.tree_map(keep, run), metrics
+
+    @functools.cached_property
+    def _init_fn(self):
+        return jax.jit(jax.vmap(self.init))
+
+    @functools.lru_cache(maxsize=None)
+    def _chunk_fn(self, num_epochs: int):
+        run = jax.vmap(functools.partial(self.run_epochs, num_epochs=num_epochs))
+        return jax.jit(run, donate_argnums=0)
+
+
+def shard_over_seeds(tree):
+    """Place arrays whose leading axis is the seed axis across all devices (replicated on one device).
+
+    Only when the number of seeds divides evenly over the devices; otherwise the tree is returned as is.
+    """
+    devices = jax.devices()
+    leaves = jax.tree_util.tree_leaves(tree)
+    if len(devices) == 1 or not leaves or leaves[0].shape[0] % len(devices):
+        return tree
+    mesh = jax.sharding.Mesh(np.asarray(devices), ("seeds",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("seeds"))
+    return jax.device_put(tree, sharding)
+
+
+def make_train(config, data: Dataset | None = None, *, model=None, step_hook=None, epoch_hook=None) -> Trainer:
+    """A ``Trainer`` for the run config ``config`` (``config.data``, ``config.model``, ``config.train``;
+    ``resjax.train.run_config``). ``data`` overrides ``config.data``; ``model`` (a module) overrides
+    ``build_model(config.model)``. Validates every setting (``ValueError`` naming it) before anything is
+    traced."""
+    check_run_config(config)
+    data = load_dataset(config.data) if data is None else data
+    t = config.train
+    if t.batch_size > len(data.y_train):
+        raise ValueError(f"batch_size: {t.batch_size} exceeds the {len(data.y_train)} training examples")
+    if model is None:
+        if "model" not in config:
+            raise ValueError("config.model: no model config and no model given")
+        model = build_model(config.model, num_classes=data.num_classes)
+    steps = len(data.y_train) // t.batch_size
+    x = jax.ShapeDtypeStruct((2, *data.x_train.shape[1:]), jnp.float32)
+    uses_tau = getattr(model, "scaling", None) == "tau"
+    params = jax.eval_shape(lambda k, x: model.init(k, x, train=False)["params"], jax.random.key(0), x)
+    tx = make_optimizer(t, params, steps)
+    return Trainer(config=config, model=model, tx=tx, example_shape=tuple(data.x_train.shape[1:]), uses_tau=uses_tau,
+                   steps_per_epoch=steps, data=data, step_hook=step_hook, epoch_hook=epoch_hook)
