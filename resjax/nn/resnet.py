@@ -12,8 +12,13 @@ placement for bottlenecks):
   (He et al. 2016b): ``p = act(norm(x))``; ``skip + s * [conv -> norm -> act]* ... conv``; nothing after the sum.
 - Shortcut, used only when the block changes the shape (an identity otherwise):
   ``'A'`` = subsample by ``strides`` and append zero channels (no parameters; the CIFAR ResNets of He et
-  al., the Fixup and tau-ResNet repositories), ``'B'`` = strided 1x1 conv (followed by the norm in the
-  post order; in the pre order it reads the pre-activated ``p``, as in He et al.'s pre-activation code).
+  al.), ``'B'`` = strided 1x1 conv (followed by the norm in the post order; in the pre order it reads the
+  pre-activated ``p``, as in He et al.'s pre-activation code). Two option-A variants of the peers' code:
+  ``option_a_norm=True`` normalises the subsampled input before the zero channels are appended
+  (``make_norm(norm)`` named ``shortcut_norm``: the tau-ResNet repository's BN model,
+  ``nn.Sequential(nn.AvgPool2d(1, 2), nn.BatchNorm2d(in))``, 2 * in parameters per such block);
+  ``option_a_input='conv_input'`` subsamples what the first conv reads (``x + bias_in_0`` under scalar
+  biases: the Fixup repository's ``downsample(x + bias1a)``) instead of ``x`` (``'x'``, the default).
 - Branch scaling ``s`` exactly as ``resjax.nn.residual.ResidualBlock``: ``none``; ``tau`` (a number, a
   rule of K = ``num_blocks``, or a traced value passed at call time); ``rescale`` (the sum times
   1/sqrt(2)); ``skipinit`` (learned alpha = 0); ``fixup`` (learned multiplier 1, last conv zero, other
@@ -36,9 +41,28 @@ Networks:
   value, as in the tau-ResNet repository without BatchNorm. That repository divides tau's gradient by
   the number of blocks (``scale_tau_grad``); resjax does the same inside the model with a stop-gradient
   (``tau/K + stop_gradient(tau - tau/K)``: the value is tau, the gradient is 1/K of the sum over blocks).
+- ``stem_head_biases``: the network-level scalar biases ``stem_bias`` (before the stem's activation) and
+  ``head_bias`` (before the classifier), Fixup's ``bias1`` / ``bias2``. ``None`` (default) = whenever the
+  blocks have scalar biases; ``False`` = blocks only (the tau-ResNet repository's model without BN).
+- ``stem_init``: the stem convolution's initialiser (``None`` = ``kernel_init``). The Fixup repository
+  leaves its stem at PyTorch's default ``'torch_default'`` (uniform, std 1/sqrt(3 fan_in)); the
+  tau-ResNet repository re-draws every conv, the stem included, He fan-out normal.
 - ``cifar_resnet(depth, widen_factor=1, ...)``: depth = 6n+2, widths (16, 32, 64) * widen_factor.
   ``cifar_resnet(20)`` / 56 / 110 / 1202 with option A and BatchNorm have 269,722 / 853,018 / 1,727,962 /
   19,421,274 parameters, the published counts.
+- ``REPOSITORY_MODELS``: the settings that build the peers' CIFAR models exactly (same functions, same
+  parameter names and counts; ``resjax.interop`` converts their ``state_dict``\ s):
+
+  ====================  ==================================================================  ================
+  name                  peer model                                                          ResNet-20 / 110
+  ====================  ==================================================================  ================
+  ``tau_resnet_bn``     dayu11/tau-ResNet ``cifar/models/resnet_cifar.py`` (fixed ``tau``)  269,818 / 1,728,058
+  ``tau_resnet_nobn``   dayu11/tau-ResNet ``cifar/models/resnet_cifar_nobn.py``              268,383 / 1,720,083
+  ``fixup``             hongyi-zhang/Fixup ``cifar/models/fixup_resnet_cifar.py``            268,393 / 1,720,138
+  ====================  ==================================================================  ================
+
+  ``cifar_resnet(depth, **REPOSITORY_MODELS[name], tau=...)``; the tau-ResNet models take ``tau`` as the
+  repository does (a number; its scripts pass 1/sqrt(L)); ResNet-56 with ``tau_resnet_bn`` has 853,114.
 - ``imagenet_resnet(depth)``: 18/34 basic, 50/101/152 bottleneck, option B; ``imagenet_resnet(50)`` has
   torchvision's 25,557,032 parameters.
 - ``imagenet_tau(stage_sizes, convention)``: the seed (Zhang et al. Section 4.3) takes tau = 1/sqrt(L)
@@ -69,6 +93,7 @@ from resjax.nn.residual import (SCALINGS, check_choice, check_positive, close_bl
 BLOCK_KINDS = ("basic", "bottleneck")
 ORDERS = ("post", "pre")
 SHORTCUTS = ("A", "B")
+OPTION_A_INPUTS = ("x", "conv_input")
 STEMS = ("cifar", "imagenet")
 DEFAULT_KERNEL_INIT = "he_normal_fan_out"
 HEAD_INIT = "torch_default"
@@ -102,10 +127,15 @@ class ResNetBlock(nn.Module):
     num_blocks: int = 1
     scalar_biases: bool | None = None
     kernel_init: str | Callable = DEFAULT_KERNEL_INIT
+    option_a_norm: bool = False
+    option_a_input: str = "x"
     activation: Callable = nn.relu
 
     def __post_init__(self):
         check_positive("features", self.features)
+        check_choice("option_a_input", self.option_a_input, OPTION_A_INPUTS)
+        if not isinstance(self.option_a_norm, bool):
+            raise ValueError(f"option_a_norm: must be True or False, got {self.option_a_norm!r}")
         check_positive("strides", self.strides)
         check_positive("expansion", self.expansion)
         check_positive("num_blocks", self.num_blocks)
@@ -151,7 +181,8 @@ class ResNetBlock(nn.Module):
     def _shortcut(self, x, first_input, train):
         """Identity, or option A/B when the block changes the shape. Option B reads what the first conv
         reads (``first_input``: the pre-activated input in the pre order, as He et al.'s pre-activation
-        code; ``x`` plus Fixup's first scalar bias in the post order, as Fixup's ImageNet code)."""
+        code; ``x`` plus Fixup's first scalar bias in the post order, as Fixup's ImageNet code); option A
+        reads ``x``, or ``first_input`` with ``option_a_input='conv_input'`` (Fixup's CIFAR code)."""
         out_shape = (x.shape[0], -(-x.shape[1] // self.strides), -(-x.shape[2] // self.strides), self.features)
         if tuple(x.shape) == out_shape:
             return x
@@ -160,7 +191,10 @@ class ResNetBlock(nn.Module):
             if extra < 0:
                 raise ValueError(f"shortcut: option 'A' (zero padding) cannot reduce channels from {x.shape[-1]} "
                                  f"to {self.features}; use shortcut='B'")
-            skip = x[:, ::self.strides, ::self.strides, :]
+            source = first_input if self.option_a_input == "conv_input" else x
+            skip = source[:, ::self.strides, ::self.strides, :]
+            if self.option_a_norm:
+                skip = make_norm(self.norm, train=train, name="shortcut_norm")(skip)
             return jnp.pad(skip, ((0, 0), (0, 0), (0, 0), (0, extra)))
         skip = nn.Conv(self.features, (1, 1), strides=self.strides, use_bias=self.norm == "none",
                        kernel_init=get_initializer(self.kernel_init), name="shortcut_conv")(first_input)
@@ -222,6 +256,10 @@ class ResNet(nn.Module):
     kernel_init: str | Callable = DEFAULT_KERNEL_INIT
     scan: bool = False
     activation: Callable = nn.relu
+    option_a_norm: bool = False
+    option_a_input: str = "x"
+    stem_head_biases: bool | None = None
+    stem_init: str | Callable | None = None
 
     def __post_init__(self):
         if not self.stage_sizes or len(self.stage_sizes) != len(self.stage_widths):
@@ -238,6 +276,10 @@ class ResNet(nn.Module):
             check_positive("tau_blocks", self.tau_blocks)
         if self.learnable_tau and self.scaling != "tau":
             raise ValueError(f"learnable_tau: needs scaling='tau', got scaling={self.scaling!r}")
+        if self.stem_head_biases not in (None, True, False):
+            raise ValueError(f"stem_head_biases: must be None, True or False, got {self.stem_head_biases!r}")
+        if self.stem_init is not None:
+            get_initializer(self.stem_init)  # raises ValueError naming an unknown initialiser
         super().__post_init__()
         self._block_kwargs(0, 1)  # validates every block setting now, before anything is traced
 
@@ -249,16 +291,21 @@ class ResNet(nn.Module):
     def use_scalar_biases(self) -> bool:
         return self.scaling == "fixup" if self.scalar_biases is None else self.scalar_biases
 
+    @property
+    def use_stem_head_biases(self) -> bool:
+        return self.use_scalar_biases if self.stem_head_biases is None else self.stem_head_biases
+
     def _block_kwargs(self, stage: int, strides: int) -> dict:
         kwargs = dict(features=self.stage_widths[stage], strides=strides, kind=self.kind, expansion=self.expansion,
                       order=self.order, shortcut=self.shortcut, norm=self.norm, scaling=self.scaling, tau=self.tau,
                       num_blocks=self.tau_blocks or self.num_blocks, scalar_biases=self.scalar_biases,
-                      kernel_init=self.kernel_init, activation=self.activation)
+                      kernel_init=self.kernel_init, activation=self.activation, option_a_norm=self.option_a_norm,
+                      option_a_input=self.option_a_input)
         ResNetBlock(**kwargs, parent=None)  # raises ValueError naming a bad setting
         return kwargs
 
     def _bias(self, name: str, h):
-        return h + _scalar(self, name, h) if self.use_scalar_biases else h
+        return h + _scalar(self, name, h) if self.use_stem_head_biases else h
 
     def _tau(self, tau):
         if self.scaling != "tau" or not self.learnable_tau:
@@ -274,7 +321,7 @@ class ResNet(nn.Module):
             raise ValueError(f"images: expected NHWC (4 axes), got shape {tuple(x.shape)}")
         tau = self._tau(tau)
         conv_bias = self.norm == "none" and not self.use_scalar_biases
-        kernel_init = get_initializer(self.kernel_init)
+        kernel_init = get_initializer(self.kernel_init if self.stem_init is None else self.stem_init)
         if self.stem == "cifar":
             h = nn.Conv(self.stem_width, (3, 3), padding=[(1, 1)] * 2, use_bias=conv_bias, kernel_init=kernel_init,
                         name="stem_conv")(x)
@@ -318,6 +365,18 @@ def cifar_resnet(depth: int = 20, num_classes: int = 10, widen_factor: int = 1, 
     widths = tuple(w * widen_factor for w in (16, 32, 64))
     kwargs = {"kind": "basic", "stem": "cifar", "stem_width": 16, **kwargs}
     return ResNet(stage_sizes=(n, n, n), stage_widths=widths, num_classes=num_classes, **kwargs)
+
+
+REPOSITORY_MODELS = {
+    # dayu11/tau-ResNet cifar/models/resnet_cifar.py: BN, fixed tau on bn2's output, AvgPool2d(1, 2) + BN shortcut
+    "tau_resnet_bn": {"norm": "batch", "scaling": "tau", "option_a_norm": True},
+    # dayu11/tau-ResNet cifar/models/resnet_cifar_nobn.py: bias1a/1b/2a/2b in every block, (conv2 + bias2b) * tau,
+    # one learnable tau (gradient averaged over the blocks), no stem or head bias, plain x on the shortcut
+    "tau_resnet_nobn": {"norm": "none", "scaling": "tau", "scalar_biases": True, "stem_head_biases": False,
+                        "learnable_tau": True},
+    # hongyi-zhang/Fixup cifar/models/fixup_resnet_cifar.py: downsample(x + bias1a), stem at PyTorch's default
+    "fixup": {"norm": "none", "scaling": "fixup", "option_a_input": "conv_input", "stem_init": "torch_default"},
+}
 
 
 def imagenet_resnet(depth: int = 50, num_classes: int = 1000, **kwargs) -> ResNet:

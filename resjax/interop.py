@@ -1,0 +1,449 @@
+"""Weights between resjax's convolutional ResNets and the peers' PyTorch models, without torch.
+
+``from_torch_state_dict(model, state_dict)`` returns flax variables (``{'params': ..., 'batch_stats': ...}``
+of numpy arrays) for a ``resjax.nn.resnet.ResNet``; ``to_torch_state_dict(variables, model)`` returns the
+PyTorch ``state_dict`` (a dict of numpy arrays, ready for ``torch.from_numpy`` and ``load_state_dict``).
+Supported peers, each with the resjax model that computes what it computes (``tests/test_interop.py``
+checks the numbers against fixtures made with the peers' code, ``tools/make_parity_fixtures.py``):
+
+==========================================================  ====================================================
+PyTorch model                                               resjax model
+==========================================================  ====================================================
+torchvision ``resnet18/34/50/101/152``                      ``imagenet_resnet(depth)``
+dayu11/tau-ResNet ``resnet20..1202(tau)`` (with BN)         ``cifar_resnet(depth, tau=tau, **REPOSITORY_MODELS['tau_resnet_bn'])``
+dayu11/tau-ResNet ``resnet20_nobn..resnet1202_nobn(tau)``   ``cifar_resnet(depth, tau=tau, **REPOSITORY_MODELS['tau_resnet_nobn'])``
+hongyi-zhang/Fixup ``fixup_resnet20..1202()``               ``cifar_resnet(depth, **REPOSITORY_MODELS['fixup'])``
+==========================================================  ====================================================
+
+(``REPOSITORY_MODELS`` is in ``resjax.nn.resnet``.) Any post-activation ``ResNet`` converts with the same
+names (``order='pre'`` has no peer here and raises ``ValueError``); ``scan=True`` models get and give
+the scanned layout (each stage's blocks after the first stacked on a leading axis).
+
+Names and layouts:
+
+- ``stem_conv`` / ``stem_norm`` / ``head`` <-> ``conv1`` / ``bn1`` / ``fc``; block ``j`` of stage ``s``
+  (``stage{s}_first``, ``stage{s}_{j-1}``) <-> ``layer{s}.{j}``; in a block ``conv_i`` / ``norm_i`` <->
+  ``conv{i+1}`` / ``bn{i+1}``, ``shortcut_conv`` / ``shortcut_norm`` <-> ``downsample.0`` /
+  ``downsample.1`` (for option A with ``option_a_norm`` the 0 is the tau-ResNet repository's parameter-free
+  ``AvgPool2d``);
+- scalar biases (Fixup, tau-ResNet without BN): ``bias_in_i`` / ``bias_act_i`` <-> ``bias{i+1}a`` /
+  ``bias{i+1}b``, ``bias_out`` <-> ``bias{m}b`` (m convs), ``fixup_scale`` <-> ``scale``, ``stem_bias`` /
+  ``head_bias`` <-> ``bias1`` / ``bias2``, ``tau`` <-> ``tau``. Torch keeps these as shape ``(1,)``,
+  resjax as ``()``. The tau-ResNet model without BN registers its one shared tau in every block as well
+  (``layer1.0.tau`` ...: the same tensor); ``to_torch_state_dict`` writes those copies,
+  ``from_torch_state_dict`` checks they equal ``tau``;
+- conv kernels OIHW <-> HWIO, linear weights ``(out, in)`` <-> ``(in, out)``; BatchNorm ``weight`` /
+  ``bias`` <-> ``scale`` / ``bias``, ``running_mean`` / ``running_var`` <-> ``batch_stats`` ``mean`` /
+  ``var``. ``num_batches_tracked`` is accepted and ignored on the way in and written (``0`` unless
+  ``num_batches_tracked=`` says otherwise) on the way out.
+
+BatchNorm's running variance. PyTorch averages the *unbiased* batch variance (times n/(n-1), n = the
+values per channel in the batch: batch size x height x width at that layer), flax the biased one; the
+normalisation itself uses the stored value in both. So there are two correct conversions, chosen by
+``bn_count``:
+
+- ``bn_count=None`` (default): the running variance is copied as it is. Evaluation-mode outputs are then
+  identical (what a pretrained model's user wants); the next training-mode update differs from PyTorch's
+  by ``rho * var / (n - 1)`` (relative 2e-5 for n = 4096).
+- ``bn_count=n`` (an int: one n for every layer), a dict ``{torch BN name: n}``, or
+  ``bn_counts(model, input_shape)`` (each layer's n for a batch of that NHWC shape): the variance is
+  rescaled, ``var_flax = var_torch * (n - 1) / n`` in and ``var_torch = var_flax * n / (n - 1)`` out, the
+  estimate flax would hold had it trained on batches of that size. Then a training step updates the two
+  identically (rescaled back, to float64 rounding), while evaluation outputs differ by about 1/(2n)
+  relative. Use it to continue training a converted model where the difference matters.
+
+Inputs are plain arrays: a ``dict`` of numpy arrays (torch tensors are converted with ``.detach().cpu()
+.numpy()`` if passed, but torch is never imported), or a path to ``.npz`` or ``.safetensors`` (needs the
+``safetensors`` package); ``load_state_dict`` reads those. A ``module.`` prefix on every key (a model
+saved from ``nn.DataParallel``) is stripped. Anything that does not fit raises one ``ValueError`` listing
+every tensor it could not place, every resjax variable left without a source and every shape mismatch.
+Values keep their dtype unless ``dtype=`` is given (float64 in, float64 out: run the model under
+``jax.enable_x64(True)`` to compute in float64).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+__all__ = ["bn_counts", "from_torch_state_dict", "load_state_dict", "to_torch_state_dict", "torch_layout"]
+
+_NBT = "num_batches_tracked"
+_TOP = {"stem_conv": "conv1", "stem_norm": "bn1", "stem_bias": "bias1", "head_bias": "bias2", "head": "fc",
+        "tau": "tau"}
+_BLOCK_FIXED = {"shortcut_conv": "downsample.0", "shortcut_norm": "downsample.1", "fixup_scale": "scale"}
+_LEAF = {("params", "kernel"): "weight", ("params", "bias"): "bias", ("params", "scale"): "weight",
+         ("batch_stats", "mean"): "running_mean", ("batch_stats", "var"): "running_var"}
+
+
+# ----------------------------------------------------------------------------------------------- layout
+
+
+def _check_model(model):
+    from resjax.nn.resnet import ResNet
+
+    if not isinstance(model, ResNet):
+        raise ValueError(f"model: resjax.interop converts resjax.nn.resnet.ResNet models (cifar_resnet, "
+                         f"imagenet_resnet), got {type(model).__name__}")
+    if model.order != "post":
+        raise ValueError("order: only post-activation ResNets (order='post') have a PyTorch peer here "
+                         f"(torchvision, tau-ResNet, Fixup); got order={model.order!r}")
+
+
+def _template(model, in_channels: int = 3):
+    """Shapes and dtypes of the unrolled model's variables (nothing is computed)."""
+    import jax
+    import jax.numpy as jnp
+
+    unrolled = model.clone(scan=False)
+    x = jax.ShapeDtypeStruct((1, 32, 32, in_channels), jnp.float32)
+    shapes = jax.eval_shape(lambda x: unrolled.init(jax.random.PRNGKey(0), x, train=False), x)
+    return {c: _to_dict(v) for c, v in shapes.items() if c in ("params", "batch_stats")}
+
+
+def _to_dict(tree):
+    if isinstance(tree, Mapping):
+        return {k: _to_dict(v) for k, v in tree.items()}
+    return tree
+
+
+def _flatten(tree, prefix=()):
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, Mapping):
+            out.update(_flatten(v, prefix + (k,)))
+        else:
+            out[prefix + (k,)] = v
+    return out
+
+
+def _unflatten(flat):
+    out: dict = {}
+    for path, v in flat.items():
+        d = out
+        for k in path[:-1]:
+            d = d.setdefault(k, {})
+        d[path[-1]] = v
+    return out
+
+
+def _module_name(path: tuple, m: int) -> str | None:
+    """The torch module (or parameter) name of a resjax module path (unrolled), or None."""
+    head, rest = path[0], path[1:]
+    if head in _TOP and not rest:
+        return _TOP[head]
+    match = re.fullmatch(r"stage(\d+)_(first|\d+)", head)
+    if not match or len(rest) != 1:
+        return None
+    block = 0 if match.group(2) == "first" else int(match.group(2)) + 1
+    prefix = f"layer{match.group(1)}.{block}"
+    name = rest[0]
+    if name in _BLOCK_FIXED:
+        return f"{prefix}.{_BLOCK_FIXED[name]}"
+    for pattern, fmt in ((r"conv_(\d+)", "conv{}"), (r"norm_(\d+)", "bn{}"), (r"bias_in_(\d+)", "bias{}a"),
+                         (r"bias_act_(\d+)", "bias{}b")):
+        hit = re.fullmatch(pattern, name)
+        if hit:
+            return f"{prefix}.{fmt.format(int(hit.group(1)) + 1)}"
+    if name == "bias_out":
+        return f"{prefix}.bias{m}b"
+    return None
+
+
+def _plan(model, template) -> tuple[dict, list]:
+    """{(collection, *resjax path): (torch name, kind)} and the resjax variables with no torch name."""
+    m = 2 if model.kind == "basic" else 3
+    plan, unnamed = {}, []
+    for collection, tree in template.items():
+        for path, leaf in _flatten(tree).items():
+            shape = tuple(leaf.shape)
+            if collection == "params" and path in (("tau",), ("stem_bias",), ("head_bias",)) or (
+                    collection == "params" and len(path) == 2 and len(shape) == 0):
+                module = _module_name(path, m)
+                kind = "scalar"
+                name = module
+            else:
+                module = _module_name(path[:-1], m)
+                leaf_name = _LEAF.get((collection, path[-1]))
+                name = None if module is None or leaf_name is None else f"{module}.{leaf_name}"
+                if path[-1] == "kernel":
+                    kind = "conv" if len(shape) == 4 else "dense"
+                elif collection == "batch_stats":
+                    kind = path[-1]
+                else:
+                    kind = "copy"
+            if name is None:
+                unnamed.append("/".join((collection,) + path))
+            else:
+                plan[(collection,) + path] = (name, kind, shape)
+    return plan, unnamed
+
+
+def _torch_shape(kind: str, shape: tuple) -> tuple:
+    if kind == "conv":
+        return (shape[3], shape[2], shape[0], shape[1])
+    if kind == "dense":
+        return (shape[1], shape[0])
+    if kind == "scalar":
+        return (1,)
+    return shape
+
+
+def _bn_modules(plan) -> list[str]:
+    return sorted({name.rsplit(".", 1)[0] for name, kind, _ in plan.values() if kind == "var"})
+
+
+def _tau_copies(model, plan) -> list[str]:
+    """The per-block copies of the shared tau that the tau-ResNet model without BN registers."""
+    if not any(name == "tau" for name, _, _ in plan.values()):
+        return []
+    blocks = sorted({hit.group(1) for name, _, _ in plan.values() if (hit := re.match(r"(layer\d+\.\d+)\.", name))},
+                    key=_natural)
+    return [f"{b}.tau" for b in blocks]
+
+
+def _natural(name: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def _torch_order(name: str):
+    """conv1, bn1, bias1, layer1.0..., bias2, fc (torch's registration order, near enough)."""
+    top = name.split(".")[0]
+    rank = {"tau": 0, "conv1": 1, "bias1": 2, "bn1": 3}.get(top, 4 if top.startswith("layer") else 5)
+    return (rank, _natural(name))
+
+
+def torch_layout(model, in_channels: int = 3) -> dict[str, tuple[int, ...]]:
+    """The PyTorch ``state_dict`` names and shapes of ``model``'s peer (buffers included), in torch's order."""
+    _check_model(model)
+    plan, unnamed = _plan(model, _template(model, in_channels))
+    if unnamed:
+        raise ValueError(f"model: these resjax variables have no PyTorch name: {unnamed}")
+    out = {name: _torch_shape(kind, shape) for name, kind, shape in plan.values()}
+    out.update({f"{bn}.{_NBT}": () for bn in _bn_modules(plan)})
+    out.update({name: (1,) for name in _tau_copies(model, plan)})
+    return {k: out[k] for k in sorted(out, key=_torch_order)}
+
+
+# ----------------------------------------------------------------------------------------------- bn counts
+
+
+def bn_counts(model, input_shape) -> dict[str, int]:
+    """``{torch BN name: n}``: the values per channel each BatchNorm of ``model`` normalises for an NHWC
+    batch of ``input_shape`` (batch x height x width at that layer), for ``bn_count=``."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    _check_model(model)
+    unrolled = model.clone(scan=False)
+    x = jax.ShapeDtypeStruct(tuple(input_shape), jnp.float32)
+
+    def run(x):
+        variables = unrolled.init(jax.random.PRNGKey(0), x, train=False)
+        _, state = unrolled.apply(variables, x, train=True, mutable=["batch_stats", "intermediates"],
+                                  capture_intermediates=lambda mdl, method: isinstance(mdl, nn.BatchNorm)
+                                  and method == "__call__")
+        return state["intermediates"]
+
+    inter = _flatten(_to_dict(jax.eval_shape(run, x)))
+    m = 2 if model.kind == "basic" else 3
+    out = {}
+    for path, leaf in inter.items():
+        if path[-1] != "__call__":
+            continue
+        name = _module_name(path[:-1], m)
+        if name is not None:
+            out[name] = int(math.prod(leaf[0].shape[:-1]))
+    return out
+
+
+def _var_factor(bn_count, module: str) -> float | None:
+    """n / (n - 1) for this BN, or None for no correction."""
+    if bn_count is None:
+        return None
+    n = bn_count if isinstance(bn_count, int) else bn_count.get(module) if isinstance(bn_count, Mapping) else None
+    if isinstance(bn_count, Mapping) and n is None:
+        raise ValueError(f"bn_count: no count for BatchNorm {module!r}; bn_counts(model, input_shape) gives one "
+                         "for every BatchNorm")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 2:
+        raise ValueError(f"bn_count: the values per channel n must be an integer >= 2 (or None for no "
+                         f"variance correction), got {n!r} for {module!r}")
+    return n / (n - 1)
+
+
+# ----------------------------------------------------------------------------------------------- conversion
+
+
+def load_state_dict(source) -> dict[str, np.ndarray]:
+    """A state_dict as ``{name: numpy array}`` from a mapping, an ``.npz`` or a ``.safetensors`` file."""
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if path.endswith(".npz"):
+            with np.load(path) as data:
+                return {k: np.asarray(data[k]) for k in data.files}
+        if path.endswith(".safetensors"):
+            try:
+                from safetensors.numpy import load_file
+            except ImportError as err:
+                raise ValueError("state_dict: reading .safetensors needs the safetensors package "
+                                 "(pip install safetensors)") from err
+            return dict(load_file(path))
+        raise ValueError(f"state_dict: expected a .npz or .safetensors file (save a torch state_dict with "
+                         f"numpy values: {{k: v.numpy() for k, v in sd.items()}}), got {path!r}")
+    if not isinstance(source, Mapping):
+        raise ValueError(f"state_dict: expected a mapping of names to arrays or a file path, got "
+                         f"{type(source).__name__}")
+    out = {}
+    for k, v in source.items():
+        if hasattr(v, "detach"):  # a torch tensor, without importing torch
+            v = v.detach().cpu().numpy()
+        out[str(k)] = np.asarray(v)
+    if out and all(k.startswith("module.") for k in out):
+        out = {k[len("module."):]: v for k, v in out.items()}
+    return out
+
+
+def _cast(a: np.ndarray, dtype):
+    if dtype is None or not np.issubdtype(a.dtype, np.floating):
+        return a
+    return a.astype(dtype)
+
+
+def from_torch_state_dict(model, state_dict, *, bn_count=None, dtype=None) -> dict:
+    """Flax variables of ``model`` (a resjax ``ResNet``) from a PyTorch ``state_dict`` of its peer (see the
+    module docstring: names, layouts, ``bn_count``). Returns ``{'params': ..., 'batch_stats': ...}`` (the
+    latter only when the model has BatchNorm), nested dicts of numpy arrays in ``model``'s layout
+    (scanned when ``model.scan``). Raises one ``ValueError`` naming every tensor it cannot place, every
+    variable left without a source and every shape mismatch."""
+    _check_model(model)
+    sd = load_state_dict(state_dict)
+    stem = sd.get("conv1.weight")
+    in_channels = int(stem.shape[1]) if stem is not None and stem.ndim == 4 else 3
+    template = _template(model, in_channels)
+    plan, unnamed = _plan(model, template)
+    used, missing, mismatched, flat = set(), list(unnamed), [], {}
+    for path, (name, kind, shape) in plan.items():
+        if name not in sd:
+            missing.append(f"{'/'.join(path)} (torch {name!r})")
+            continue
+        used.add(name)
+        a = sd[name]
+        if tuple(a.shape) != _torch_shape(kind, shape):
+            mismatched.append(f"{name}: torch shape {tuple(a.shape)}, expected {_torch_shape(kind, shape)} "
+                              f"for {'/'.join(path)} {shape}")
+            continue
+        if kind == "conv":
+            a = a.transpose(2, 3, 1, 0)
+        elif kind == "dense":
+            a = a.T
+        elif kind == "scalar":
+            a = a.reshape(())
+        elif kind == "var":
+            factor = _var_factor(bn_count, name.rsplit(".", 1)[0])
+            a = a if factor is None else a / factor
+        flat[path] = np.array(_cast(a, dtype), order="C")
+    for bn in _bn_modules(plan):
+        if f"{bn}.{_NBT}" in sd:
+            used.add(f"{bn}.{_NBT}")
+    if "tau" in sd and "tau" in used:
+        for copy in _tau_copies(model, plan):
+            if copy in sd:
+                used.add(copy)
+                if not np.array_equal(np.reshape(sd[copy], -1), np.reshape(sd["tau"], -1)):
+                    mismatched.append(f"{copy}: {sd[copy]!r} differs from tau {sd['tau']!r} (the tau-ResNet model "
+                                      "shares one tau between its blocks)")
+    unplaced = [k for k in sd if k not in used]
+    _raise_if(unplaced, missing, mismatched, "from_torch_state_dict", model)
+    variables = {c: v for c, v in _unflatten(flat).items()}
+    if model.scan:
+        variables = {c: _stack_stages(v, model) for c, v in variables.items()}
+    return variables
+
+
+def to_torch_state_dict(variables, model, *, bn_count=None, dtype=None, num_batches_tracked: int = 0) -> dict:
+    """The PyTorch ``state_dict`` (``{name: numpy array}``, torch's order) of ``model``'s peer from flax
+    ``variables`` (``'params'`` and, with BatchNorm, ``'batch_stats'``; scanned when ``model.scan``).
+    ``torch.nn.Module.load_state_dict({k: torch.from_numpy(v) ...})`` takes it with ``strict=True``."""
+    _check_model(model)
+    variables = {c: _to_numpy_tree(v) for c, v in dict(variables).items() if c in ("params", "batch_stats")}
+    if model.scan:
+        variables = {c: _unstack_stages(v, model) for c, v in variables.items()}
+    flat_in = {(c,) + p: v for c, tree in variables.items() for p, v in _flatten(tree).items()}
+    stem = flat_in.get(("params", "stem_conv", "kernel"))
+    template = _template(model, int(stem.shape[2]) if stem is not None and stem.ndim == 4 else 3)
+    plan, unnamed = _plan(model, template)
+    out, missing, mismatched = {}, list(unnamed), []
+    for path, (name, kind, shape) in plan.items():
+        if path not in flat_in:
+            missing.append(f"{'/'.join(path)} (torch {name!r})")
+            continue
+        a = flat_in[path]
+        if tuple(a.shape) != shape:
+            mismatched.append(f"{'/'.join(path)}: shape {tuple(a.shape)}, expected {shape} (torch {name!r})")
+            continue
+        if kind == "conv":
+            a = a.transpose(3, 2, 0, 1)
+        elif kind == "dense":
+            a = a.T
+        elif kind == "scalar":
+            a = a.reshape((1,))
+        elif kind == "var":
+            factor = _var_factor(bn_count, name.rsplit(".", 1)[0])
+            a = a if factor is None else a * factor
+        out[name] = np.array(_cast(a, dtype), order="C")
+    extra = ["/".join(p) for p in flat_in if p not in plan]
+    _raise_if(extra, missing, mismatched, "to_torch_state_dict", model, source="resjax")
+    for bn in _bn_modules(plan):
+        out[f"{bn}.{_NBT}"] = np.asarray(num_batches_tracked, np.int64)
+    for copy in _tau_copies(model, plan):
+        out[copy] = out["tau"].copy()
+    return {k: out[k] for k in sorted(out, key=_torch_order)}
+
+
+def _raise_if(unplaced, missing, mismatched, where, model, source="torch"):
+    if not (unplaced or missing or mismatched):
+        return
+    lines = [f"{where}: the {source} weights do not fit this resjax {type(model).__name__} "
+             f"(depth {2 + sum(model.stage_sizes) * (2 if model.kind == 'basic' else 3)}, norm={model.norm!r}, "
+             f"scaling={model.scaling!r}; see resjax.interop for each peer's settings)"]
+    if unplaced:
+        lines.append(f"  {len(unplaced)} {source} tensors with no place in the model: {', '.join(unplaced)}")
+    if missing:
+        lines.append(f"  {len(missing)} model variables without a source: {', '.join(missing)}")
+    if mismatched:
+        lines.append(f"  {len(mismatched)} shape mismatches: {'; '.join(mismatched)}")
+    raise ValueError("\n".join(lines))
+
+
+def _to_numpy_tree(tree):
+    if isinstance(tree, Mapping):
+        return {k: _to_numpy_tree(v) for k, v in tree.items()}
+    return np.asarray(tree)
+
+
+def _stack_stages(collection: dict, model) -> dict:
+    """Unrolled ``stage{s}_{k}`` -> scanned ``stage{s}/block`` (leading axis k), numpy (dtype kept)."""
+    out = dict(collection)
+    for s, size in enumerate(model.stage_sizes):
+        name = f"stage{s + 1}"
+        blocks = [out.pop(f"{name}_{k}") for k in range(size - 1) if f"{name}_{k}" in out]
+        if blocks:
+            flat = [_flatten(b) for b in blocks]
+            out[name] = {"block": _unflatten({p: np.stack([f[p] for f in flat]) for p in flat[0]})}
+    return out
+
+
+def _unstack_stages(collection: dict, model) -> dict:
+    out = dict(collection)
+    for s, size in enumerate(model.stage_sizes):
+        name = f"stage{s + 1}"
+        if size > 1 and name in out:
+            flat = _flatten(out.pop(name)["block"])
+            for k in range(size - 1):
+                out[f"{name}_{k}"] = _unflatten({p: v[k] for p, v in flat.items()})
+    return out
