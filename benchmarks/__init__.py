@@ -1,5 +1,5 @@
-"""Benchmarks of resjax: training throughput, seed-vmap speed-up and compile time (``python -m benchmarks.throughput``)."""
+"""Benchmarks of resjax: training throughput, seed-vmap speed-up and compile time (``python -m benchmarks.throughput``).
 
-import resjax
-
-resjax.use_every_cpu_core()  # as the experiments run: one JAX device per CPU core
+Importing this package changes nothing in the process; each benchmark's ``main`` first makes every CPU core
+a JAX device (``resjax.use_every_cpu_core``), as the experiments run.
+"""

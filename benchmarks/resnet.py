@@ -14,7 +14,7 @@ batches (``synthetic_image_dataset``; the data do not change the work). Everythi
 printed as a table and written as JSON (``--out``). Nothing is asserted: the numbers depend on the machine
 and on whatever else runs on it (the 1-minute load average at the start and end is recorded).
 
-Each program is the trainer's own jitted function (``ImageTrainer._compiled``, what ``train_step``,
+Each program is the trainer's own jitted function (``ImageTrainer._compiled``, what ``step``,
 ``fit`` and ``evaluate`` call), lowered and compiled once from the placed inputs (the compile time is
 reported, not counted); it is then run once untimed (first-run allocations) and ``--steps`` times timed,
 each call from ``time.perf_counter`` to ``jax.block_until_ready`` of its outputs. Training steps donate and
@@ -32,7 +32,7 @@ c. FLOPs per step from XLA's cost analysis of the one-device step (``compiled.co
    matmul on one device). The data-parallel row uses the same FLOPs per step (the same work).
 d. ``--seeds`` seeds in one step (``fit([0, 1, ...])``'s step, one device, each seed its own batch of
    ``--batch-size``) with the seed axis vmapped, unrolled into one program, and looped (the single-seed
-   program per seed on slices of the stacked state: ``config.seed_axis``), against the same number of
+   program per seed on slices of the stacked state: ``config.train.seed_axis``), against the same number of
    single-seed steps one after another (the program of (a), each waited for before the next).
 e. Evaluation: the trainer's evaluation program (``evaluate``'s, running BatchNorm statistics) on one
    batch of ``--eval-batch-size`` images, one device.
@@ -55,9 +55,10 @@ import numpy as np
 
 from benchmarks.throughput import SETTINGS as MATMUL_SETTINGS
 from benchmarks.throughput import matmul_peak, print_table
+import resjax
 from resjax.data import synthetic_image_dataset
 from resjax.nn.resnet import cifar_resnet
-from resjax.train import image_train_config, make_data_mesh, make_image_train
+from resjax.train import image_train_config, make_data_mesh, make_image_train, run_config
 
 DEFAULTS = {"depth": 56, "batch_size": 128, "eval_batch_size": 1000, "steps": 5, "seeds": 4}
 QUICK = {"depth": 8, "batch_size": 16, "eval_batch_size": 32, "steps": 2, "seeds": 2}
@@ -67,14 +68,10 @@ QUICK = {"depth": 8, "batch_size": 16, "eval_batch_size": 32, "steps": 2, "seeds
 
 
 def build_trainer(depth: int, batch_size: int, eval_batch_size: int, mesh=None, seed_axis: str = "auto"):
-    config = image_train_config()
-    config.seed_axis = seed_axis
-    config.batch_size = batch_size
-    config.eval_batch_size = eval_batch_size
-    config.epochs = 1
-    config.schedule = "constant"
+    train = image_train_config(seed_axis=seed_axis, batch_size=batch_size, eval_batch_size=eval_batch_size, epochs=1,
+                               schedule="constant")
     source = synthetic_image_dataset("cifar10", batch_size)
-    return make_image_train(config, cifar_resnet(depth), source, mesh=mesh)
+    return make_image_train(run_config(train=train), source, model=cifar_resnet(depth), mesh=mesh)
 
 
 def a_batch(num_examples: int, split: str = "train"):
@@ -157,14 +154,14 @@ def data_parallel(depth, batch_size, eval_batch_size, steps, peak, flops_per_ste
 
 
 def seeds_vmapped_vs_sequential(trainer, step_prog, depth, num_seeds, batch_size, steps, peak) -> dict:
-    """(d): ``num_seeds`` seeds in one step, vmapped and unrolled (``config.seed_axis``), against
+    """(d): ``num_seeds`` seeds in one step, vmapped and unrolled (``config.train.seed_axis``), against
     ``num_seeds`` single-seed steps in turn."""
     x, y = a_batch(batch_size)
     xs = jnp.asarray(np.broadcast_to(x, (num_seeds, *x.shape)))
     ys = jnp.asarray(np.broadcast_to(y, (num_seeds, *y.shape)))
     one_program = {}
     for mode in ("vmap", "unroll", "loop"):
-        t = build_trainer(depth, batch_size, trainer.config.eval_batch_size, seed_axis=mode)
+        t = build_trainer(depth, batch_size, trainer.config.train.eval_batch_size, seed_axis=mode)
         state = t.init(list(range(num_seeds)))
         if mode == "loop":  # the single-seed program per seed, with the slicing and stacking fit does
             step, flops, compile_s = t._compiled("step", True), num_seeds * step_prog["flops"], 0.0
@@ -272,6 +269,7 @@ def _positive(text: str) -> int:
 
 
 def main(argv=None) -> dict:
+    resjax.use_every_cpu_core()  # one JAX device per CPU core, before JAX's first computation
     parser = argparse.ArgumentParser(prog="python -m benchmarks.resnet", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="ResNet-8, batch 16, 2 steps, 2 seeds (seconds)")
     parser.add_argument("--depth", type=int, help=f"CIFAR ResNet depth 6n+2 (default {DEFAULTS['depth']})")

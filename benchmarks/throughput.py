@@ -55,12 +55,12 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from experiments.degradation import CONFIGS, WIDTH
+import resjax
 from resjax.data import load_dataset
-from resjax.train import default_config, make_train, shard_over_seeds
+from resjax.train import make_train, run_config, shard_over_seeds, train_config
 
 BATCH_SIZE = 100
 NUM_SEEDS = 3
@@ -132,10 +132,7 @@ def shape_matched_matmul(seeds: int, batch: int, width: int, chain: int, repeats
 
 
 def build_trainer(model: dict, data, width: int = WIDTH, batch_size: int = BATCH_SIZE):
-    config = default_config()
-    config.model = ml_collections.ConfigDict({**model, "width": width})
-    config.batch_size = batch_size
-    return make_train(config, data)
+    return make_train(run_config({**model, "width": width}, train_config(batch_size=batch_size)), data)
 
 
 def dense_kernel_size(trainer) -> int:
@@ -146,10 +143,12 @@ def dense_kernel_size(trainer) -> int:
 
 
 def train_steps_fn(trainer) -> Callable:
-    """``(carry, batches, hparams) -> carry``: ``Trainer.train_step`` scanned over ``batches`` of indices."""
+    """``(run, batches, hparams) -> run``: ``Trainer.train_step`` scanned over ``batches`` of indices (the
+    minibatch gathered from the device-resident training set inside the step, as ``Trainer.train_epoch`` does)."""
+    x, y = jnp.asarray(trainer.data.x_train), jnp.asarray(trainer.data.y_train)
 
     def run(carry, batches, hparams):
-        return jax.lax.scan(lambda c, idx: trainer.train_step(c, idx, hparams), carry, batches)[0]
+        return jax.lax.scan(lambda c, idx: trainer.train_step(c, (x[idx], y[idx]), hparams), carry, batches)[0]
 
     return run
 
@@ -159,7 +158,7 @@ def seed_inputs(trainer, num_seeds: int, steps: int):
     keys = jax.random.split(jax.random.key(0), num_seeds)
     hparams = {k: jnp.broadcast_to(v, (num_seeds,)) for k, v in trainer.default_hparams().items()}
     carry = jax.jit(jax.vmap(trainer.init))(keys, hparams)
-    n, b = len(trainer.data.y_train), trainer.config.batch_size
+    n, b = len(trainer.data.y_train), trainer.config.train.batch_size
     batches = jax.vmap(lambda k: minibatches(k, n, b, steps))(keys)
     return carry, batches, hparams
 
@@ -180,7 +179,7 @@ def training_throughput(model: dict, data, num_seeds: int, steps: int, repeats: 
     inputs = shard_over_seeds((carry, batches, hparams)) if shard else (carry, batches, hparams)
     t = time_call(jax.jit(jax.vmap(train_steps_fn(trainer))), *inputs, repeats=repeats)
     kernels = dense_kernel_size(trainer)
-    examples = num_seeds * steps * trainer.config.batch_size
+    examples = num_seeds * steps * trainer.config.train.batch_size
     return {**t, "seeds": num_seeds, "dense_kernel_size": kernels, "examples": examples,
             "examples_per_s": examples / t["best_s"], "gflops": 6 * kernels * examples / t["best_s"] / 1e9}
 
@@ -216,11 +215,12 @@ def compile_time(num_blocks: int, scan: bool, data) -> dict:
     model = dict(kind="residual_mlp", num_blocks=num_blocks, norm="batch", scan=scan)
     trainer = build_trainer(model, data)
     carry = jax.eval_shape(trainer.init, jax.random.key(0))
-    idx = jax.ShapeDtypeStruct((trainer.config.batch_size,), jnp.int32)
+    b = trainer.config.train.batch_size
+    batch = (jax.ShapeDtypeStruct((b, *trainer.example_shape), jnp.float32), jax.ShapeDtypeStruct((b,), jnp.int32))
     hparams = jax.eval_shape(trainer.default_hparams)
     step = jax.jit(trainer.train_step)
     start = time.perf_counter()
-    lowered = step.lower(carry, idx, hparams)
+    lowered = step.lower(carry, batch, hparams)
     lowered_at = time.perf_counter()
     lowered.compile()
     done = time.perf_counter()
@@ -322,6 +322,7 @@ def run(quick: bool) -> dict:
 
 
 def main(argv=None) -> dict:
+    resjax.use_every_cpu_core()  # one JAX device per CPU core, before JAX's first computation
     parser = argparse.ArgumentParser(prog="python -m benchmarks.throughput", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats (seconds, not minutes)")
     parser.add_argument("--out", default="runs/benchmarks/throughput.json", help="JSON output (default: %(default)s)")

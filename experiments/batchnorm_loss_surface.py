@@ -46,8 +46,6 @@ seed), ``lr_sweep.<net>.trains`` (1/0 per learning rate), ``lr_sweep.<net>.large
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -57,7 +55,7 @@ import numpy as np
 from experiments import common
 from resjax.analysis import loss_surface as ls
 from resjax.data import load_dataset
-from resjax.train import default_config, make_train
+from resjax.train import make_train, run_config, train_config
 
 NAME = "batchnorm_loss_surface"
 NETS = ("plain", "batchnorm")
@@ -68,13 +66,10 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.data = "mnist1d"
     c.seed = 0
-    c.width = 64
-    c.depth = 8
-    c.batch_size = 100
+    c.model = ml_collections.ConfigDict(dict(kind="plain_mlp", width=64, depth=8))  # norm: per network
+    c.train = train_config(batch_size=100, learning_rate=0.05, epochs=30)
     c.num_seeds = 3
-    c.learning_rate = 0.05
-    c.epochs = 30
-    c.checkpoint_every = 3
+    c.probe_every = 3
     c.step_multipliers = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0)
     c.sweep_learning_rates = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
     c.sweep_epochs = 20
@@ -85,71 +80,70 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c.noise_sigma = 0.25
     c.noisy_tolerance_pct = 3.0
     if size == "quick":
-        c.width, c.depth, c.num_seeds, c.epochs, c.checkpoint_every = 8, 1, 2, 1, 1
+        c.model.width, c.model.depth, c.num_seeds, c.train.epochs, c.probe_every = 8, 1, 2, 1, 1
         c.step_multipliers, c.sweep_learning_rates, c.sweep_epochs = (1.0, 2.0), (0.01, 1.0), 1
     elif size == "full":
-        c.num_seeds, c.epochs, c.sweep_epochs = 5, 100, 50
+        c.num_seeds, c.train.epochs, c.sweep_epochs = 5, 100, 50
     return c
 
 
 def _check(config) -> None:
-    for name in ("width", "depth", "batch_size", "num_seeds", "epochs", "checkpoint_every", "sweep_epochs"):
+    for name in ("num_seeds", "probe_every", "sweep_epochs"):
         if int(config[name]) < 1:
             raise ValueError(f"{name}: must be >= 1, got {config[name]}")
-    if config.epochs % config.checkpoint_every:
-        raise ValueError(f"checkpoint_every: must divide epochs ({config.epochs}), got {config.checkpoint_every}")
-    if config.learning_rate <= 0:
-        raise ValueError(f"learning_rate: must be > 0, got {config.learning_rate}")
+    if config.train.epochs % config.probe_every:
+        raise ValueError(f"probe_every: must divide train.epochs ({config.train.epochs}), got {config.probe_every}")
+    if config.train.learning_rate <= 0:
+        raise ValueError(f"learning_rate: must be > 0, got {config.train.learning_rate}")
     if any(lr < 0 for lr in config.sweep_learning_rates) or not config.sweep_learning_rates:
         raise ValueError(f"sweep_learning_rates: need >= 1 rates, all >= 0, got {config.sweep_learning_rates}")
-    ls.check_step_sizes(np.asarray(config.step_multipliers) * config.learning_rate)
+    ls.check_step_sizes(np.asarray(config.step_multipliers) * config.train.learning_rate)
     ls.check_noise(config.noise_shift, config.noise_scale_low, config.noise_scale_high, config.noise_sigma)
     if not config.train_loss_threshold > 0:
         raise ValueError(f"train_loss_threshold: must be > 0, got {config.train_loss_threshold}")
 
 
-def _trainer(config, data, norm: str, epochs: int):
-    tc = default_config()
-    tc.data = config.data
-    tc.model = ml_collections.ConfigDict(dict(kind="plain_mlp", width=config.width, depth=config.depth, norm=norm))
-    tc.batch_size, tc.epochs, tc.learning_rate = config.batch_size, epochs, config.learning_rate
-    return make_train(tc, data)
+def _trainer(config, data, norm: str, epochs: int, model=None, epoch_hook=None):
+    train = ml_collections.ConfigDict(config.train.to_dict())
+    train.epochs = epochs
+    return make_train(run_config({**config.model, "norm": norm}, train, config.data), data, model=model,
+                      epoch_hook=epoch_hook)
 
 
-def _noisy(config, trainer):
-    model = ls.NoisyBNMLP(width=config.width, depth=config.depth, num_classes=trainer.data.num_classes,
-                          shift=config.noise_shift, scale_low=config.noise_scale_low,
-                          scale_high=config.noise_scale_high, sigma=config.noise_sigma)
-    return dataclasses.replace(trainer, model=model)
+def _noisy_model(config, data):
+    return ls.NoisyBNMLP(width=config.model.width, depth=config.model.depth, num_classes=data.num_classes,
+                         shift=config.noise_shift, scale_low=config.noise_scale_low,
+                         scale_high=config.noise_scale_high, sigma=config.noise_sigma)
 
 
-def train_path(config, trainer, x, y, probe: bool) -> dict:
-    """Train every seed (vmapped), probing the gradient direction at each checkpoint."""
-    s = config.num_seeds
-    keys = jax.random.split(jax.random.key(config.seed), s)
-    hp = {"learning_rate": jnp.full((s,), config.learning_rate, jnp.float32)}
-    etas = jnp.asarray(np.asarray(config.step_multipliers) * config.learning_rate, jnp.float32)
+def _probe(config, x, y, model_of):
+    """An ``epoch_hook``: the loss and gradient along the gradient direction on the fixed batch ``(x, y)``."""
+    etas = jnp.asarray(np.asarray(config.step_multipliers) * config.train.learning_rate, jnp.float32)
 
-    def probe_one(state):
-        loss_fn = ls.params_loss_fn(trainer.model, state.variables(), x, y)
+    def probe(run, hparams=None):
+        state = run.state
+        loss_fn = ls.params_loss_fn(model_of(), state.variables(), x, y)
         r = ls.probe_gradient_direction(loss_fn, state.params, etas)
         return {k: r[k] for k in ("loss_range", "grad_change", "beta_smoothness", "loss0", "grad_norm")}
 
-    probe_fn = jax.jit(jax.vmap(probe_one))
-    chunk = jax.jit(jax.vmap(functools.partial(trainer.run_epochs, num_epochs=config.checkpoint_every)))
-    carry = jax.jit(jax.vmap(trainer.init))(keys, hp)
-    probes, metrics = [], []
+    return probe
+
+
+def train_path(config, data, norm: str, x, y, probe: bool, model=None) -> dict:
+    """Train every seed (vmapped); with ``probe``, the gradient direction is probed after every epoch from
+    inside the compiled run (an ``epoch_hook``) and at initialisation, and kept every ``probe_every`` epochs."""
+    holder = {}
+    hook = _probe(config, x, y, lambda: holder["trainer"].model) if probe else None
+    trainer = holder["trainer"] = _trainer(config, data, norm, config.train.epochs, model=model, epoch_hook=hook)
+    s = config.num_seeds
+    keys = jax.random.split(jax.random.key(config.seed), s)
+    hp = {"learning_rate": jnp.full((s,), config.train.learning_rate, jnp.float32)}
+    run, out = trainer.sweep(keys, hp, chunk_epochs=config.probe_every)
     if probe:
-        probes.append(jax.device_get(probe_fn(carry.state)))
-    for _ in range(config.epochs // config.checkpoint_every):
-        carry, m = chunk(carry, hp)
-        metrics.append(jax.device_get(m))
-        if probe:
-            probes.append(jax.device_get(probe_fn(carry.state)))
-    out = {k: np.concatenate([m[k] for m in metrics], axis=1) for k in metrics[0]}
-    out["diverged_epoch"] = np.asarray(carry.diverged_epoch)
-    if probe:
-        out["probes"] = {k: np.stack([p[k] for p in probes], axis=1) for k in probes[0]}  # (S, checkpoints)
+        at_init = jax.device_get(jax.jit(jax.vmap(lambda k, h: hook(trainer.init(k, h))))(keys, hp))
+        every = config.probe_every
+        out["probes"] = {k: np.concatenate([at_init[k][:, None], v[:, every - 1::every]], axis=1)
+                         for k, v in out.pop("epoch_records").items()}  # (S, checkpoints)
     return out
 
 
@@ -171,14 +165,12 @@ def lr_sweep(config, data, norm: str) -> dict:
 def run(config, out_dir) -> dict:
     _check(config)
     data = load_dataset(config.data)
-    idx = np.random.default_rng(config.seed).choice(len(data.y_train), config.batch_size, replace=False)
+    idx = np.random.default_rng(config.seed).choice(len(data.y_train), config.train.batch_size, replace=False)
     x, y = jnp.asarray(data.x_train[idx]), jnp.asarray(data.y_train[idx])
-    out: dict = {"path.epochs": list(range(0, config.epochs + 1, config.checkpoint_every))}
-    trainers = {"plain": _trainer(config, data, "none", config.epochs),
-                "batchnorm": _trainer(config, data, "batch", config.epochs)}
-    trainers["noisy_bn"] = _noisy(config, trainers["batchnorm"])
-    for net, trainer in trainers.items():
-        r = train_path(config, trainer, x, y, probe=net in NETS)
+    out: dict = {"path.epochs": list(range(0, config.train.epochs + 1, config.probe_every))}
+    nets = {"plain": ("none", None), "batchnorm": ("batch", None), "noisy_bn": ("batch", _noisy_model(config, data))}
+    for net, (norm, model) in nets.items():
+        r = train_path(config, data, norm, x, y, probe=net in NETS, model=model)
         out[f"curves.{net}.train_loss"] = r["train_loss"]
         out[f"curves.{net}.train_error_pct"] = 100 * r["train_error"]
         out[f"curves.{net}.test_error_pct"] = 100 * r["test_error"]
@@ -279,7 +271,7 @@ def plot(m: dict, config, path) -> None:
             for s, row in enumerate(v):
                 ax.plot(ep, row, "o-", ms=3, color=COLOURS[net], alpha=0.8, label=net if s == 0 else None)
         ax.set(xlabel="epoch of the training path (checkpoint)", ylabel=label, yscale="log")
-    axes[0, 0].set_title(f"Loss variation along the gradient direction\n(steps eta = c x {config.learning_rate}, "
+    axes[0, 0].set_title(f"Loss variation along the gradient direction\n(steps eta = c x {config.train.learning_rate}, "
                          f"c in {min(config.step_multipliers)}..{max(config.step_multipliers)}; one line per seed)")
     axes[0, 1].set_title("Gradient predictiveness: |grad L(theta - eta g) - g|, max over eta")
     ax = axes[1, 0]
@@ -305,12 +297,12 @@ def plot(m: dict, config, path) -> None:
     ax.set(xlabel="epoch", ylabel="error (%, evaluation mode, mean over seeds)", yscale="log",
            title=f"Noisy BatchNorm vs standard (after each BN: s z + mu + sigma e)\n"
                  f"s~U({config.noise_scale_low},{config.noise_scale_high}), mu~U(+-{config.noise_shift}), "
-                 f"sigma {config.noise_sigma}; lr {config.learning_rate}")
+                 f"sigma {config.noise_sigma}; lr {config.train.learning_rate}")
     for a in axes.flat:
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
-    fig.suptitle(f"Lecture 000, 'BatchNorm and the loss surface': MNIST-1D, PlainMLP depth {config.depth} width "
-                 f"{config.width}, SGD lr {config.learning_rate}, batch {config.batch_size}, {config.num_seeds} seeds")
+    fig.suptitle(f"Lecture 000, 'BatchNorm and the loss surface': MNIST-1D, PlainMLP depth {config.model.depth} width "
+                 f"{config.model.width}, SGD lr {config.train.learning_rate}, batch {config.train.batch_size}, {config.num_seeds} seeds")
     common.save_figure(fig, path, dpi=100)
 
 

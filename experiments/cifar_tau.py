@@ -13,18 +13,26 @@ What the seed claims:
 The seed text carries no table values, so the report lists these as comparisons, each with its measured
 numbers.
 
-Models (``resjax.nn.resnet.cifar_resnet``, post-activation, option-A shortcuts, He fan-out init), by variant:
-- ``tau_sqrt`` / ``tau_inv``: no normalisation; the tau-ResNet repository's model without BN: Fixup's scalar
-  biases around every conv, one learnable tau shared by all blocks, initialised at 1/sqrt(L) / 1/L (L = the
+Models (``resjax.nn.resnet.cifar_resnet``, post-activation, option-A shortcuts, He fan-out init), by variant;
+each is the repository model the seed's numbers come from, built with ``resjax.nn.resnet.REPOSITORY_MODELS``
+(same functions and parameter counts; ``tests/test_interop.py`` checks them against the repositories' code):
+- ``tau_sqrt`` / ``tau_inv``: no normalisation; ``REPOSITORY_MODELS['tau_resnet_nobn']``, the tau-ResNet
+  repository's model without BN (``resnet_cifar_nobn.py``): Fixup's scalar biases around every conv (none
+  at the stem or the head), one learnable tau shared by all blocks, initialised at 1/sqrt(L) / 1/L (L = the
   number of blocks, 3n), its gradient averaged over the blocks. The seed's Table 2 describes the same model
   ("the same model as Fixup with tau = 1/sqrt(L) and the Kaiming initialization").
-- ``fixup``: no normalisation, Fixup (zero last conv, other conv x L^(-1/2), scalar biases and multiplier,
-  zero classifier).
-- ``bn``: the original ResNet with BatchNorm; at depth >= ``config.bn_warmup_depth`` (110, as He et al.
-  warm up ResNet-110 and -1202) the learning rate warms up linearly over ``config.bn_warmup_epochs`` = 1
-  epoch (He et al. use 0.01 for about 400 iterations, i.e. about one epoch, then 0.1).
+- ``fixup``: no normalisation, ``REPOSITORY_MODELS['fixup']``, the Fixup repository's model
+  (``fixup_resnet_cifar.py``: zero last conv, other conv x L^(-1/2), scalar biases and multiplier, zero
+  classifier, the shortcut fed ``x + bias1a``, the stem at PyTorch's default initialisation).
+- ``bn``: the ResNet with BatchNorm as the tau-ResNet repository builds it (``resnet_cifar.py`` with tau = 1,
+  its baseline): ``REPOSITORY_MODELS['tau_resnet_bn']`` less tau, i.e. a BatchNorm on each option-A shortcut
+  (``option_a_norm``; 96 parameters more than He et al.'s ResNet at every depth); at depth >=
+  ``config.bn_warmup_depth`` (110, as He et al. warm up ResNet-110 and -1202) the learning rate warms up
+  linearly over ``config.bn_warmup_epochs`` = 1 epoch (He et al. use 0.01 for about 400 iterations, i.e.
+  about one epoch, then 0.1).
 - ``bn_nowarmup``: the same at ``config.extra_depth`` with no warm-up. ``bn_tau``: BN + fixed tau =
-  1/sqrt(L), no warm-up at any depth. ``bn_tau_learnable``: BN + a learnable tau (at ``extra_depth``).
+  1/sqrt(L), no warm-up at any depth (``REPOSITORY_MODELS['tau_resnet_bn']``). ``bn_tau_learnable``: BN + a
+  learnable tau (at ``extra_depth``; the repository's BN model keeps tau fixed, so this one has no peer).
 
 Training (``config.train``, ``resjax.train.image_train_config``): the tau-ResNet / Fixup repositories'
 recipe: SGD with momentum 0.9, batch 128, learning rate 0.1 divided by 10 at epochs 100 and 150 of 200,
@@ -59,18 +67,18 @@ import ml_collections
 import numpy as np
 
 from experiments import common, image_runs
-from resjax.nn.resnet import cifar_resnet
+from resjax.nn.resnet import REPOSITORY_MODELS, cifar_resnet
 from resjax.train import image_train_config
 
 NAME = "cifar_tau"
 VARIANTS = {
-    "tau_sqrt": {"norm": "none", "scaling": "tau", "tau": "1/sqrt(L)", "scalar_biases": True, "learnable_tau": True},
-    "tau_inv": {"norm": "none", "scaling": "tau", "tau": "1/L", "scalar_biases": True, "learnable_tau": True},
-    "fixup": {"norm": "none", "scaling": "fixup"},
-    "bn": {"norm": "batch"},
-    "bn_nowarmup": {"norm": "batch"},
-    "bn_tau": {"norm": "batch", "scaling": "tau", "tau": "1/sqrt(L)"},
-    "bn_tau_learnable": {"norm": "batch", "scaling": "tau", "tau": "1/sqrt(L)", "learnable_tau": True},
+    "tau_sqrt": {**REPOSITORY_MODELS["tau_resnet_nobn"], "tau": "1/sqrt(L)"},
+    "tau_inv": {**REPOSITORY_MODELS["tau_resnet_nobn"], "tau": "1/L"},
+    "fixup": dict(REPOSITORY_MODELS["fixup"]),
+    "bn": {"norm": "batch", "option_a_norm": True},
+    "bn_nowarmup": {"norm": "batch", "option_a_norm": True},
+    "bn_tau": {**REPOSITORY_MODELS["tau_resnet_bn"], "tau": "1/sqrt(L)"},
+    "bn_tau_learnable": {**REPOSITORY_MODELS["tau_resnet_bn"], "tau": "1/sqrt(L)", "learnable_tau": True},
 }
 NUM_CLASSES = {"cifar10": 10, "cifar100": 100}
 
@@ -146,15 +154,16 @@ def run(config, out_dir) -> dict:
         k = key(dataset, variant, depth)
         history, seconds = image_runs.train_cell(model, _train_config(config, variant, depth), train, test, seeds,
                                                  out_dir, k.replace(".", "_"))
-        final, best = np.asarray(history["final_test_acc"]), np.asarray(history["best_test_acc"])
+        final = 1.0 - np.asarray(history["final_test_error"])  # accuracy
         chance = 1.0 / NUM_CLASSES[dataset]
         failed = (np.asarray(history["diverged_epoch"]) >= 0) | ~(np.nan_to_num(final, nan=0.0) >= 2 * chance)
-        metrics[f"final_test_error_pct.{k}"] = image_runs.error_pct(final)
-        metrics[f"best_test_error_pct.{k}"] = image_runs.error_pct(best)
+        metrics[f"final_test_error_pct.{k}"] = image_runs.error_pct(history["final_test_error"])
+        metrics[f"best_test_error_pct.{k}"] = image_runs.error_pct(history["best_test_error"])
         metrics[f"failed.{k}"] = int(failed.sum())
-        metrics[f"mean_error_pct.{k}"] = float(np.mean(100 * (1 - final[~failed]))) if (~failed).any() else math.inf
+        metrics[f"mean_error_pct.{k}"] = (float(np.mean(100 * np.asarray(history["final_test_error"])[~failed]))
+                                          if (~failed).any() else math.inf)
         metrics[f"diverged_epoch.{k}"] = np.asarray(history["diverged_epoch"]).tolist()
-        metrics[f"curves.{k}.test_acc"] = np.asarray(history["test_acc"]).tolist()
+        metrics[f"curves.{k}.test_acc"] = (1.0 - np.asarray(history["test_error"])).tolist()
         metrics[f"curves.{k}.train_loss"] = np.asarray(history["train_loss"]).tolist()
         metrics[f"seconds.{k}"] = seconds
     _plot(config, metrics, out_dir)

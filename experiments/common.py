@@ -158,8 +158,21 @@ def save_figure(fig, path, dpi: int = 110, tight: bool = True) -> None:
     pyplot().close(fig)
 
 
+def start() -> None:
+    """What an entry point does before JAX's first computation: every CPU core a device
+    (``resjax.use_every_cpu_core``, so seed sweeps shard across cores) and, when the environment asks for
+    several processes, ``jax.distributed.initialize()`` (``resjax.train.distributed.initialize_if_needed``)."""
+    import resjax
+
+    resjax.use_every_cpu_core()
+    from resjax.train.distributed import initialize_if_needed
+
+    initialize_if_needed()
+
+
 def main(module, argv=None) -> dict:
     """The command line of ``module`` (a module or its name, e.g. ``__name__``)."""
+    start()
     if isinstance(module, str):
         import sys
 

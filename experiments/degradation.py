@@ -53,7 +53,7 @@ import numpy as np
 
 from experiments import common
 from resjax.data import load_dataset
-from resjax.train import default_config, make_train
+from resjax.train import make_train, run_config, train_config
 
 NAME = "degradation"
 WIDTH = 64
@@ -81,18 +81,15 @@ ABLATION_LEARNING_RATES = {"residual_d32_lr5e-4": 0.0005, "residual_d32_lr1e-3":
 def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.data = "mnist1d"
-    c.width = WIDTH
-    c.learning_rate = 0.005
-    c.momentum = 0.0
-    c.epochs = 300
+    c.model = ml_collections.ConfigDict({"width": WIDTH})  # shared by every cell; each cell adds its kind
+    c.train = train_config(learning_rate=0.005, momentum=0.0, epochs=300, batch_size=DEFAULT_BATCH_SIZE)
     c.num_seeds = 3
     c.seed = 0
-    c.batch_size = DEFAULT_BATCH_SIZE
     c.sweep_batch_sizes = SWEEP_BATCH_SIZES
     c.ablations = True
     c.chunk_epochs = 25
     if size == "quick":
-        c.epochs, c.num_seeds, c.sweep_batch_sizes, c.ablations, c.chunk_epochs = 2, 2, (), False, 2
+        c.train.epochs, c.num_seeds, c.sweep_batch_sizes, c.ablations, c.chunk_epochs = 2, 2, (), False, 2
     elif size == "full":
         c.num_seeds = 10
     return c
@@ -228,12 +225,9 @@ def _ablation_table(m: dict) -> list[str]:
 
 def train_cell(config, model: dict, batch_size: int, data, learning_rates) -> dict:
     """Train one model at one batch size for every seed (x learning rate) in one vmapped program."""
-    tc = default_config()
-    tc.data = config.data
-    tc.model = ml_collections.ConfigDict({**model, "width": config.width})
-    tc.batch_size, tc.epochs = batch_size, config.epochs
-    tc.learning_rate, tc.momentum = float(learning_rates[0]), config.momentum
-    trainer = make_train(tc, data)
+    train = ml_collections.ConfigDict(config.train.to_dict())
+    train.batch_size, train.learning_rate = batch_size, float(learning_rates[0])
+    trainer = make_train(run_config({**config.model, **model}, train, config.data), data)
     seeds = jax.random.split(jax.random.key(config.seed), config.num_seeds)
     keys = jax.numpy.concatenate([seeds] * len(learning_rates))
     lrs = np.repeat(np.asarray(learning_rates, np.float32), config.num_seeds)
@@ -254,16 +248,14 @@ def _record(out: dict, prefix: str, name: str, metrics: dict, curves: bool) -> N
 
 
 def run(config, out_dir) -> dict:
-    if config.learning_rate < 0:
-        raise ValueError(f"learning_rate: must be >= 0, got {config.learning_rate}")
     data = load_dataset(config.data)
     out: dict = {}
-    batch_sizes = sorted(set(config.sweep_batch_sizes) | {config.batch_size})
+    batch_sizes = sorted(set(config.sweep_batch_sizes) | {config.train.batch_size})
     for b in batch_sizes:
-        main_cell = b == config.batch_size
+        main_cell = b == config.train.batch_size
         start = time.time()
         for name, model in CONFIGS.items():
-            metrics = train_cell(config, model, b, data, [config.learning_rate])
+            metrics = train_cell(config, model, b, data, [config.train.learning_rate])
             if b in config.sweep_batch_sizes:
                 _record(out, f"batch_sweep.B{b}.", name, metrics, curves=False)
             if main_cell:
@@ -276,9 +268,9 @@ def run(config, out_dir) -> dict:
         out["batch_sweep.selected_batch_size"] = select_batch_size(out, config.sweep_batch_sizes)
     if config.ablations:
         for name, model in ABLATIONS.items():
-            _record(out, "", name, train_cell(config, model, config.batch_size, data, [config.learning_rate]), True)
+            _record(out, "", name, train_cell(config, model, config.train.batch_size, data, [config.train.learning_rate]), True)
         lrs = list(ABLATION_LEARNING_RATES.values())
-        both = train_cell(config, CONFIGS["residual_d32"], config.batch_size, data, lrs)
+        both = train_cell(config, CONFIGS["residual_d32"], config.train.batch_size, data, lrs)
         s = config.num_seeds
         for i, name in enumerate(ABLATION_LEARNING_RATES):
             _record(out, "", name, {k: v[i * s:(i + 1) * s] for k, v in both.items()}, True)
@@ -346,8 +338,8 @@ def plot(m: dict, config, path) -> None:
             a.set_xlabel("epoch")
             a.grid(alpha=0.3)
             a.legend(fontsize=7)
-    fig.suptitle(f"MNIST-1D degradation: width {config.width}, SGD lr {config.learning_rate}, "
-                 f"batch {config.batch_size}, {config.epochs} epochs, {config.num_seeds} seeds")
+    fig.suptitle(f"MNIST-1D degradation: width {config.model.width}, SGD lr {config.train.learning_rate}, "
+                 f"batch {config.train.batch_size}, {config.train.epochs} epochs, {config.num_seeds} seeds")
     common.save_figure(fig, path)
 
 

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 
 from resjax.data import DataNotPreparedError, load_image_dataset, synthetic_image_dataset
-from resjax.train import make_data_mesh, make_image_train
+from resjax.train import make_data_mesh, make_image_train, run_config
 
 DATA_MODES = ("real", "synthetic")
 STAND_IN = "stand_in"  # metrics key set when a run used the synthetic stand-in instead of the named data
@@ -87,7 +87,8 @@ def data_mesh(batch_size: int):
 def train_cell(model, train_config, train, test, seeds, out_dir: pathlib.Path, cell: str) -> tuple[dict, float]:
     """Train ``model`` from each of ``seeds`` (one vmapped program); returns ``(history, seconds)``."""
     start = time.time()
-    trainer = make_image_train(train_config, model, train, test, mesh=data_mesh(train_config.batch_size))
+    trainer = make_image_train(run_config(train=train_config), train, test, model=model,
+                               mesh=data_mesh(train_config.batch_size))
     _, history = trainer.fit(list(seeds), checkpoint_dir=out_dir / "checkpoints" / checkpoint_name(
         cell, model, train_config, train, seeds), progress=cell)
     return history, time.time() - start
@@ -101,9 +102,9 @@ def checkpoint_name(cell: str, model, train_config, train, seeds) -> str:
     return f"{cell}-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
 
-def error_pct(acc) -> list:
-    """Accuracy (fraction) to error in percent, per seed; NaN (diverged) stays NaN."""
-    return (100.0 * (1.0 - np.asarray(acc, np.float64))).tolist()
+def error_pct(error) -> list:
+    """Error (fraction) to percent, per seed; NaN (diverged) stays NaN."""
+    return (100.0 * np.asarray(error, np.float64)).tolist()
 
 
 def not_measured(metrics: dict) -> bool:

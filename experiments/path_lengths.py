@@ -31,8 +31,8 @@ experiment's ``residual_bn_d32`` family), at ``num_examples`` MNIST-1D test inpu
 Cases: ``init_bn`` (``num_blocks`` = 54 blocks with BatchNorm, at initialisation), ``init_nonorm`` (the
 same without normalisation), ``before_training`` and ``after_training`` (the depth-32 residual +
 BatchNorm network of the degradation experiment, ``residual_bn_d32``, at its initialisation and after
-``train_epochs`` epochs of SGD at learning rate 0.005, batch 100, one seed, trained with
-``resjax.train.make_train``; ``trained_num_blocks`` = 32).
+``train.epochs`` epochs of SGD at learning rate 0.005, batch 100, one seed, trained with
+``resjax.train.make_train``; ``model.num_blocks`` = 32).
 
 Choices the lecture leaves open:
 
@@ -42,7 +42,7 @@ Choices the lecture leaves open:
   ``init_bn*`` cases the running estimates are set to the statistics of the whole training set under
   the initial parameters (what training mode normalises by at step 0, per layer). The trained network
   uses its own running estimates.
-- ``train_epochs`` = 300, the lecture's "Training at depth 32" length, so the trained network is the one
+- ``train.epochs`` = 300, the lecture's "Training at depth 32" length, so the trained network is the one
   whose 1.2% training error the lecture reports (about 30 s on a 2-core CPU). ``--quick`` trains 1 epoch.
 - Scalar summaries per case: ``effective_path_length[_veit].<case>`` (the mean length under the share
   distribution), ``gradient_share_5_to_17[_veit].<case>`` (the share carried by Veit et al.'s 5 to 17
@@ -64,10 +64,12 @@ import numpy as np
 import optax
 
 from experiments import common
+from experiments.degradation import CONFIGS
 from resjax.analysis import paths
 from resjax.data import load_dataset
 from resjax.nn import build_model
 from resjax.nn.norms import BATCHNORM_DEFAULTS
+from resjax.train import make_train, run_config, train_config
 
 NAME = "path_lengths"
 LECTURE_K = 54
@@ -82,14 +84,13 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c.width = 64
     c.num_examples = 16
     c.veit_samples = 128
-    c.trained_num_blocks = 32
-    c.train_epochs = 300
-    c.learning_rate = 0.005
-    c.batch_size = 100
+    # the trained network: the degradation experiment's depth-32 residual + BatchNorm network and its training
+    c.model = ml_collections.ConfigDict({**CONFIGS["residual_bn_d32"], "width": 64})
+    c.train = train_config(epochs=300, learning_rate=0.005, batch_size=100)
     c.seed = 0
     if size == "quick":
         c.num_blocks, c.width, c.num_examples, c.veit_samples = 10, 8, 2, 8
-        c.trained_num_blocks, c.train_epochs = 4, 1
+        c.model.num_blocks, c.model.width, c.train.epochs = 4, 8, 1
     elif size == "full":
         c.num_examples, c.veit_samples = 64, 512
     return c
@@ -290,28 +291,20 @@ def time_expansion(width: int, num_blocks: int = LECTURE_K, seed: int = 0) -> di
 
 def train_network(config, data):
     """The depth-32 residual + BatchNorm network of the degradation experiment: (init vars, trained vars, metrics)."""
-    from experiments.degradation import CONFIGS
-    from resjax.train import default_config, make_train
-
-    tc = default_config()
-    tc.data = config.data
-    tc.model = ml_collections.ConfigDict({**CONFIGS["residual_bn_d32"], "num_blocks": config.trained_num_blocks,
-                                          "width": config.width})
-    tc.batch_size, tc.epochs, tc.learning_rate = config.batch_size, config.train_epochs, config.learning_rate
-    trainer = make_train(tc, data)
+    trainer = make_train(run_config(config.model, config.train, config.data), data)
     key = jax.random.key(config.seed)
     init_state = trainer.init(key).state
-    state, metrics = trainer.sweep(key[None], chunk_epochs=min(config.train_epochs, 100), progress="path_lengths")
-    trained = jax.tree_util.tree_map(lambda a: a[0], state)
+    run, metrics = trainer.sweep(key[None], chunk_epochs=min(config.train.epochs, 100), progress="path_lengths")
+    trained = jax.tree_util.tree_map(lambda a: a[0], run.state)
     return trainer.model, init_state.variables(), trained.variables(), metrics
 
 
 def run(config, out_dir) -> dict:
-    for name in ("num_blocks", "width", "num_examples", "veit_samples", "trained_num_blocks", "train_epochs"):
+    for name in ("num_blocks", "width", "num_examples", "veit_samples"):
         if not isinstance(config[name], int) or config[name] < 1:
             raise ValueError(f"{name}: must be an integer >= 1, got {config[name]!r}")
-    out: dict = {"num_blocks": config.num_blocks, "trained_num_blocks": config.trained_num_blocks,
-                 "width": config.width, "train_epochs": config.train_epochs}
+    out: dict = {"num_blocks": config.num_blocks, "trained_num_blocks": config.model.num_blocks,
+                 "width": config.width, "train_epochs": config.train.epochs}
     k = config.num_blocks
     # Counting (exact integers).
     counts3 = paths.path_counts(3)
@@ -402,9 +395,9 @@ def plot(m: dict, config, path) -> None:
     panel(axes[1], k, [("init_bn", "tab:blue"), ("init_nonorm", "tab:red")],
           f"Path lengths, {k} blocks (lecture fig. 'Path lengths', right panel)\n"
           f"+ gradient share per length at init, width {config.width}, {config.num_examples} MNIST-1D examples")
-    kt = config.trained_num_blocks
+    kt = config.model.num_blocks
     panel(axes[2], kt, [("before_training", "tab:blue"), ("after_training", "tab:purple")],
-          f"Beyond the lecture: depth-{kt} residual + BN network, at init and after {config.train_epochs} epochs\n"
+          f"Beyond the lecture: depth-{kt} residual + BN network, at init and after {config.train.epochs} epochs\n"
           f"(training error {m['trained_train_error_pct']:.1f}%)")
     fig.suptitle("Unravelled paths: how many paths have each length, and how much gradient each length carries")
     common.save_figure(fig, path)

@@ -10,14 +10,15 @@ It does so twice: with BatchNorm's epsilon set to 0 (the lecture's "ignoring eps
 ``identities.eps0.*``) and with the library's default epsilon 1e-5 (``identities.eps_default.*``: how far
 the epsilon moves real networks off the identities, largest at small a). Matmuls at 'highest' precision.
 
-Part 2, training. The same network kind (depth ``train_depth``, width 64) trained on MNIST-1D with plain
-SGD through ``resjax.train`` (its pure ``Trainer.train_step``, with ``weight_decay`` as a vmapped hyperparameter) at learning rate alpha, with weight decay lambda in ``weight_decays``, seeds and decays
+Part 2, training. The same network kind (``model``: depth 4, width 64) trained on MNIST-1D with plain
+SGD through ``resjax.train.make_train`` (``weight_decay`` a vmapped hyperparameter; a ``step_hook`` records each step's
+geometry from inside the compiled run) at learning rate alpha, with weight decay lambda in ``weight_decays``, seeds and decays
 vmapped in one program. After every step the hidden kernels' norm |W|, the angle turned by the step and
 alpha / |W|^2 are recorded (``resjax.analysis.scale_invariance.step_geometry_from_update``).
 
 Choices the lecture leaves open, made before running:
 
-- weight decay is resjax.train's L2 penalty (``resjax.train.loop.sgd``: ``optax.add_decayed_weights`` before ``optax.sgd``), so
+- weight decay is resjax.train's L2 penalty (``weight_decay_on='kernels'``: ``optax.add_decayed_weights`` before the SGD step), so
   the update is ``-alpha (g + lambda W)``. For plain SGD (no momentum) this is identical to decoupled
   decay ``W <- (1 - alpha lambda) W - alpha g``. It applies to every Dense kernel (stem, hidden, head),
   not to biases or BatchNorm's scale and offset;
@@ -61,7 +62,7 @@ from experiments import common
 from resjax.analysis import scale_invariance as si
 from resjax.data import load_dataset
 from resjax.nn import PlainMLP
-from resjax.train import default_config, make_train
+from resjax.train import make_train, run_config, train_config
 
 NAME = "scale_invariance"
 IDENTITIES = ("loss", "grad", "cosine", "step")
@@ -81,18 +82,15 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c.scales = (0.1, 0.5, 2.0, 10.0)
     c.alpha = 0.1
     # part 2
-    c.train_width = 64
-    c.train_depth = 4
-    c.learning_rate = 0.1
+    c.model = ml_collections.ConfigDict(dict(kind="plain_mlp", width=64, depth=4, norm="batch"))
+    c.train = train_config(learning_rate=0.1, batch_size=100, epochs=60)  # weight decay: weight_decays
     c.weight_decays = (0.0, 1e-3, 1e-2)
-    c.batch_size = 100
-    c.epochs = 60
     c.num_seeds = 2
     if size == "quick":
         c.num_draws, c.scales, c.width, c.depth = 1, (0.5, 2.0), 16, 2
-        c.train_width, c.train_depth, c.epochs, c.weight_decays = 16, 2, 1, (0.0, 1e-2)
+        c.model.width, c.model.depth, c.train.epochs, c.weight_decays = 16, 2, 1, (0.0, 1e-2)
     elif size == "full":
-        c.num_draws, c.epochs, c.num_seeds = 10, 200, 5
+        c.num_draws, c.train.epochs, c.num_seeds = 10, 200, 5
     return c
 
 
@@ -100,12 +98,14 @@ def _check(config) -> None:
     for a in config.scales:
         si.check_scale(a)
     si.check_learning_rate(config.alpha, "alpha")
-    si.check_learning_rate(config.learning_rate, "learning_rate")
+    si.check_learning_rate(config.train.learning_rate, "learning_rate")
     for wd in config.weight_decays:
         si.check_weight_decay(wd)
     if 0.0 not in tuple(config.weight_decays):
         raise ValueError("weight_decays: must include 0.0 (the run without weight decay)")
-    for name in ("num_draws", "batch", "epochs", "num_seeds", "width", "depth", "train_width", "train_depth"):
+    if config.model.get("kind") != "plain_mlp" or config.model.get("norm") != "batch":
+        raise ValueError("model: part 2 measures the hidden kernels of a plain_mlp with norm='batch'")
+    for name in ("num_draws", "batch", "num_seeds", "width", "depth"):
         if int(config[name]) < 1:
             raise ValueError(f"{name}: must be >= 1, got {config[name]}")
     if config.batch < 2:
@@ -168,55 +168,33 @@ def measure_identities(config, data) -> dict:
 # ---- part 2: training with and without weight decay --------------------------------------------------
 
 
-def make_recording_train(trainer, depth: int, epochs: int):
-    """``train(key, lr, wd) -> (per-step geometry of each hidden kernel, per-epoch losses, final errors)``."""
-    paths = [(f"hidden_{k}", "kernel") for k in range(depth)]
-    n, b = len(trainer.data.y_train), trainer.config.batch_size
-    steps = n // b
+GEOMETRY = ("norm_before", "angle", "effective_learning_rate", "growth", "predicted_angle")
 
-    def kernels(params):
-        return [params[p][q] for p, q in paths]
 
-    def train(key, lr, wd):
-        hp = {"learning_rate": lr, "weight_decay": wd}
-        carry = trainer.init(key, hp)
+def step_geometry_hook(depth: int):
+    """A ``step_hook`` for ``make_train``: each hidden kernel's step geometry (``(layers,)`` per quantity)."""
+    paths = [f"hidden_{k}" for k in range(depth)]
 
-        def step(c, idx):
-            before = kernels(c.state.params)
-            c, loss = trainer.train_step(c, idx, hp)
-            after = kernels(c.state.params)
-            geo = [si.step_geometry_from_update(w0, w1, lr, wd) for w0, w1 in zip(before, after)]
-            rec = {k: jnp.stack([g[k] for g in geo]) for k in
-                   ("norm_before", "angle", "effective_learning_rate", "growth", "predicted_angle")}
-            return c, (rec, loss)
+    def hook(before, after, hparams):
+        geo = [si.step_geometry_from_update(before.state.params[p]["kernel"], after.state.params[p]["kernel"],
+                                            hparams["learning_rate"], hparams["weight_decay"]) for p in paths]
+        return {k: jnp.stack([g[k] for g in geo]) for k in GEOMETRY}
 
-        def epoch(c, _):
-            perm = jax.random.permutation(jax.random.fold_in(c.key, c.epoch), n)
-            c, (rec, losses) = jax.lax.scan(step, c, perm[: steps * b].reshape(steps, b))
-            return c._replace(epoch=c.epoch + 1), (rec, jnp.mean(losses))
-
-        carry, (rec, losses) = jax.lax.scan(epoch, carry, None, length=epochs)
-        x, y = jnp.asarray(trainer.data.x_train), jnp.asarray(trainer.data.y_train)
-        final_norm = jnp.stack([jnp.linalg.norm(w) for w in kernels(carry.state.params)])
-        return rec, losses, trainer.error(carry.state, x, y, hp), final_norm, carry.diverged_epoch
-
-    return train
+    return hook
 
 
 def train_part(config, data) -> dict:
-    tc = default_config()
-    tc.data = config.data
-    tc.model = ml_collections.ConfigDict(dict(kind="plain_mlp", width=config.train_width, depth=config.train_depth,
-                                              norm="batch"))
-    tc.batch_size, tc.epochs, tc.learning_rate = config.batch_size, config.epochs, config.learning_rate
-    trainer = make_train(tc, data)
-    train = make_recording_train(trainer, config.train_depth, config.epochs)
+    depth = config.model.depth
+    trainer = make_train(run_config(config.model, config.train, config.data), data, step_hook=step_geometry_hook(depth))
     wds = np.asarray(config.weight_decays, np.float32)
     s = config.num_seeds
     keys = jnp.concatenate([jax.random.split(jax.random.key(config.seed), s)] * len(wds))
-    lrs = jnp.full((len(keys),), config.learning_rate, jnp.float32)
+    lrs = jnp.full((len(keys),), config.train.learning_rate, jnp.float32)
     wd_all = jnp.asarray(np.repeat(wds, s))
-    rec, losses, err, final_norm, div = jax.device_get(jax.jit(jax.vmap(train))(keys, lrs, wd_all))
+    run, m = trainer.sweep(keys, {"learning_rate": lrs, "weight_decay": wd_all})
+    rec, losses, err, div = m["step_records"], m["train_loss"], m["train_error"][:, -1], m["diverged_epoch"]
+    final_norm = jax.device_get(jax.jit(jax.vmap(lambda p: jnp.stack(
+        [jnp.linalg.norm(p[f"hidden_{k}"]["kernel"]) for k in range(depth)])))(run.state.params))  # (runs, layers)
     out = {"train.weight_decays": [float(w) for w in config.weight_decays]}
     for i, wd in enumerate(config.weight_decays):
         sl = slice(i * s, (i + 1) * s)
@@ -235,7 +213,7 @@ def train_part(config, data) -> dict:
         out[p + "eff_lr"] = r["effective_learning_rate"].mean(axis=(2, 3))
         out[p + "norm_ratio"] = (fn / norm[:, 0]).mean(-1)
         out[p + "norm_grew_every_layer"] = [int(v) for v in (fn > norm[:, 0]).all(-1)]
-        out[p + "eff_lr_ratio"] = (config.learning_rate / fn ** 2 / eff[:, 0]).mean(-1)
+        out[p + "eff_lr_ratio"] = (config.train.learning_rate / fn ** 2 / eff[:, 0]).mean(-1)
         out[p + "angle_ratio"] = (r["angle"][:, -1].mean(axis=(1, 2)) / r["angle"][:, 0].mean(axis=(1, 2)))
         unit_grad = np.tan(r["angle"]) / r["effective_learning_rate"]  # = |g| |W| (1 - alpha lambda)^-1: gradient at |W| = 1
         out[p + "unit_grad_ratio"] = unit_grad[:, -1].mean(axis=(1, 2)) / unit_grad[:, 0].mean(axis=(1, 2))
@@ -318,7 +296,7 @@ def plot(m: dict, config, path) -> None:
 
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
     colours = plt.cm.viridis(np.linspace(0, 0.85, len(config.weight_decays)))
-    steps_per_epoch = len(load_dataset(config.data).y_train) // config.batch_size
+    steps_per_epoch = len(load_dataset(config.data).y_train) // config.train.batch_size
     for wd, col in zip(config.weight_decays, colours):
         p = f"train.{_wd_name(wd)}."
         norm, angle, eff = (np.asarray(m[p + k], float) for k in ("norm", "angle", "eff_lr"))
@@ -349,8 +327,8 @@ def plot(m: dict, config, path) -> None:
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
     fig.suptitle(f"Lecture 000, 'Scale invariance' (top left: identities, training mode, random init)\n"
-                 f"Training: MNIST-1D, PlainMLP + BatchNorm depth {config.train_depth} width {config.train_width}, "
-                 f"SGD alpha {config.learning_rate}, batch {config.batch_size} ({steps_per_epoch} steps/epoch), "
+                 f"Training: MNIST-1D, PlainMLP + BatchNorm depth {config.model.depth} width {config.model.width}, "
+                 f"SGD alpha {config.train.learning_rate}, batch {config.train.batch_size} ({steps_per_epoch} steps/epoch), "
                  f"L2 weight decay on kernels, {config.num_seeds} seeds")
     common.save_figure(fig, path, dpi=100)
 

@@ -91,7 +91,7 @@ def run(config, out_dir) -> dict:
     for v in config.variants:
         model = taki_resnet(config.num_blocks, scan=image_runs.use_scan(config), **VARIANTS[v])
         history, seconds = image_runs.train_cell(model, config.train, train, test, seeds, out_dir, v)
-        acc = np.asarray(history["test_acc"], np.float64)
+        acc = 1.0 - np.asarray(history["test_error"], np.float64)
         diverged = np.asarray(history["diverged_epoch"])
         acc = np.where(np.isfinite(acc), acc, CHANCE)  # a diverged run predicts no better than chance
         if acc.shape[1] < config.train.epochs:  # every seed diverged: fit stopped early

@@ -57,7 +57,7 @@ import numpy as np
 from experiments import common
 from resjax.data import load_dataset
 from resjax.nn.tau_resnet import tau_resnet_config, tau_value
-from resjax.train import default_config, make_train
+from resjax.train import make_train, run_config, train_config
 
 NAME = "tau_training"
 TAUS = {"tau=1/L": "1/L", "tau=1/sqrt(L)": "1/sqrt(L)", "tau=1/L^(1/4)": "L^(-1/4)"}
@@ -69,31 +69,22 @@ EXPLODED_LOSS = 10.0
 def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.data = "mnist1d"
-    c.width = 128
+    c.model = ml_collections.ConfigDict({"width": 128})  # every depth and tau; tau_resnet_config adds the rest
     c.depths = (10, 100, 1000)
     c.num_seeds = 3
-    c.batch_size = 256
-    c.learning_rate = 0.01
-    c.momentum = 0.0
-    c.epochs = 8
+    c.train = train_config(batch_size=256, learning_rate=0.01, momentum=0.0, epochs=8)
     c.chunk_epochs = 4
     c.seed = 0
     if size == "quick":
-        c.width, c.depths, c.num_seeds, c.epochs, c.batch_size, c.chunk_epochs = 16, (4,), 2, 1, 128, 1
+        c.model.width, c.depths, c.num_seeds, c.chunk_epochs = 16, (4,), 2, 1
+        c.train.epochs, c.train.batch_size = 1, 128
     elif size == "full":
-        c.epochs, c.num_seeds, c.chunk_epochs = 100, 5, 10
+        c.train.epochs, c.num_seeds, c.chunk_epochs = 100, 5, 10
     return c
 
 
 def _train_config(config, model: dict) -> ml_collections.ConfigDict:
-    c = default_config()
-    c.data = config.data
-    c.model = ml_collections.ConfigDict(model)
-    c.batch_size = config.batch_size
-    c.epochs = config.epochs
-    c.learning_rate = config.learning_rate
-    c.momentum = config.momentum
-    return c
+    return run_config(model, config.train, config.data)
 
 
 def _record(m: dict, name: str, depth: int, metrics: dict, seeds: slice) -> None:
@@ -122,7 +113,7 @@ def run(config, out_dir) -> dict:
         start = time.time()
         key = jax.random.fold_in(jax.random.key(config.seed), i)
         # all taus x all seeds: one program; tau is a traced hyper-parameter
-        res = make_train(_train_config(config, tau_resnet_config("tau", config.width, depth, tau="1/sqrt(L)",
+        res = make_train(_train_config(config, tau_resnet_config("tau", config.model.width, depth, tau="1/sqrt(L)",
                                                                  scan=True)), data)
         taus = np.repeat([tau_value(rule, depth) for rule in TAUS.values()], s).astype(np.float32)
         seed_keys = jax.random.split(key, s)
@@ -131,7 +122,7 @@ def run(config, out_dir) -> dict:
         for j, name in enumerate(TAUS):
             _record(m, name, depth, metrics, slice(j * s, (j + 1) * s))
             m[f"tau.{name}.L{depth}"] = float(taus[j * s])
-        plain = make_train(_train_config(config, tau_resnet_config("plain", config.width, depth, scan=True)), data)
+        plain = make_train(_train_config(config, tau_resnet_config("plain", config.model.width, depth, scan=True)), data)
         _, metrics = plain.sweep(seed_keys, chunk_epochs=config.chunk_epochs)
         _record(m, "plain", depth, metrics, slice(0, s))
         m[f"seconds.L{depth}"] = round(time.time() - start, 1)
@@ -241,18 +232,18 @@ def plot(m: dict, config, path) -> None:
             ax.plot(epochs, mean, color=COLOURS[name], lw=2, label=label)
         ax.axhline(np.log(10), color="gray", ls=":", lw=1, label="chance (ln 10)")
         ax.set_yscale("log")
-        ax.set_xlabel(f"epoch ({len_epoch(config)} SGD steps of {config.batch_size})")
+        ax.set_xlabel(f"epoch ({len_epoch(config)} SGD steps of {config.train.batch_size})")
         ax.set_ylabel("training loss (cross-entropy, epoch mean)")
         ax.set_title(f"depth L = {d}")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
-    fig.suptitle(f"Zhang et al. (seed 003) Sec. 5.1 / Fig. 3 on MNIST-1D: width {config.width}, SGD lr "
-                 f"{config.learning_rate}, batch {config.batch_size}, {config.num_seeds} seeds (faint) and their mean")
+    fig.suptitle(f"Zhang et al. (seed 003) Sec. 5.1 / Fig. 3 on MNIST-1D: width {config.model.width}, SGD lr "
+                 f"{config.train.learning_rate}, batch {config.train.batch_size}, {config.num_seeds} seeds (faint) and their mean")
     common.save_figure(fig, path, dpi=100)
 
 
 def len_epoch(config) -> int:
-    return len(load_dataset(config.data).y_train) // config.batch_size
+    return len(load_dataset(config.data).y_train) // config.train.batch_size
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@ import os
 os.environ.setdefault("RESJAX_CACHE", os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "resjax"))
 
 
+import resjax  # noqa: E402
+
+resjax.use_every_cpu_core()  # as the experiment entry points run: one JAX device per CPU core
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 

@@ -168,11 +168,11 @@ def test_vmapped_batchnorm_keeps_statistics_per_element():
 
 def test_seed_vmapped_training_keeps_batch_stats_per_seed():
     config = tiny_config()  # residual MLP with BatchNorm, the same data for every seed
-    config.epochs = 2
+    config.train.epochs = 2
     trainer = make_train(config, DATA)
     k0, k1 = jax.random.split(jax.random.key(10), 2)
     mixed, _ = trainer.sweep(jnp.stack([k0, k1]))
-    leaves = jax.tree_util.tree_leaves(mixed.batch_stats)
+    leaves = jax.tree_util.tree_leaves(mixed.state.batch_stats)
     assert leaves and all(leaf.shape[0] == 2 for leaf in leaves)
     assert not any(np.allclose(leaf[0], leaf[1]) for leaf in leaves)  # different init: different statistics
     # Each seed's statistics are those of that seed run beside a copy of itself (the same compiled
@@ -180,7 +180,7 @@ def test_seed_vmapped_training_keeps_batch_stats_per_seed():
     for i, k in enumerate((k0, k1)):
         alone, _ = trainer.sweep(jnp.stack([k, k]))
         jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a[i], b[0], rtol=1e-5, atol=1e-6),
-                               mixed.batch_stats, alone.batch_stats)
+                               mixed.state.batch_stats, alone.state.batch_stats)
 
 
 # ---- errors ----------------------------------------------------------------------------------------

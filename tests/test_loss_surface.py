@@ -103,15 +103,15 @@ def test_bad_inputs_raise_value_error_naming_the_setting():
     with pytest.raises(ValueError, match="^width:"):
         ls.NoisyBNMLP(width=0, depth=1)
     c = experiment.get_config("quick")
-    c.checkpoint_every = 3
-    with pytest.raises(ValueError, match="^checkpoint_every:"):
+    c.probe_every = 3
+    with pytest.raises(ValueError, match="^probe_every:"):
         experiment.run(c, None)
 
 
 def test_quick_experiment_writes_results(tmp_path):
     results = common.run_experiment(experiment, experiment.get_config("quick"), tmp_path)
     m, c = results["metrics"], results["config"]
-    checkpoints = c["epochs"] // c["checkpoint_every"] + 1
+    checkpoints = c["train"]["epochs"] // c["probe_every"] + 1
     for net in experiment.NETS:
         assert np.asarray(m[f"path.{net}.loss_range"]).shape == (c["num_seeds"], checkpoints)
         assert len(m[f"lr_sweep.{net}.trains"]) == len(c["sweep_learning_rates"])

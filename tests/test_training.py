@@ -13,7 +13,7 @@ import pytest
 
 from resjax.data import Dataset
 from resjax.nn import PlainMLP, ResidualMLP
-from resjax.train import default_config, make_train
+from resjax.train import make_train, run_config, train_config
 
 
 def tiny_data(n=64, d=10, classes=3, seed=0) -> Dataset:
@@ -24,10 +24,8 @@ def tiny_data(n=64, d=10, classes=3, seed=0) -> Dataset:
 
 
 def tiny_config(**model) -> ml_collections.ConfigDict:
-    c = default_config()
-    c.model = ml_collections.ConfigDict(model or dict(kind="residual_mlp", width=8, num_blocks=3, norm="batch"))
-    c.batch_size, c.epochs, c.learning_rate = 16, 3, 0.05
-    return c
+    return run_config(model or dict(kind="residual_mlp", width=8, num_blocks=3, norm="batch"),
+                      train_config(batch_size=16, epochs=3, learning_rate=0.05))
 
 
 DATA = tiny_data()
@@ -48,13 +46,13 @@ def test_batch_stats_change_in_training_mode_only():
 def test_training_updates_batch_stats_and_lowers_the_loss():
     trainer = make_train(tiny_config(), DATA)
     c = tiny_config()
-    c.epochs = 20
+    c.train.epochs = 20
     state, metrics = make_train(c, DATA)(jax.random.key(0))
     init = trainer.init(jax.random.key(0))
-    assert not np.allclose(state.batch_stats["blocks_0"]["norm_0"]["mean"],
+    assert not np.allclose(state.state.batch_stats["blocks_0"]["norm_0"]["mean"],
                            init.state.batch_stats["blocks_0"]["norm_0"]["mean"])
     assert metrics["train_loss"][-1] < 0.7 * metrics["train_loss"][0]
-    assert int(state.step) == 20 * (len(DATA.y_train) // 16)
+    assert int(state.state.step) == 20 * (len(DATA.y_train) // 16)
 
 
 def test_a_seed_in_the_vmapped_sweep_matches_the_seed_alone():
@@ -69,7 +67,7 @@ def test_a_seed_in_the_vmapped_sweep_matches_the_seed_alone():
 
 def test_chunked_run_equals_one_program():
     c = tiny_config()
-    c.epochs = 5
+    c.train.epochs = 5
     trainer = make_train(c, DATA)
     keys = jax.random.split(jax.random.key(2), 2)
     _, one = trainer.sweep(keys)
@@ -99,7 +97,7 @@ def test_learning_rate_and_tau_vmap_inside_one_program():
     state, m = trainer.sweep(keys, hp)
     init = trainer.init(keys[0], {"learning_rate": 0.0, "tau": 0.5})
     # learning rate 0 leaves the parameters where they started
-    np.testing.assert_array_equal(state.params["head"]["kernel"][0], init.state.params["head"]["kernel"])
+    np.testing.assert_array_equal(state.state.params["head"]["kernel"][0], init.state.params["head"]["kernel"])
     assert not np.allclose(m["train_loss"][1], m["train_loss"][2])
 
 
@@ -112,7 +110,7 @@ def test_learning_rate_and_tau_vmap_inside_one_program():
 ])
 def test_bad_training_settings_name_the_setting(setting, value, match):
     c = tiny_config()
-    c[setting] = value
+    c.train[setting] = value
     with pytest.raises(ValueError, match=match):
         make_train(c, DATA)
 
@@ -152,12 +150,12 @@ SHARDED = textwrap.dedent("""
     trainer = make_train(tiny_config(), DATA)
     keys = jax.random.split(jax.random.key(5), 4)
     state, m = trainer.sweep(keys)
-    leaf = jax.tree_util.tree_leaves(state.params)[0]
+    leaf = jax.tree_util.tree_leaves(state.state.params)[0]
     assert len(leaf.sharding.device_set) == 4, leaf.sharding
     np.save({out!r}, m["train_error"])
     # 3 seeds on 4 devices: padded with a repeat of the last run, which is dropped again.
     state3, m3 = trainer.sweep(keys[:3])
-    assert m3["train_error"].shape[0] == 3 and jax.tree_util.tree_leaves(state3.params)[0].shape[0] == 3
+    assert m3["train_error"].shape[0] == 3 and jax.tree_util.tree_leaves(state3.state.params)[0].shape[0] == 3
     np.testing.assert_allclose(m3["train_error"], m["train_error"][:3], rtol=1e-5)
 """)
 
@@ -174,18 +172,18 @@ def test_seeds_are_sharded_across_devices(tmp_path):
 
 def test_weight_decay_is_an_l2_penalty_on_kernels_only():
     c = tiny_config(kind="plain_mlp", width=8, depth=2)
-    c.epochs = 1
+    c.train.epochs = 1
     trainer = make_train(c, DATA)
     key = jax.random.key(6)
     carry = trainer.init(key, {"learning_rate": 0.1, "weight_decay": 0.5})
-    idx = jnp.arange(16)
-    after, _ = trainer.train_step(carry, idx, {"learning_rate": 0.1})
-    plain, _ = trainer.train_step(trainer.init(key, {"learning_rate": 0.1, "weight_decay": 0.0}), idx, {"learning_rate": 0.1})
+    batch = (jnp.asarray(DATA.x_train[:16]), jnp.asarray(DATA.y_train[:16]))
+    after, _ = trainer.train_step(carry, batch)
+    plain, _ = trainer.train_step(trainer.init(key, {"learning_rate": 0.1, "weight_decay": 0.0}), batch)
     p0, p1, p2 = carry.state.params, after.state.params, plain.state.params
     # Decayed: W - lr (g + wd W) = plain update - lr wd W; biases see no decay.
     np.testing.assert_allclose(p1["hidden_0"]["kernel"], p2["hidden_0"]["kernel"] - 0.1 * 0.5 * p0["hidden_0"]["kernel"],
                                rtol=1e-5, atol=1e-7)
     np.testing.assert_array_equal(p1["hidden_0"]["bias"], p2["hidden_0"]["bias"])
     with pytest.raises(ValueError, match="weight_decay"):
-        c.weight_decay = -1.0
+        c.train.weight_decay = -1.0
         make_train(c, DATA)
