@@ -21,7 +21,7 @@ each call from ``time.perf_counter`` to ``jax.block_until_ready`` of its outputs
 carry the state forward, as in training. The reported time is the MEDIAN of the timed calls (all are in
 the JSON). Host work (loading, augmenting and placing batches) is excluded: the batch is placed once.
 
-a. One training step on one device: ``train_step`` of a trainer without a mesh.
+a. One training step on one device: ``step`` (the jitted core ``train_step``) of a trainer without a mesh.
 b. Data-parallel: the same with ``mesh=make_data_mesh()`` over every device (the batch's example axis
    sharded, the state replicated; GSPMD makes BatchNorm's statistics global). ``benchmarks`` is an entry
    point, so on a CPU every core is a JAX device (``resjax.use_every_cpu_core``); on a GPU/TPU host the

@@ -19,6 +19,7 @@ from resjax.train import (
     make_image_train,
     make_optimizer,
     make_schedule,
+    run_config,
 )
 
 
@@ -86,6 +87,7 @@ TRAIN, TEST = FakeImages(64, seed=0), FakeImages(32, seed=1)
 
 
 def tiny_config(**kw):
+    """A training config (``config.train``) of tiny runs."""
     c = image_train_config()
     c.batch_size, c.eval_batch_size, c.epochs = 16, 16, 3
     c.schedule, c.milestones = "step", (2,)
@@ -93,6 +95,11 @@ def tiny_config(**kw):
     for k, v in kw.items():
         c[k] = v
     return c
+
+
+def trainer_for(train, model, source=None, test=None, **kw):
+    """``make_image_train`` on the run config holding ``train``, with ``model`` passed as a module."""
+    return make_image_train(run_config(train=train), TRAIN if source is None else source, test, model=model, **kw)
 
 
 def leaves_equal(a, b):
@@ -176,20 +183,21 @@ def test_gradient_clipping_and_adam():
 
 def test_fit_lowers_the_loss_and_updates_batch_stats():
     c = tiny_config(epochs=6, learning_rate=0.1, schedule="constant", augment=True)
-    trainer = make_image_train(c, TinyCNN(), TRAIN, TEST)
+    trainer = trainer_for(c, TinyCNN(), TRAIN, TEST)
     init = trainer.init(0)
     seen = []
     state, h = trainer.fit(0, progress=lambda done, m: seen.append((done, float(m["train_loss"]))))
     assert [d for d, _ in seen] == list(range(1, 7)) and seen[0][1] == pytest.approx(h["train_loss"][0])
     assert h["train_loss"].shape == (6,) and h["epochs"] == 6 and int(h["diverged_epoch"]) == -1
     assert h["train_loss"][-1] < 0.7 * h["train_loss"][0]
-    assert h["test_acc"][-1] > 0.5 and h["best_test_acc"] == h["test_acc"].max()
-    assert h["final_test_acc"] == h["test_acc"][-1]
+    assert h["test_error"][-1] < 0.5 and h["best_test_error"] == h["test_error"].min()
+    assert h["final_test_error"] == h["test_error"][-1]
+    assert np.isnan(h["train_error"]).all() and ((0 <= h["batch_error"]) & (h["batch_error"] <= 1)).all()
     np.testing.assert_allclose(h["lr"], 0.1)
     assert int(state.state.step) == 6 * 4
     assert not np.allclose(state.state.batch_stats["BatchNorm_0"]["mean"], init.state.batch_stats["BatchNorm_0"]["mean"])
     ev = trainer.evaluate(state, TEST, batch_size=24)  # 32 examples: a padded, masked last batch
-    np.testing.assert_allclose(ev["acc"], h["test_acc"][-1], rtol=1e-6)
+    np.testing.assert_allclose(ev["error"], h["test_error"][-1], rtol=1e-6)
     np.testing.assert_allclose(ev["loss"], h["test_loss"][-1], rtol=1e-5)
 
 
@@ -199,7 +207,7 @@ def test_synthetic_image_dataset_if_available():
         pytest.skip("resjax.data.synthetic_image_dataset is not there yet")
     source = data.synthetic_image_dataset(name="cifar10", num_examples=128, seed=0)
     c = tiny_config(epochs=2, batch_size=32, eval_batch_size=64, learning_rate=0.05, schedule="constant")
-    trainer = make_image_train(c, TinyCNN(num_classes=source.num_classes), source, source)
+    trainer = trainer_for(c, TinyCNN(num_classes=source.num_classes), source, source)
     _, h = trainer.fit(0)
     assert np.isfinite(h["train_loss"]).all() and h["train_loss"].shape == (2,)
 
@@ -207,11 +215,11 @@ def test_synthetic_image_dataset_if_available():
 @pytest.mark.parametrize("seed_axis", ["vmap", "unroll", "loop"])
 def test_seeds_in_one_step_match_each_seed_alone(seed_axis):
     c = tiny_config(epochs=2, weight_decay_on="all", scalar_lr_factor=0.1, seed_axis=seed_axis)
-    trainer = make_image_train(c, ScalarNet(), TRAIN, TEST)
+    trainer = trainer_for(c, ScalarNet(), TRAIN, TEST)
     together, ht = trainer.fit([3, 4])
     alone, ha = trainer.fit(4)
     assert ht["train_loss"].shape == (2, 2)
-    for name in ("train_loss", "train_acc", "test_loss", "test_acc", "lr"):
+    for name in ("train_loss", "batch_error", "test_loss", "test_error", "lr"):
         np.testing.assert_allclose(ht[name][1], ha[name], rtol=1e-4, atol=1e-6)
     for a, b in zip(jax.tree_util.tree_leaves(together.state.params), jax.tree_util.tree_leaves(alone.state.params)):
         np.testing.assert_allclose(a[1], b, rtol=1e-4, atol=1e-6)
@@ -220,48 +228,48 @@ def test_seeds_in_one_step_match_each_seed_alone(seed_axis):
 
 def test_divergence_is_recorded_not_raised_and_stops_early():
     c = tiny_config(epochs=3, learning_rate=1e30, schedule="constant", momentum=0.0)
-    trainer = make_image_train(c, ScalarNet(), TRAIN, TEST)
+    trainer = trainer_for(c, ScalarNet(), TRAIN, TEST)
     state, h = trainer.fit([0, 1])
     assert h["diverged_epoch"].tolist() == [1, 1]
     assert h["epochs"] == 1  # every seed diverged: no second epoch
-    assert np.isnan(h["train_loss"]).all() and np.isnan(h["final_test_acc"]).all()
+    assert np.isnan(h["train_loss"]).all() and np.isnan(h["final_test_error"]).all()
     assert all(np.isfinite(x).all() for x in jax.tree_util.tree_leaves(state.state.params))  # frozen, not NaN
     assert (h["diverged_step"] >= 1).all()
 
 
 def test_resume_from_a_checkpoint_is_bit_identical(tmp_path):
     c = tiny_config(epochs=4, checkpoint_every=2, milestones=(3,), augment=True, scalar_lr_factor=0.1)
-    trainer = make_image_train(c, TinyCNN(), TRAIN, TEST)
+    trainer = trainer_for(c, TinyCNN(), TRAIN, TEST)
     full, hf = trainer.fit([0, 1])
     d = tmp_path / "ckpt"
     trainer.fit([0, 1], epochs=2, checkpoint_dir=d)
     assert ckpt_lib.latest(d) == 2 and {"meta", "state"} <= set(os.listdir(d / "2"))
     # a new trainer (as in a new process) finds the checkpoint and goes on from epoch 2
-    resumed, hr = make_image_train(c, TinyCNN(), TRAIN, TEST).fit([0, 1], checkpoint_dir=d)
+    resumed, hr = trainer_for(c, TinyCNN(), TRAIN, TEST).fit([0, 1], checkpoint_dir=d)
     assert ckpt_lib.latest(d) == 4
     assert leaves_equal(full, resumed)  # parameters, batch_stats, optimiser state, step, key, history
-    for name in ("train_loss", "test_acc", "lr"):
+    for name in ("train_loss", "test_error", "lr"):
         np.testing.assert_array_equal(hf[name], hr[name])
     with ckpt_lib.Checkpoints(d) as ck:
-        assert ck.meta()["epoch"] == 4 and ck.meta()["config"]["batch_size"] == 16
+        assert ck.meta()["epoch"] == 4 and ck.meta()["config"]["train"]["batch_size"] == 16
     with pytest.raises(ValueError, match="checkpoint_dir"):  # other seeds than the checkpoint's
-        make_image_train(c, TinyCNN(), TRAIN, TEST).fit([0, 2], checkpoint_dir=d)
+        trainer_for(c, TinyCNN(), TRAIN, TEST).fit([0, 2], checkpoint_dir=d)
 
 
 def test_resume_refuses_a_checkpoint_made_with_other_settings(tmp_path):
     c = tiny_config(epochs=2, checkpoint_every=1)
-    make_image_train(c, TinyCNN(), TRAIN, TEST).fit(0, epochs=1, checkpoint_dir=tmp_path)
+    trainer_for(c, TinyCNN(), TRAIN, TEST).fit(0, epochs=1, checkpoint_dir=tmp_path)
     longer = tiny_config(epochs=3, checkpoint_every=1)
-    with pytest.raises(ValueError, match=r"checkpoint_dir: .*other settings \(epochs\)"):
-        make_image_train(longer, TinyCNN(), TRAIN, TEST).fit(0, checkpoint_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"checkpoint_dir: .*other settings \(train.epochs\)"):
+        trainer_for(longer, TinyCNN(), TRAIN, TEST).fit(0, checkpoint_dir=tmp_path)
     # checkpoint cadence is free to change: the same run resumes
     c.checkpoint_every = 2
-    _, h = make_image_train(c, TinyCNN(), TRAIN, TEST).fit(0, checkpoint_dir=tmp_path)
+    _, h = trainer_for(c, TinyCNN(), TRAIN, TEST).fit(0, checkpoint_dir=tmp_path)
     assert h["epochs"] == 2
 
 
 def test_checkpoint_round_trip_of_a_bn_free_state(tmp_path):
-    trainer = make_image_train(tiny_config(), ScalarNet(), TRAIN)
+    trainer = trainer_for(tiny_config(), ScalarNet(), TRAIN)
     state = trainer.init(7)
     assert state.state.batch_stats == {}
     ckpt_lib.save(tmp_path, 0, state)
@@ -274,26 +282,27 @@ def test_checkpoint_round_trip_of_a_bn_free_state(tmp_path):
 
 SHARDED = textwrap.dedent("""
     import jax, numpy as np, pytest
-    from tests.test_image_train import TRAIN, TEST, TinyCNN, tiny_config
-    from resjax.train import make_data_mesh, make_image_train
+    from tests.test_image_train import TRAIN, TEST, TinyCNN, tiny_config, trainer_for
+    from resjax.train import make_data_mesh
+    from tests.test_image_train import trainer_for
     assert jax.device_count() == 4, jax.devices()
     mesh = make_data_mesh()
     c = tiny_config(epochs=1)  # 4 steps and an evaluation
     for seeds in (0, [0, 1]):
         with jax.default_matmul_precision("highest"):
-            s4, h4 = make_image_train(c, TinyCNN(), TRAIN, TEST, mesh=mesh).fit(seeds)
-            s1, h1 = make_image_train(c, TinyCNN(), TRAIN, TEST).fit(seeds)
+            s4, h4 = trainer_for(c, TinyCNN(), TRAIN, TEST, mesh=mesh).fit(seeds)
+            s1, h1 = trainer_for(c, TinyCNN(), TRAIN, TEST).fit(seeds)
         leaf = jax.tree_util.tree_leaves(s4.state.params)[0]
         assert len(leaf.sharding.device_set) == 4 and leaf.sharding.is_fully_replicated, leaf.sharding
         for a, b in zip(jax.tree_util.tree_leaves((s4.state.params, s4.state.batch_stats)),
                         jax.tree_util.tree_leaves((s1.state.params, s1.state.batch_stats))):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
-        for name in ("train_loss", "test_loss", "test_acc"):
+        for name in ("train_loss", "test_loss", "test_error"):
             np.testing.assert_allclose(h4[name], h1[name], rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="batch_size"):
-        make_image_train(tiny_config(batch_size=6), TinyCNN(), TRAIN, TEST, mesh=mesh)
+        trainer_for(tiny_config(batch_size=6), TinyCNN(), TRAIN, TEST, mesh=mesh)
     with pytest.raises(ValueError, match="eval_batch_size"):
-        make_image_train(tiny_config(eval_batch_size=10), TinyCNN(), TRAIN, TEST, mesh=mesh)
+        trainer_for(tiny_config(eval_batch_size=10), TinyCNN(), TRAIN, TEST, mesh=mesh)
     print("SHARDED OK")
 """)
 
@@ -335,17 +344,17 @@ def test_bad_settings_name_the_setting(setting, value):
     c = tiny_config()
     c[setting] = value
     with pytest.raises(ValueError, match=setting):
-        make_image_train(c, TinyCNN(), TRAIN, TEST)
+        trainer_for(c, TinyCNN(), TRAIN, TEST)
 
 
 def test_bad_call_arguments_name_the_argument():
-    trainer = make_image_train(tiny_config(), TinyCNN(), TRAIN, TEST)
+    trainer = trainer_for(tiny_config(), TinyCNN(), TRAIN, TEST)
     with pytest.raises(ValueError, match="epochs"):
         trainer.fit(0, epochs=99)
     with pytest.raises(ValueError, match="num_seeds"):
         trainer.init(0, num_seeds=0)
     with pytest.raises(ValueError, match="mesh"):
-        make_image_train(tiny_config(), TinyCNN(), TRAIN, TEST, mesh=jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("x",)))
+        trainer_for(tiny_config(), TinyCNN(), TRAIN, TEST, mesh=jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("x",)))
     with pytest.raises(ValueError, match="batch_size"):
         trainer.evaluate(trainer.init(0), TEST, batch_size=0)
     with pytest.raises(ValueError, match="weight_decay_on"):

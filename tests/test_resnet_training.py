@@ -15,7 +15,7 @@ import optax
 import pytest
 
 from resjax.nn.resnet import ResNet, taki_resnet
-from resjax.train import image_train_config, make_image_train
+from resjax.train import image_train_config, make_image_train, run_config
 from tests.tfds_mock import mocked_examples
 
 BATCH = 8
@@ -65,7 +65,7 @@ def one_step(model, source):
     c.learning_rate = LR
     c.weight_decay = 0.0
     c.scalar_lr_factor = SCALAR_LR_FACTOR
-    trainer = make_image_train(c, model, source)
+    trainer = make_image_train(run_config(train=c), source, model=model)
     before = jax.device_get(trainer.init(0).state)
     state, hist = trainer.fit(0)
     return trainer, before, state, hist
@@ -153,7 +153,7 @@ def check_fixup(trainer, model, source, before, state, change):
     assert len(lasts) == 2
     after1 = leaves(state.state.params)
     assert all(not after1[k].any() for k in lasts)
-    state2, (loss2, _) = trainer.train_step(state, *the_batch(source))
+    state2, (loss2, _) = trainer.step(state, *the_batch(source))
     assert np.isfinite(float(loss2)) and int(state2.state.step) == 2
     after2 = leaves(state2.state.params)
     init = leaves(before.params)
