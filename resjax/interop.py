@@ -63,6 +63,7 @@ Values keep their dtype unless ``dtype=`` is given (float64 in, float64 out: run
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -92,6 +93,11 @@ def _check_model(model):
     if model.order != "post":
         raise ValueError("order: only post-activation ResNets (order='post') have a PyTorch peer here "
                          f"(torchvision, tau-ResNet, Fixup); got order={model.order!r}")
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_plan(model, in_channels: int):
+    return _plan(model, _template(model, in_channels))
 
 
 def _template(model, in_channels: int = 3):
@@ -220,7 +226,7 @@ def _torch_order(name: str):
 def torch_layout(model, in_channels: int = 3) -> dict[str, tuple[int, ...]]:
     """The PyTorch ``state_dict`` names and shapes of ``model``'s peer (buffers included), in torch's order."""
     _check_model(model)
-    plan, unnamed = _plan(model, _template(model, in_channels))
+    plan, unnamed = _cached_plan(model, in_channels)
     if unnamed:
         raise ValueError(f"model: these resjax variables have no PyTorch name: {unnamed}")
     out = {name: _torch_shape(kind, shape) for name, kind, shape in plan.values()}
@@ -280,7 +286,15 @@ def _var_factor(bn_count, module: str) -> float | None:
 
 
 def load_state_dict(source) -> dict[str, np.ndarray]:
-    """A state_dict as ``{name: numpy array}`` from a mapping, an ``.npz`` or a ``.safetensors`` file."""
+    """A state_dict as ``{name: numpy array}`` from a mapping, an ``.npz`` or a ``.safetensors`` file (a
+    ``module.`` prefix on every name, as ``nn.DataParallel`` saves, is removed)."""
+    out = _read_state_dict(source)
+    if out and all(k.startswith("module.") for k in out):
+        out = {k[len("module."):]: v for k, v in out.items()}
+    return out
+
+
+def _read_state_dict(source) -> dict[str, np.ndarray]:
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if path.endswith(".npz"):
@@ -303,8 +317,6 @@ def load_state_dict(source) -> dict[str, np.ndarray]:
         if hasattr(v, "detach"):  # a torch tensor, without importing torch
             v = v.detach().cpu().numpy()
         out[str(k)] = np.asarray(v)
-    if out and all(k.startswith("module.") for k in out):
-        out = {k[len("module."):]: v for k, v in out.items()}
     return out
 
 
@@ -324,8 +336,7 @@ def from_torch_state_dict(model, state_dict, *, bn_count=None, dtype=None) -> di
     sd = load_state_dict(state_dict)
     stem = sd.get("conv1.weight")
     in_channels = int(stem.shape[1]) if stem is not None and stem.ndim == 4 else 3
-    template = _template(model, in_channels)
-    plan, unnamed = _plan(model, template)
+    plan, unnamed = _cached_plan(model, in_channels)
     used, missing, mismatched, flat = set(), list(unnamed), [], {}
     for path, (name, kind, shape) in plan.items():
         if name not in sd:
@@ -375,8 +386,7 @@ def to_torch_state_dict(variables, model, *, bn_count=None, dtype=None, num_batc
         variables = {c: _unstack_stages(v, model) for c, v in variables.items()}
     flat_in = {(c,) + p: v for c, tree in variables.items() for p, v in _flatten(tree).items()}
     stem = flat_in.get(("params", "stem_conv", "kernel"))
-    template = _template(model, int(stem.shape[2]) if stem is not None and stem.ndim == 4 else 3)
-    plan, unnamed = _plan(model, template)
+    plan, unnamed = _cached_plan(model, int(stem.shape[2]) if stem is not None and stem.ndim == 4 else 3)
     out, missing, mismatched = {}, list(unnamed), []
     for path, (name, kind, shape) in plan.items():
         if path not in flat_in:

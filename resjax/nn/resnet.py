@@ -51,7 +51,7 @@ Networks:
   ``cifar_resnet(20)`` / 56 / 110 / 1202 with option A and BatchNorm have 269,722 / 853,018 / 1,727,962 /
   19,421,274 parameters, the published counts.
 - ``REPOSITORY_MODELS``: the settings that build the peers' CIFAR models exactly (same functions, same
-  parameter names and counts; ``resjax.interop`` converts their ``state_dict``\ s):
+  parameter names and counts; ``resjax.interop`` converts their ``state_dict`` both ways):
 
   ====================  ==================================================================  ================
   name                  peer model                                                          ResNet-20 / 110
