@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from resjax.nn.residual import stack_unrolled
-from resjax.nn.resnet import (ResNetBlock, cifar_resnet, imagenet_resnet, imagenet_tau, taki_resnet)
+from resjax.nn.resnet import (REPOSITORY_MODELS, ResNetBlock, cifar_resnet, imagenet_resnet, imagenet_tau,
+                               taki_resnet)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -100,6 +101,43 @@ def test_option_b_shortcut_is_a_strided_projection_with_norm():
                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
     normed = (proj - proj.mean((0, 1, 2))) / jnp.sqrt(proj.var((0, 1, 2)) + 1e-5)
     np.testing.assert_allclose(out, jax.nn.relu(normed), rtol=1e-4, atol=1e-5)
+
+
+def test_option_a_norm_normalises_the_subsampled_input():
+    # tau-ResNet's BN model: AvgPool2d(1, 2) -> BatchNorm2d(in) -> zero channels; silenced branch as above
+    block = ResNetBlock(features=8, strides=2, shortcut="A", scaling="skipinit", option_a_norm=True)
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 6, 6, 4))
+    variables = block.init(jax.random.PRNGKey(1), x)
+    assert variables["params"]["shortcut_norm"]["scale"].shape == (4,)
+    out, _ = block.apply(variables, x, train=True, mutable=["batch_stats"])
+    sub = x[:, ::2, ::2, :]
+    normed = (sub - sub.mean((0, 1, 2))) / jnp.sqrt(sub.var((0, 1, 2)) + 1e-5)
+    np.testing.assert_allclose(out[..., :4], jax.nn.relu(normed), rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(out[..., 4:], 0.0)
+
+
+def test_option_a_conv_input_subsamples_x_plus_the_first_scalar_bias():
+    # Fixup's CIFAR code: downsample(x + bias1a); the Fixup branch is zero at init (last conv zero)
+    x = jnp.abs(jax.random.normal(jax.random.PRNGKey(0), (2, 6, 6, 4)))
+    for option, shift in (("conv_input", 0.5), ("x", 0.0)):
+        block = ResNetBlock(features=8, strides=2, norm="none", scaling="fixup", option_a_input=option)
+        variables = block.init(jax.random.PRNGKey(1), x)
+        variables = {"params": {**variables["params"], "bias_in_0": jnp.asarray(0.5)}}
+        out = block.apply(variables, x)
+        np.testing.assert_allclose(out[..., :4], x[:, ::2, ::2, :] + shift, rtol=1e-6)
+        np.testing.assert_array_equal(out[..., 4:], 0.0)
+
+
+def test_repository_stems_and_network_biases():
+    x = jnp.zeros((1, 32, 32, 3))
+    fixup = cifar_resnet(20, **REPOSITORY_MODELS["fixup"]).init(jax.random.PRNGKey(0), x)["params"]
+    stem = fixup["stem_conv"]["kernel"]  # PyTorch's default: U(+-1/sqrt(fan_in)), fan_in = 27
+    assert float(jnp.abs(stem).max()) <= 1 / np.sqrt(27) and abs(float(stem.std()) * np.sqrt(3 * 27) - 1) < 0.15
+    assert "stem_bias" in fixup and "head_bias" in fixup
+    nobn = cifar_resnet(20, **REPOSITORY_MODELS["tau_resnet_nobn"]).init(jax.random.PRNGKey(0), x)["params"]
+    assert "stem_bias" not in nobn and "head_bias" not in nobn and "bias_in_0" in nobn["stage1_first"]
+    assert abs(float(nobn["stem_conv"]["kernel"].std()) / np.sqrt(2 / (9 * 16)) - 1) < 0.15  # He fan-out
+    assert "bias" not in nobn["stem_conv"]
 
 
 def test_option_a_cannot_reduce_channels():
@@ -217,6 +255,10 @@ def test_taki_scan_equals_unrolled_with_batchnorm():
     (lambda: imagenet_resnet(42), "depth"),
     (lambda: ResNetBlock(features=10, kind="bottleneck"), "features"),
     (lambda: taki_resnet(num_blocks=0), "num_blocks"),
+    (lambda: cifar_resnet(20, option_a_input="y"), "option_a_input"),
+    (lambda: cifar_resnet(20, option_a_norm="yes"), "option_a_norm"),
+    (lambda: cifar_resnet(20, stem_head_biases="yes"), "stem_head_biases"),
+    (lambda: cifar_resnet(20, stem_init="nope"), "stem_init"),
     (lambda: taki_resnet(kernel_init="nope"), "kernel_init"),
 ])
 def test_bad_settings_name_the_setting(make, setting):

@@ -177,7 +177,9 @@ def _rel(a, b) -> float:
     return float(np.max(np.abs(np.asarray(a, np.float64) - b)) / max(np.max(np.abs(b)), 1e-300))
 
 
-def _compare(label, net, model, x, r, torch, dtype) -> None:
+def _compare(label, net, model, x, r, torch, dtype, reference=None) -> dict:
+    """Print resjax's agreement with torch at ``dtype`` (and, given the float64 ``reference`` outputs,
+    torch's own float32 error for scale); return torch's outputs."""
     import jax
 
     from resjax import interop
@@ -196,13 +198,19 @@ def _compare(label, net, model, x, r, torch, dtype) -> None:
         lt, gt, state = _resjax_run(model, counted, xt.numpy(), rt.numpy(), True)
     diffs = {"logits_eval": _rel(le, logits_e), "logits_train": _rel(lt, logits_t),
              "grad_x_eval": _rel(ge, gx_e), "grad_x_train": _rel(gt, gx_t)}
+    outputs = {"logits_eval": logits_e, "logits_train": logits_t, "grad_x_eval": gx_e, "grad_x_train": gx_t}
     if state:
         back = interop.to_torch_state_dict({**counted, **state}, model, bn_count=counts)
         diffs["bn_stats"] = max(_rel(back[k], after[k]) for k in back if k.endswith(("running_mean", "running_var")))
     n_torch = sum(p.numel() for p in net.parameters())
     n_jax = sum(v.size for v in jax.tree_util.tree_leaves(variables["params"]))
-    print(f"{label:<22} {np.dtype(dtype).name:<8} " + "  ".join(f"{k} {v:.1e}" for k, v in diffs.items())
+    print(f"{label:<24} {np.dtype(dtype).name:<8} " + "  ".join(f"{k} {v:.1e}" for k, v in diffs.items())
           + f"  params torch {n_torch:,} resjax {n_jax:,}")
+    if reference is not None:
+        own = {k: _rel(v, reference[k]) for k, v in outputs.items()}
+        print(f"{'':<24} {'(torch float32 vs torch float64:':<8} " + "  ".join(f"{k} {v:.1e}" for k, v in own.items())
+              + ")")
+    return outputs
 
 
 def check(args, torch) -> None:
@@ -217,9 +225,9 @@ def check(args, torch) -> None:
         _randomise(net, torch, gen, round_weights=False)
         x = torch.randn((8, 3, 32, 32), generator=gen, dtype=torch.float64)
         r = torch.randn((8, 10), generator=gen, dtype=torch.float64)
-        for dtype in (np.float32, np.float64):
-            _compare(f"{name} ResNet-20", net, cifar_resnet(20, **settings, **REPOSITORY_MODELS[name]), x, r, torch,
-                     dtype)
+        model = cifar_resnet(20, **settings, **REPOSITORY_MODELS[name])
+        reference = _compare(f"{name} ResNet-20", net, model, x, r, torch, np.float64)
+        _compare(f"{name} ResNet-20", net, model, x, r, torch, np.float32, reference)
         for depth in (56, 110):
             big = getattr(_import_peer(roots[repo], filename), ctor.replace("20", str(depth)))(*ctor_args)
             n_torch = sum(p.numel() for p in big.parameters())
@@ -235,8 +243,8 @@ def check(args, torch) -> None:
         _randomise(net, torch, gen, round_weights=False)
         x = torch.randn((2, 3, 224, 224), generator=gen, dtype=torch.float64)
         r = torch.randn((2, 1000), generator=gen, dtype=torch.float64)
-        for dtype in (np.float32, np.float64):
-            _compare(f"torchvision ResNet-{depth}", net, imagenet_resnet(depth), x, r, torch, dtype)
+        reference = _compare(f"torchvision ResNet-{depth}", net, imagenet_resnet(depth), x, r, torch, np.float64)
+        _compare(f"torchvision ResNet-{depth}", net, imagenet_resnet(depth), x, r, torch, np.float32, reference)
 
 
 def main(argv=None) -> None:

@@ -279,7 +279,10 @@ class ResNet(nn.Module):
         if self.stem_head_biases not in (None, True, False):
             raise ValueError(f"stem_head_biases: must be None, True or False, got {self.stem_head_biases!r}")
         if self.stem_init is not None:
-            get_initializer(self.stem_init)  # raises ValueError naming an unknown initialiser
+            try:
+                get_initializer(self.stem_init)
+            except ValueError as err:
+                raise ValueError(f"stem_init: {err}") from None
         super().__post_init__()
         self._block_kwargs(0, 1)  # validates every block setting now, before anything is traced
 
