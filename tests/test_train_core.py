@@ -1,0 +1,117 @@
+"""The one training core: checkpointed on-device sweeps resume bit-identically, measurement hooks, build_model."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from resjax.data import load_dataset
+from resjax.nn import build_model
+from resjax.train import make_train, run_config, train_config
+from resjax.train import checkpoint as ckpt_lib
+from tests.test_image_train import leaves_equal
+from tests.test_training import DATA, tiny_config
+
+
+class Stop(Exception):
+    pass
+
+
+def test_a_stopped_mnist1d_sweep_of_3_seeds_resumes_bit_identically(tmp_path):
+    data = load_dataset("mnist1d")
+    config = run_config(dict(kind="residual_mlp", width=16, num_blocks=3, norm="batch", order="pre"),
+                        train_config(batch_size=500, epochs=4, momentum=0.9, checkpoint_every=2), "mnist1d")
+    keys = jax.random.split(jax.random.key(0), 3)
+    full, mf = make_train(config, data).sweep(keys, chunk_epochs=1)
+
+    def stop_after_two(done, summary):
+        assert summary["train_loss"].shape == (3,)
+        if done == 2:
+            raise Stop  # as a crash or a kill would, after the checkpoint of epoch 2 was written
+
+    with pytest.raises(Stop):
+        make_train(config, data).sweep(keys, chunk_epochs=1, checkpoint_dir=tmp_path, callback=stop_after_two)
+    assert ckpt_lib.latest(tmp_path) == 2
+    resumed, mr = make_train(config, data).sweep(keys, chunk_epochs=1, checkpoint_dir=tmp_path)  # a new process would
+    assert ckpt_lib.latest(tmp_path) == 4
+    assert leaves_equal(full, resumed)  # parameters, batch_stats, optimiser state, step, key, history
+    for name in ("train_loss", "train_error", "test_error", "diverged_epoch"):
+        np.testing.assert_array_equal(mf[name], mr[name])
+    # a checkpoint of other seeds, or of other settings, is refused
+    with pytest.raises(ValueError, match="checkpoint_dir: .*other seeds"):
+        make_train(config, data).sweep(jax.random.split(jax.random.key(1), 3), checkpoint_dir=tmp_path)
+    config.train.learning_rate = 0.01
+    with pytest.raises(ValueError, match=r"checkpoint_dir: .*other settings \(train.learning_rate\)"):
+        make_train(config, data).sweep(keys, checkpoint_dir=tmp_path)
+
+
+def test_hooks_record_from_inside_the_compiled_run():
+    c = tiny_config(kind="plain_mlp", width=8, depth=2)
+    steps = len(DATA.y_train) // c.train.batch_size
+
+    def step_hook(before, after, hparams):
+        return {"step": after.state.step, "moved": jnp.linalg.norm(after.state.params["head"]["kernel"]
+                                                                   - before.state.params["head"]["kernel"]),
+                "lr": hparams["learning_rate"]}
+
+    def epoch_hook(run, hparams):
+        return {"epoch": run.epoch, "head": run.state.params["head"]["kernel"]}
+
+    trainer = make_train(c, DATA, step_hook=step_hook, epoch_hook=epoch_hook)
+    keys = jax.random.split(jax.random.key(0), 2)
+    lrs = np.array([0.05, 0.0], np.float32)
+    run, m = trainer.sweep(keys, {"learning_rate": lrs}, chunk_epochs=2)
+    s, e = m["step_records"], m["epoch_records"]
+    assert s["step"].shape == (2, 3, steps) and e["head"].shape == (2, 3, 8, 3)
+    np.testing.assert_array_equal(s["step"][0].reshape(-1), np.arange(1, 3 * steps + 1))
+    np.testing.assert_array_equal(e["epoch"], [[1, 2, 3]] * 2)
+    np.testing.assert_array_equal(s["lr"][:, 0, 0], lrs)
+    assert (s["moved"][0] > 0).all() and (s["moved"][1] == 0).all()  # learning rate 0 does not move
+    np.testing.assert_array_equal(e["head"][:, -1], run.state.params["head"]["kernel"])
+    # the same records from the whole run as one program
+    _, one = jax.jit(jax.vmap(trainer))(keys, {"learning_rate": jnp.asarray(lrs), "weight_decay": jnp.zeros(2)})
+    np.testing.assert_allclose(one["step_records"]["moved"], s["moved"], rtol=1e-5)
+
+
+def test_the_metric_vocabulary_is_the_same_for_both_feeders():
+    from resjax.train.core import METRICS
+    from tests.test_image_train import TRAIN, TinyCNN, tiny_config as image_config, trainer_for
+
+    _, on_device = make_train(tiny_config(), DATA).sweep(jax.random.split(jax.random.key(0), 1))
+    _, host = trainer_for(image_config(epochs=1), TinyCNN()).fit(0)
+    assert set(METRICS) <= set(on_device) and set(METRICS) <= set(host)
+    assert set(on_device) == set(host)
+    assert np.isfinite(on_device["train_error"]).all() and np.isnan(host["train_error"]).all()
+
+
+@pytest.mark.parametrize("config, shape, classes", [
+    (dict(kind="plain_mlp", width=8, depth=2), (4, 10), 3),
+    (dict(kind="tau_resnet", variant="tau", width=8, depth=3), (4, 10), 3),
+    (dict(kind="cifar_resnet", depth=8), (2, 8, 8, 3), 10),
+    (dict(kind="taki_resnet", num_blocks=2, scan=False), (2, 8, 8, 3), 10),
+    (dict(kind="densenet_bc_cifar", depth=10, growth_rate=4), (2, 8, 8, 3), 10),
+])
+def test_build_model_builds_every_family_by_name(config, shape, classes):
+    model = build_model(config, num_classes=classes)
+    v = model.init(jax.random.key(0), jnp.zeros(shape), train=False)
+    assert model.apply(v, jnp.zeros(shape), train=False).shape == (shape[0], classes)
+
+
+def test_build_model_builds_the_dense_prediction_families():
+    x = jnp.zeros((1, 8, 8, 1))
+    unet = build_model({"kind": "unet", "features": (4, 8), "out_channels": 2}, num_classes=10)  # not a classifier
+    assert unet.apply(unet.init(jax.random.key(0), x, train=False), x, train=False).shape == (1, 8, 8, 2)
+    hg = build_model("hourglass", num_stacks=2, depth=1, features=4, num_heatmaps=3)
+    outs = hg.apply(hg.init(jax.random.key(0), x, train=False), x, train=False)
+    assert [o.shape for o in outs] == [(1, 8, 8, 3)] * 2
+
+
+def test_build_model_names_bad_settings():
+    with pytest.raises(ValueError, match="model.kind"):
+        build_model({"kind": "resnet9000"})
+    with pytest.raises(ValueError, match="model.variant"):
+        build_model({"kind": "tau_resnet", "width": 8, "depth": 2})
+    with pytest.raises(ValueError, match="model"):
+        build_model({"kind": "cifar_resnet", "depht": 20})
+    with pytest.raises(ValueError, match="train.epoch"):
+        train_config(epoch=3)
