@@ -20,7 +20,7 @@ harder for an MLP (it is built to separate architectures), so losses stay higher
 Epochs. The default is 8 epochs (120 SGD steps per network), chosen so the whole sweep (3 depths x
 (9 + 3) networks, all compilation included) takes at most about 10 minutes on the shared 2-core CPU
 this project is developed on (depth 1000 dominates: 12 networks x 1000 blocks per step). The seed's
-Figure 3 runs much longer; ``--epochs 100`` (or more) on an accelerator gives its horizon. Which claims
+Figure 3 runs much longer; ``--train.epochs 100`` (or more) on an accelerator gives its horizon. Which claims
 hold can depend on the horizon; the report says what this run measured.
 
 Settings the seed leaves open: the number of seeds (3), the initialisation details (see

@@ -55,17 +55,17 @@ def test_every_registered_experiment_follows_the_contract(name):
 
 
 def test_flags_override_config_and_bad_flags_fail(tmp_path):
-    config, out = common.parse_args(degradation, ["--quick", "--epochs", "7", "--sweep_batch_sizes", "(16, 32)",
+    config, out = common.parse_args(degradation, ["--quick", "--train.epochs", "7", "--sweep_batch_sizes", "(16, 32)",
                                                   "--ablations", "false", "--out", str(tmp_path)])
-    assert config.epochs == 7 and tuple(config.sweep_batch_sizes) == (16, 32) and config.ablations is False
+    assert config.train.epochs == 7 and tuple(config.sweep_batch_sizes) == (16, 32) and config.ablations is False
     assert out == tmp_path
     with pytest.raises(SystemExit):
-        common.parse_args(degradation, ["--epochs", "many"])
+        common.parse_args(degradation, ["--train.epochs", "many"])
 
 
 def test_negative_learning_rate_is_refused_before_training(tmp_path):
     config = degradation.get_config("quick")
-    config.learning_rate = -0.005
+    config.train.learning_rate = -0.005
     with pytest.raises(ValueError, match="learning_rate"):
         degradation.run(config, tmp_path)
 
