@@ -72,8 +72,11 @@ Networks:
   ``x + conv8x8(act(norm(x)))`` at 16 channels, pool, dense. See ``TakiResNet``.
 
 Kernels default to He normal with fan-out (std sqrt(2 / (k*k*out))), the initialisation of the
-torchvision, Fixup and tau-ResNet code; the classifier uses PyTorch's ``nn.Linear`` default (zeros
-under Fixup, as Fixup prescribes).
+torchvision, Fixup and tau-ResNet code (Fixup's stem excepted: ``stem_init``); the classifier uses
+PyTorch's ``nn.Linear`` default (zeros under Fixup, as Fixup prescribes).
+
+``resjax.interop`` converts the PyTorch peers' ``state_dict`` (torchvision, tau-ResNet, Fixup) to these
+models' variables and back; ``tests/test_interop.py`` checks the numbers against the peers' own code.
 """
 
 from __future__ import annotations
