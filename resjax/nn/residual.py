@@ -129,6 +129,30 @@ def close_block(block: nn.Module, skip, branch):
     return out
 
 
+def fixup_kernel_init(kernel_init, layer: int, num_layers: int, num_blocks: int):
+    """Fixup's initialiser for layer ``layer`` of an ``num_layers``-layer branch in a network of ``num_blocks``
+    residual branches: zero for the last layer, ``kernel_init`` times ``num_blocks^(-1/(2m-2))`` before it."""
+    if layer == num_layers - 1:
+        return get_initializer("zeros")
+    return get_initializer(kernel_init, gain=num_blocks ** (-1.0 / (2 * num_layers - 2)))
+
+
+def scale_branch(block: nn.Module, h, tau=None, bias: Callable = lambda h: h):
+    """The branch scaling every residual block shares (``block.scaling``): ``tau`` (the traced ``tau`` when
+    given, else ``resolve_tau(block.tau, block.num_blocks)``), ``skipinit`` (a scalar gain starting at 0),
+    ``fixup`` (a scalar multiplier starting at 1), ``none``/``rescale`` (unchanged here; ``rescale`` acts on
+    the sum in ``close_block``). ``bias`` is the block's output bias: applied before the tau factor (as
+    the tau-ResNet code adds it) and after the scalar gains (as Fixup adds it). Call from a compact method."""
+    if block.scaling == "tau":
+        t = resolve_tau(block.tau, block.num_blocks) if tau is None else tau
+        return bias(h) * jnp.asarray(t, h.dtype)
+    if block.scaling == "skipinit":
+        h = h * block.param("skipinit_alpha", nn.initializers.zeros, (), h.dtype)
+    elif block.scaling == "fixup":
+        h = h * block.param("fixup_scale", nn.initializers.ones, (), h.dtype)
+    return bias(h)
+
+
 class ResidualBlock(nn.Module):
     """One residual block on a ``(..., features)`` stream; see the module docstring.
 
@@ -163,10 +187,7 @@ class ResidualBlock(nn.Module):
     def _kernel_init(self, layer: int):
         if self.scaling != "fixup":
             return get_initializer(self.kernel_init)
-        if layer == self.num_layers - 1:
-            return get_initializer("zeros")
-        m = self.num_layers
-        return get_initializer(self.kernel_init, gain=self.num_blocks ** (-1.0 / (2 * m - 2)))
+        return fixup_kernel_init(self.kernel_init, layer, self.num_layers, self.num_blocks)
 
     def _bias(self, name: str, h):
         """Fixup's scalar bias (zero at init); the identity otherwise."""
@@ -196,17 +217,7 @@ class ResidualBlock(nn.Module):
                 h = make_norm(self.norm, train=train, name=f"norm_{i}")(h)
                 if i < self.num_layers - 1:
                     h = self.activation(self._bias(f"bias_act_{i}", h))
-        return close_block(self, x, self._bias("bias_out", self._scale_branch(h, tau)))
-
-    def _scale_branch(self, h, tau):
-        if self.scaling == "tau":
-            t = resolve_tau(self.tau, self.num_blocks) if tau is None else tau
-            return h * jnp.asarray(t, h.dtype)
-        if self.scaling == "skipinit":
-            return h * self.param("skipinit_alpha", nn.initializers.zeros, (), h.dtype)
-        if self.scaling == "fixup":
-            return h * self.param("fixup_scale", nn.initializers.ones, (), h.dtype)
-        return h
+        return close_block(self, x, scale_branch(self, h, tau, lambda h: self._bias("bias_out", h)))
 
 
 class _ScanStep(nn.Module):

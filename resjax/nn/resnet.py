@@ -90,11 +90,10 @@ import jax.numpy as jnp
 
 from resjax.nn.init import get_bias_initializer, get_initializer
 from resjax.nn.norms import check_norm, make_norm
-from resjax.nn.residual import (SCALINGS, check_choice, check_positive, close_block, residual_add, resolve_tau,
-                                stack_blocks)
+from resjax.nn.residual import (ORDERS, SCALINGS, check_choice, check_positive, close_block, fixup_kernel_init,
+                                residual_add, resolve_tau, scale_branch, stack_blocks)
 
 BLOCK_KINDS = ("basic", "bottleneck")
-ORDERS = ("post", "pre")
 SHORTCUTS = ("A", "B")
 OPTION_A_INPUTS = ("x", "conv_input")
 STEMS = ("cifar", "imagenet")
@@ -171,10 +170,8 @@ class ResNetBlock(nn.Module):
 
     def _conv(self, i: int, size: int, features: int, strides: int, h):
         m = len(self._layers())
-        if self.scaling == "fixup" and i == m - 1:
-            init = get_initializer("zeros")
-        elif self.scaling == "fixup":
-            init = get_initializer(self.kernel_init, gain=self.num_blocks ** (-1.0 / (2 * m - 2)))
+        if self.scaling == "fixup":
+            init = fixup_kernel_init(self.kernel_init, i, m, self.num_blocks)
         else:
             init = get_initializer(self.kernel_init)
         use_bias = self.norm == "none" and not self.uses_scalar_biases
@@ -224,14 +221,7 @@ class ResNetBlock(nn.Module):
         return close_block(self, self._shortcut(x, first_input, train), self._scale_branch(h, tau))
 
     def _scale_branch(self, h, tau):
-        if self.scaling == "tau":
-            t = resolve_tau(self.tau, self.num_blocks) if tau is None else tau
-            return self._bias("bias_out", h) * jnp.asarray(t, h.dtype)
-        if self.scaling == "skipinit":
-            h = h * _scalar(self, "skipinit_alpha", h)
-        elif self.scaling == "fixup":
-            h = h * _scalar(self, "fixup_scale", h, nn.initializers.ones)
-        return self._bias("bias_out", h)
+        return scale_branch(self, h, tau, lambda h: self._bias("bias_out", h))
 
 
 class ResNet(nn.Module):
