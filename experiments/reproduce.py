@@ -92,6 +92,7 @@ def _previous(out_dir: pathlib.Path, config) -> dict | None:
 
 
 def main(argv=None) -> pathlib.Path:
+    common.start()
     parser = argparse.ArgumentParser(prog="python -m experiments.reproduce", description=__doc__.split("\n\n")[0])
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="small, fast versions (tests)")
