@@ -2,9 +2,11 @@
 
 Subpackages:
   nn        Flax linen modules (residual contract, MLPs, norms, initialisers)
-  train     seed-vmapped training loops (``make_train``)
+  train     one training core and two feeders: on-device (``make_train``, seed-vmapped lax.scan runs) and
+            host (``make_image_train``, batches from a data source)
   data      data sets (MNIST-1D generated offline; TFDS loaders)
   analysis  pure functions of (module, variables, inputs)
+  interop   weights from and to the peers' PyTorch models (torchvision, tau-ResNet, Fixup)
 """
 
 import os
