@@ -27,7 +27,7 @@ def test_quick_degradation_writes_results_and_figure(quick_report):
         assert len(m[f"final_train_error_pct.{name}"]) == c["num_seeds"]
         assert len(m[f"diverged_epoch.{name}"]) == c["num_seeds"]
         curves = np.array(m[f"curves.{name}.train_error_pct"], dtype=float)
-        assert curves.shape == (c["num_seeds"], c["epochs"])
+        assert curves.shape == (c["num_seeds"], c["train"]["epochs"])
     # The un-normalised depth-32 residual network overflows in its first epoch (variance ~ 2^32).
     assert m["diverged_epoch.residual_d32"] == [1] * c["num_seeds"]
     assert all(e is None for e in m["diverged_epoch.plain_d8"])
@@ -90,6 +90,6 @@ def test_reuse_takes_matching_results_only(quick_report, capsys):
     assert "reusing" in capsys.readouterr().out
     path = quick_report / "degradation" / "results.json"
     results = json.loads(path.read_text())
-    results["config"]["epochs"] += 1  # produced by another config: must not be reused
+    results["config"]["train"]["epochs"] += 1  # produced by another config: must not be reused
     path.write_text(json.dumps(results))
     assert reproduce._previous(quick_report / "degradation", degradation.get_config("quick")) is None
