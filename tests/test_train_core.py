@@ -91,13 +91,13 @@ def test_the_metric_vocabulary_is_the_same_for_both_feeders():
     (dict(kind="taki_resnet", num_blocks=2, scan=False), (2, 8, 8, 3), 10),
     (dict(kind="densenet_bc_cifar", depth=10, growth_rate=4), (2, 8, 8, 3), 10),
 ])
-def test_build_model_builds_every_family_by_name(config, shape, classes):
+def test_build_model_builds_every_family_by_name(config, shape, classes, fast_compiles):
     model = build_model(config, num_classes=classes)
     v = model.init(jax.random.key(0), jnp.zeros(shape), train=False)
     assert model.apply(v, jnp.zeros(shape), train=False).shape == (shape[0], classes)
 
 
-def test_build_model_builds_the_dense_prediction_families():
+def test_build_model_builds_the_dense_prediction_families(fast_compiles):
     x = jnp.zeros((1, 8, 8, 1))
     unet = build_model({"kind": "unet", "features": (4, 8), "out_channels": 2}, num_classes=10)  # not a classifier
     assert unet.apply(unet.init(jax.random.key(0), x, train=False), x, train=False).shape == (1, 8, 8, 2)
