@@ -225,7 +225,7 @@ def test_quick_experiment_writes_results(tmp_path):
     assert (m["try_three_blocks.one_branch"], m["try_three_blocks.two_branches"]) == (3, 3)
     assert m["expansion_rel_error"] < 1e-4
     for case, k in (("init_bn", config.num_blocks), ("init_nonorm", config.num_blocks),
-                    ("before_training", config.trained_num_blocks), ("after_training", config.trained_num_blocks)):
+                    ("before_training", config.model.num_blocks), ("after_training", config.model.num_blocks)):
         for name in ("gradient_share_by_length", "gradient_share_by_length_veit", "gradient_share_by_length_forward"):
             share = np.asarray(m[f"{name}.{case}"])
             assert share.shape == (k + 1,) and abs(share.sum() - 1) < 1e-4
