@@ -4,13 +4,19 @@
 (5,000 examples split 4,000 / 1,000, length 40, seed 42; the package standardises the whole set to mean
 0 and standard deviation 1), never its download path, and caches the arrays as ``.npz`` under
 ``$RESJAX_CACHE`` (default ``~/.cache/resjax``). Generation takes a few seconds; later calls read the
-cache.
+cache. A cache file that cannot be read (truncated, overwritten, not an ``.npz`` of these arrays, or
+holding a non-finite value) is reported with its path and the error (a ``RuntimeWarning``) and generated
+again.
+
+``check_finite(dataset)`` refuses a data set with a NaN or infinite value, naming the split and the first
+bad example (``load_dataset`` and ``load_mnist1d`` call it, so nothing trains on such data).
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -31,11 +37,43 @@ def cache_dir() -> pathlib.Path:
     return pathlib.Path(os.environ.get("RESJAX_CACHE", pathlib.Path.home() / ".cache" / "resjax"))
 
 
+def check_finite(data: Dataset, name: str = "data") -> Dataset:
+    """``data`` itself if every value of ``x_train`` and ``x_test`` is finite; else ``ValueError`` naming the
+    split and the first bad example, e.g. ``data.x_train: example 17 has a non-finite value (nan); refusing
+    to train on it``."""
+    for split in ("x_train", "x_test"):
+        x = np.asarray(getattr(data, split))
+        if not np.issubdtype(x.dtype, np.floating):
+            continue
+        bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1) if x.ndim else ~np.isfinite(x)[None]
+        if bad.any():
+            i = int(np.argmax(bad))
+            row = np.asarray(x[i]).reshape(-1)
+            value = row[~np.isfinite(row)][0]
+            raise ValueError(f"{name}.{split}: example {i} has a non-finite value ({value}); refusing to train on it")
+    return data
+
+
+def _read_cache(path: pathlib.Path) -> Dataset | None:
+    """The cached data set, or None (with a warning naming the file and the error) when it cannot be read."""
+    try:
+        with np.load(path) as f:
+            data = Dataset(*(np.asarray(f[k]) for k in Dataset._fields))
+        if data.x_train.ndim != 2 or len(data.x_train) != len(data.y_train) or len(data.x_test) != len(data.y_test):
+            raise ValueError(f"arrays of shapes {[a.shape for a in data]} are not an MNIST-1D data set")
+        return check_finite(data)  # generated data are finite: a NaN here is damage
+    except Exception as err:  # noqa: BLE001 (zip, pickle, key and shape errors alike mean "rebuild it")
+        warnings.warn(f"MNIST-1D cache {path} is unreadable ({type(err).__name__}: {err}); generating the data "
+                      "again and rewriting it", RuntimeWarning, stacklevel=3)
+        return None
+
+
 def load_mnist1d(cache: bool = True) -> Dataset:
     path = cache_dir() / "mnist1d_default.npz"
     if cache and path.exists():
-        with np.load(path) as f:
-            return Dataset(*(f[k] for k in Dataset._fields))
+        data = _read_cache(path)
+        if data is not None:
+            return data
     from mnist1d.data import get_dataset_args, make_dataset
 
     raw = make_dataset(get_dataset_args())
@@ -46,4 +84,4 @@ def load_mnist1d(cache: bool = True) -> Dataset:
         tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
         np.savez(tmp, **data._asdict())
         os.replace(tmp, path)
-    return data
+    return check_finite(data)

@@ -277,6 +277,11 @@ class ImageSource:
 
     def __init__(self, name: str, split: str, num_examples: int, read: Reader, *, spec: ImageSpec | None = None):
         self.spec = spec if spec is not None else _spec(name)
+        for setting in ("mean", "std"):
+            values = np.asarray(getattr(self.spec, setting), np.float64)
+            if not np.isfinite(values).all() or (setting == "std" and (values <= 0).any()):
+                raise ValueError(f"{name}: normalisation {setting} {getattr(self.spec, setting)} must be finite"
+                                 f"{' and > 0' if setting == 'std' else ''}; refusing to train on its batches")
         self.name = name
         self.split = split
         self.num_examples = int(num_examples)
@@ -347,6 +352,16 @@ class ImageSource:
             raise ValueError(f"{self.name}: images of shape {batch.shape[1:]}, want {self.image_shape}")
         return normalise(batch, self.spec.mean, self.spec.std)
 
+    def check_finite(self, batch: np.ndarray, indices, epoch: int, batch_index: int) -> None:
+        """Refuse a batch with a NaN or infinite value, naming the split, epoch, batch and example index."""
+        bad = ~np.isfinite(batch.reshape(len(batch), -1)).all(axis=1)
+        if bad.any():
+            i = int(np.argmax(bad))
+            value = batch[i][~np.isfinite(batch[i])].reshape(-1)[0]
+            raise ValueError(f"{self.name}/{self.split}: epoch {epoch}, batch {batch_index}: example "
+                             f"{int(np.asarray(indices)[i])} (row {i} of the batch) has a non-finite value "
+                             f"({value}); refusing to train on it")
+
     def epoch(self, epoch: int, batch_size: int, *, seed: int = 0, shuffle: bool = True, augment: bool = False,
               drop_remainder: bool = True, start_batch: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Iterator over (images float32 [B,H,W,C] normalised, labels int32 [B]).
@@ -356,7 +371,8 @@ class ImageSource:
         draws from ``np.random.default_rng([seed, epoch, 1, b])``. This is what makes exact resume of
         training possible (no loader state to save); ``start_batch`` starts at batch ``start_batch``,
         yielding exactly the rest of the full epoch. ``shuffle=False`` gives the split in order
-        (evaluation); ``drop_remainder=False`` yields a final short batch.
+        (evaluation); ``drop_remainder=False`` yields a final short batch. A batch with a NaN or infinite
+        value (after normalisation) raises ``ValueError`` naming the split, epoch, batch and example.
         """
         n_batches = self.num_batches(batch_size, drop_remainder)
         if n_batches == 0:
@@ -370,7 +386,9 @@ class ImageSource:
                 indices = order[b * batch_size:(b + 1) * batch_size]
                 images, labels = self.read(indices)
                 rng = np.random.default_rng([seed, epoch, 1, b]) if augment else None
-                yield self.preprocess(images, rng, augment), labels
+                batch = self.preprocess(images, rng, augment)
+                self.check_finite(batch, indices, epoch, b)
+                yield batch, labels
 
         return batches()
 
