@@ -73,7 +73,17 @@ def param_shapes(module, channels: int, spatial: int):
     return jax.eval_shape(lambda k, x: module.init(k, x, False), jax.random.PRNGKey(0), x)["params"]
 
 
+def check(config) -> None:
+    """The preflight hook (``experiments.common.preflight``): every setting is a size, an integer >= 1 (or a
+    tuple of them)."""
+    for name, value in common.flatten(config).items():
+        for v in value if isinstance(value, (tuple, list)) else (value,):
+            if not common.is_int(v) or v < 1:
+                raise ValueError(f"{name}: every size must be an integer >= 1, got {v!r}")
+
+
 def run(config, out_dir) -> dict:
+    check(config)
     basic = conv_kernel_weights(param_shapes(BasicBranch(config.channels), config.channels, config.spatial))
     bott = conv_kernel_weights(param_shapes(BottleneckBranch(config.channels, config.bottleneck),
                                             config.channels, config.spatial))

@@ -64,11 +64,16 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
     return c
 
 
-def run(config, out_dir) -> dict:
+def check(config) -> None:
+    """The preflight hook (``experiments.common.preflight``): batch sizes are integers >= 2 (the data are an infinite Gaussian sample, so there is no upper bound)."""
     for name in ("batch_sizes", "sweep_batch_sizes"):
         for b in config[name]:
             if int(b) != b or b < 2:
                 raise ValueError(f"{name}: batch sizes must be integers >= 2 (a batch of one has no spread), got {b}")
+
+
+def run(config, out_dir) -> dict:
+    check(config)
     sizes = sorted(set(int(b) for b in (*config.batch_sizes, *config.sweep_batch_sizes)))
     key = jax.random.key(config.seed)
     kw = dict(data_mean=config.data_mean, data_std=config.data_std, epsilon=config.epsilon)

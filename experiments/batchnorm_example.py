@@ -42,13 +42,18 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
     return c  # the same at every size: four numbers
 
 
-def run(config, out_dir) -> dict:
+def check(config) -> None:
+    """The preflight hook (``experiments.common.preflight``): a 1-d minibatch, epsilon >= 0, rho in (0, 1]."""
     h = np.asarray(config.minibatch, np.float32)
     if h.ndim != 1:
         raise ValueError(f"minibatch: a list of numbers, got {config.minibatch!r}")
     if config.epsilon < 0:
         raise ValueError(f"epsilon: must be >= 0, got {config.epsilon}")
     bn.check_rho(config.rho)
+
+
+def run(config, out_dir) -> dict:
+    check(config)
     steps = {k: np.asarray(v) for k, v in bn.batchnorm_steps(h, config.gamma, config.delta, config.epsilon).items()}
     layer = jax.jit(lambda x, eps: bn.apply_norm("batch", x, train=True, gamma=config.gamma, delta=config.delta,
                                                  epsilon=eps, rho=config.rho), static_argnums=1)

@@ -83,11 +83,13 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
         c.model.width, c.model.depth, c.num_seeds, c.train.epochs, c.probe_every = 8, 1, 2, 1, 1
         c.step_multipliers, c.sweep_learning_rates, c.sweep_epochs = (1.0, 2.0), (0.01, 1.0), 1
     elif size == "full":
-        c.num_seeds, c.train.epochs, c.sweep_epochs = 5, 100, 50
+        # probe_every must divide the epochs (3 did not divide 100: the full run failed at once)
+        c.num_seeds, c.train.epochs, c.sweep_epochs, c.probe_every = 5, 100, 50, 5
     return c
 
 
-def _check(config) -> None:
+def check(config) -> None:
+    """The preflight hook (``experiments.common.preflight``); also called by ``run``."""
     for name in ("num_seeds", "probe_every", "sweep_epochs"):
         if int(config[name]) < 1:
             raise ValueError(f"{name}: must be >= 1, got {config[name]}")
@@ -101,6 +103,9 @@ def _check(config) -> None:
     ls.check_noise(config.noise_shift, config.noise_scale_low, config.noise_scale_high, config.noise_sigma)
     if not config.train_loss_threshold > 0:
         raise ValueError(f"train_loss_threshold: must be > 0, got {config.train_loss_threshold}")
+    data = common.load_data(config)
+    common.check_train(config.train, len(data.y_train))
+    common.build_models([{**config.model, "norm": norm} for norm in ("none", "batch")], data.num_classes)
 
 
 def _trainer(config, data, norm: str, epochs: int, model=None, epoch_hook=None):
@@ -163,7 +168,7 @@ def lr_sweep(config, data, norm: str) -> dict:
 
 
 def run(config, out_dir) -> dict:
-    _check(config)
+    check(config)
     data = load_dataset(config.data)
     idx = np.random.default_rng(config.seed).choice(len(data.y_train), config.train.batch_size, replace=False)
     x, y = jnp.asarray(data.x_train[idx]), jnp.asarray(data.y_train[idx])

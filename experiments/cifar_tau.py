@@ -142,8 +142,27 @@ def key(dataset: str, variant: str, depth: int) -> str:
     return f"{dataset}.{variant}.L{depth}"
 
 
-def run(config, out_dir) -> dict:
+def check(config) -> None:
+    """The preflight hook (``experiments.common.preflight``): the data mode, the scan mode, every data set, the train config of every cell with its batch size within the training examples, every model built."""
     image_runs.check_data_mode(config)
+    for dataset in required_data(config):
+        if dataset not in NUM_CLASSES:
+            setting = "nobn_dataset" if dataset == config.nobn_dataset else "bn_datasets"
+            raise ValueError(f"{setting}: unknown data set {dataset!r}; choose one of {tuple(NUM_CLASSES)}")
+    for setting in ("nobn_depths", "tau_inv_depths", "bn_depths", "extra_depth"):
+        value = config[setting]
+        for depth in value if isinstance(value, (tuple, list)) else (value,):
+            if not common.is_int(depth) or depth < 8 or (depth - 2) % 6:
+                raise ValueError(f"{setting}: every CIFAR ResNet depth must be 6n+2 with n >= 1 (20, 32, 44, 56, 110, "
+                                 f"1202), got {depth!r}")
+    image_runs.check_cells(config, required_data(config), [_train_config(config, v, d) for _, v, d in cells(config)])
+    for dataset, variant, depth in cells(config):
+        with common.setting_prefix("model"):
+            cifar_resnet(depth, num_classes=NUM_CLASSES[dataset], scan=False, **VARIANTS[variant])
+
+
+def run(config, out_dir) -> dict:
+    check(config)
     metrics: dict = {}
     if config.data == "synthetic":
         metrics[image_runs.STAND_IN] = 1

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import json
 import math
+import os
 import pathlib
+import re
+import tempfile
 import time
 from typing import Any, Callable
 
@@ -52,6 +56,7 @@ def flatten(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, An
 
 
 def _parse(text: str, default: Any) -> Any:
+    """``text`` as a value of ``default``'s type; ``ValueError`` saying what was expected."""
     if isinstance(default, bool):
         if text.lower() in ("1", "true", "yes"):
             return True
@@ -59,12 +64,27 @@ def _parse(text: str, default: Any) -> Any:
             return False
         raise ValueError(f"expected true or false, got {text!r}")
     if isinstance(default, int):
-        return int(text)
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"expected an integer, got {text!r}") from None
     if isinstance(default, float):
-        return float(text)
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"expected a number, got {text!r}") from None
     if isinstance(default, str):
         return text
-    try:  # tuples, lists, None-valued settings
+    if isinstance(default, (tuple, list)):
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            if default and all(isinstance(v, str) for v in default):  # --taus 1,L^-1/2
+                return tuple(v.strip() for v in text.split(",") if v.strip())
+            example = f"({', '.join(repr(v) for v in default[:2])},)" if default else "(1, 2)"
+            raise ValueError(f"expected a tuple such as {example!r}, got {text!r}") from None
+        return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    try:  # None-valued settings
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
         return text
@@ -79,7 +99,13 @@ def set_path(config: ml_collections.ConfigDict, name: str, value: Any) -> None:
         node[leaf] = tuple(value) if isinstance(value, list) else value
 
 
-def parse_args(module, argv=None) -> tuple[ml_collections.ConfigDict, pathlib.Path]:
+def default_out(name: str, size: str) -> pathlib.Path:
+    """Where a run writes without ``--out``: ``runs/<name>``, or ``runs/<name>-quick`` for ``--quick`` (so a
+    quick check never replaces the results of a real run)."""
+    return pathlib.Path("runs") / (f"{name}-quick" if size == "quick" else name)
+
+
+def _build_parser(module, argv):
     pre = argparse.ArgumentParser(add_help=False)
     size = pre.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true")
@@ -87,23 +113,174 @@ def parse_args(module, argv=None) -> tuple[ml_collections.ConfigDict, pathlib.Pa
     known, _ = pre.parse_known_args(argv)
     size_name = "quick" if known.quick else "full" if known.full else "default"
     config = module.get_config(size_name)
-
     parser = argparse.ArgumentParser(prog=f"python -m experiments.{module.NAME}",
+                                     usage="%(prog)s [--quick | --full] [--out DIR] [--<setting> VALUE ...]",
                                      description=(module.__doc__ or "").split("\n\n")[0], parents=[pre])
-    parser.add_argument("--out", default=f"runs/{module.NAME}", help="output folder (default: %(default)s)")
-    leaves = flatten(config)
-    for name, default in leaves.items():
-        parser.add_argument(f"--{name}", dest=name, default=None, metavar="VALUE",
-                            help=f"default: {default!r}")
+    parser.add_argument("--out", default=None,
+                        help=f"output folder (default: {default_out(module.NAME, size_name)})")
+    for name, default in flatten(config).items():
+        parser.add_argument(f"--{name}", dest=name, default=None, metavar="VALUE", help=f"default: {default!r}")
+    return parser, config, size_name
+
+
+def parse_args(module, argv=None, check: bool = False) -> tuple[ml_collections.ConfigDict, pathlib.Path]:
+    """``(config, out_dir)`` from the command line. A value that does not parse is an argparse error (exit
+    status 2, naming the flag). With ``check``, the run is also preflighted (:func:`preflight`: every cell,
+    every setting, the output folder) and a refused setting is an argparse error naming its flag."""
+    parser, config, size_name = _build_parser(module, argv)
     args = vars(parser.parse_args(argv))
+    leaves = flatten(config)
     for name, default in leaves.items():
         if args.get(name) is not None:
             try:
                 value = _parse(args[name], default)
             except ValueError as err:
-                raise SystemExit(f"--{name}: {err}") from None
+                parser.error(f"argument --{name}: {err}")
             set_path(config, name, value)
-    return config, pathlib.Path(args["out"])
+    out_dir = pathlib.Path(args["out"]) if args["out"] else default_out(module.NAME, size_name)
+    if check:
+        from resjax.data import DataNotPreparedError
+
+        try:
+            preflight(module, config, out_dir)
+        except ValueError as err:
+            parser.error(flag_message(err, leaves))
+        except DataNotPreparedError as err:
+            parser.exit(2, f"{parser.prog}: error: {err}\n")
+    return config, out_dir
+
+
+# ---- preflight -----------------------------------------------------------------------------------------
+
+# Settings (outside ``train``, whose checks are the library's) that count something: integers >= 1.
+COUNT_SETTING = re.compile(r"^(num_\w+|(\w+_)?(depths?|widths?|blocks|batch|batch_sizes?|epochs|examples|layers|"
+                           r"draws|networks|repeats|samples|points|inputs|seeds|steps|runs))$")
+
+
+def is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def check_finite(config: ml_collections.ConfigDict) -> None:
+    """Every float setting (and every float inside a tuple setting) is finite: NaN and infinities refused."""
+    for name, value in flatten(config).items():
+        for v in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(v, (float, np.floating)) and not math.isfinite(v):
+                raise ValueError(f"{name}: must be a finite number, got {v!r}")
+
+
+def check_counts(config: ml_collections.ConfigDict) -> None:
+    """Every setting that counts something (``num_*``, depths, widths, blocks, batch sizes, epochs, ...,
+    by the name's last part; not under ``train``) is an integer >= 1, or a tuple of them."""
+    for name, value in flatten(config).items():
+        leaf = name.rsplit(".", 1)[-1]
+        if name.startswith("train.") or "warmup" in leaf or not COUNT_SETTING.match(leaf):
+            continue
+        for v in value if isinstance(value, (tuple, list)) else (value,):
+            if not is_int(v) or v < 1:
+                what = "every entry must be an integer >= 1" if isinstance(value, (tuple, list)) else \
+                    "must be an integer >= 1"
+                raise ValueError(f"{name}: {what}, got {v!r}")
+
+
+def check_out_dir(out_dir) -> None:
+    """Create ``out_dir`` and write (then remove) a temporary file in it; ``ValueError`` naming ``out`` else."""
+    path = pathlib.Path(out_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".preflight-"):
+            pass
+    except OSError as err:
+        raise ValueError(f"out: cannot write into the output folder {path} ({err.strerror or err})") from None
+
+
+@contextlib.contextmanager
+def setting_prefix(prefix: str):
+    """Re-raise a ``ValueError`` whose message starts ``name: ...`` as ``prefix.name: ...`` (library checks
+    name a setting of the config they see, e.g. ``batch_size`` of ``config.train``)."""
+    try:
+        yield
+    except ValueError as err:
+        text = str(err)
+        m = re.match(r"([A-Za-z_][\w.]*)\s*:", text)
+        if m and m.group(1) != prefix and not m.group(1).startswith(prefix + "."):
+            raise ValueError(f"{prefix}.{text}") from None
+        raise
+
+
+def check_train(train, num_examples: int | None = None, prefix: str = "train") -> None:
+    """The library's checks of a train config (``resjax.train.config.check_train_config``, errors named
+    ``prefix.<setting>``) and its batch size within ``num_examples`` training examples."""
+    from resjax.train.config import check_train_config
+
+    with setting_prefix(prefix):
+        check_train_config(train)
+    if num_examples is not None:
+        check_batch_sizes(f"{prefix}.batch_size", train.batch_size, num_examples)
+
+
+def check_batch_sizes(name: str, sizes, num_examples: int, minimum: int = 1) -> None:
+    """Every batch size in ``sizes`` (setting ``name``) is an integer in ``[minimum, num_examples]``."""
+    for b in sizes if isinstance(sizes, (tuple, list)) else (sizes,):
+        if not is_int(b) or not minimum <= b <= num_examples:
+            raise ValueError(f"{name}: batch sizes must be integers from {minimum} to {num_examples} (the training "
+                             f"examples), got {b!r}")
+
+
+def load_data(config):
+    """The on-device data set ``config.data`` (``resjax.data.load_dataset``: cached, and every value checked
+    finite); errors name ``data``."""
+    from resjax.data import load_dataset
+
+    with setting_prefix("data"):
+        return load_dataset(config.data)
+
+
+def build_models(models, num_classes: int, prefix: str = "model") -> None:
+    """Build every model config in ``models`` (``resjax.nn.build_model`` checks each field as the module is
+    constructed; nothing is initialised); errors name ``prefix.<field>``."""
+    from resjax.nn import build_model
+
+    for model in models:
+        with setting_prefix(prefix):
+            build_model(model, num_classes=num_classes)
+
+
+def preflight(module, config: ml_collections.ConfigDict, out_dir=None) -> None:
+    """Validate a run before any training: the generic checks (finite floats, counts), the module's own
+    ``check(config)`` (every cell it will run: batch sizes against the data, models built, the library's
+    train config checks) and the output folder. Raises ``ValueError`` naming the first bad setting."""
+    check_finite(config)
+    check_counts(config)
+    if hasattr(module, "check"):
+        module.check(config)
+    if out_dir is not None:
+        check_out_dir(out_dir)
+
+
+def _flag(setting: str, leaves) -> str | None:
+    """The flag of a setting named in an error: itself, the nearest enclosing setting, or the one setting whose
+    name ends with it (library checks name ``batch_size`` for ``train.batch_size``)."""
+    if setting == "out":
+        return "out"
+    parts = setting.split(".")
+    for i in range(len(parts), 0, -1):
+        if ".".join(parts[:i]) in leaves:
+            return ".".join(parts[:i])
+    ends = [name for name in leaves if name.endswith("." + setting)]
+    return ends[0] if len(ends) == 1 else None
+
+
+def flag_message(err: Exception, leaves) -> str:
+    """``argument --a.b: <the rest>`` for an error ``a.b: <the rest>`` (``ValueError`` of a preflight), on one
+    line; the message as it is when it names no setting."""
+    text = " ".join(str(err).split())
+    m = re.match(r"([A-Za-z_][\w.]*)\s*:\s*(.*)", text)
+    if m:
+        flag = _flag(m.group(1), leaves)
+        if flag is not None:
+            return f"argument --{flag}: {m.group(2)}"
+    return text
 
 
 def to_jsonable(value: Any) -> Any:
@@ -125,9 +302,40 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
+def describe_results(path, module=None) -> str:
+    """One line on an existing ``results.json``: its experiment, its size (the ``get_config`` size its config
+    equals, else 'custom' and the settings that differ from the default size) and when it was written."""
+    path = pathlib.Path(path)
+    written = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(path.stat().st_mtime))
+    try:
+        old = json.loads(path.read_text())
+        name, config = old.get("experiment", "?"), old.get("config")
+    except (OSError, ValueError, AttributeError) as err:
+        return f"{path} (unreadable: {type(err).__name__}: {err}; written {written})"
+    size = "unknown size"
+    if module is not None and name == module.NAME and isinstance(config, dict):
+        sizes = [s for s in SIZES if to_jsonable(module.get_config(s)) == config]
+        if sizes:
+            size = f"size {sizes[0]}"
+        else:
+            base = flatten(ml_collections.ConfigDict(to_jsonable(module.get_config("default"))))
+            now = flatten(ml_collections.ConfigDict(config))
+            diff = [f"{k}={now[k]!r}" for k in now if base.get(k) != now[k]]
+            size = "custom config: " + (", ".join(diff[:6]) + (" ..." if len(diff) > 6 else "") or "?")
+    seconds = old.get("seconds")
+    ran = f", ran {seconds:.0f} s" if isinstance(seconds, (int, float)) else ""
+    return f"{path} (experiment {name}, {size}{ran}, written {written})"
+
+
 def run_experiment(module, config: ml_collections.ConfigDict, out_dir: pathlib.Path) -> dict:
-    """Run ``module`` with ``config``, write ``results.json`` into ``out_dir`` and return its content."""
+    """Run ``module`` with ``config``, write ``results.json`` into ``out_dir`` and return its content.
+
+    An existing ``results.json`` there is replaced, and what it held is printed (``describe_results``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "results.json"
+    if path.exists():
+        print(f"{module.NAME}: {path} exists and will be replaced when this run ends: "
+              f"{describe_results(path, module)}", flush=True)
     start = time.time()
     metrics = module.run(config, out_dir)
     results = {
@@ -136,7 +344,11 @@ def run_experiment(module, config: ml_collections.ConfigDict, out_dir: pathlib.P
         "metrics": to_jsonable(metrics),
         "seconds": round(time.time() - start, 2),
     }
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1))
+    if path.exists():
+        print(f"{module.NAME}: replacing {describe_results(path, module)}", flush=True)
+    tmp = path.with_name(f".results.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(results, indent=1))
+    os.replace(tmp, path)
     return results
 
 
@@ -177,7 +389,7 @@ def main(module, argv=None) -> dict:
         import sys
 
         module = sys.modules[module]
-    config, out_dir = parse_args(module, argv)
+    config, out_dir = parse_args(module, argv, check=True)
     results = run_experiment(module, config, out_dir)
     print(f"{module.NAME}: wrote {out_dir / 'results.json'} and {out_dir / (module.NAME + '.png')} "
           f"in {results['seconds']:.1f} s")

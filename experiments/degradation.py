@@ -223,6 +223,18 @@ def _ablation_table(m: dict) -> list[str]:
 # ---- running -----------------------------------------------------------------------------------------
 
 
+def check(config) -> None:
+    """The preflight hook (``experiments.common.preflight``): every cell before any training: the train config at
+    every batch size (the library's checks), every batch size within the training examples, every model
+    config built."""
+    data = common.load_data(config)
+    n = len(data.y_train)
+    common.check_train(config.train, n)
+    common.check_batch_sizes("sweep_batch_sizes", config.sweep_batch_sizes, n)
+    models = [*CONFIGS.values(), *(ABLATIONS.values() if config.ablations else ())]
+    common.build_models([{**config.model, **m} for m in models], data.num_classes)
+
+
 def train_cell(config, model: dict, batch_size: int, data, learning_rates) -> dict:
     """Train one model at one batch size for every seed (x learning rate) in one vmapped program."""
     train = ml_collections.ConfigDict(config.train.to_dict())
@@ -248,6 +260,7 @@ def _record(out: dict, prefix: str, name: str, metrics: dict, curves: bool) -> N
 
 
 def run(config, out_dir) -> dict:
+    check(config)
     data = load_dataset(config.data)
     out: dict = {}
     batch_sizes = sorted(set(config.sweep_batch_sizes) | {config.train.batch_size})

@@ -64,7 +64,8 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
     return c
 
 
-def _validate(config) -> None:
+def check(config) -> None:
+    """The preflight hook (``experiments.common.preflight``); also called by ``run``."""
     if not config.learning_rate > 0:
         raise ValueError(f"learning_rate: must be > 0, got {config.learning_rate!r}")
     for d in config.depths:
@@ -94,7 +95,7 @@ def one_step(model, x, y, learning_rate: float):
 
 
 def run(config, out_dir) -> dict:
-    _validate(config)
+    check(config)
     data = load_dataset(config.data)
     n = min(config.num_examples, len(data.y_train))
     x, y = jnp.asarray(data.x_train[:n]), jnp.asarray(data.y_train[:n])

@@ -43,6 +43,7 @@ import ml_collections
 import numpy as np
 
 from experiments import common
+from resjax.nn.init import INITIALIZERS
 from resjax.analysis import propagation as prop
 
 NAME = "gradient_scale"
@@ -100,9 +101,16 @@ def report_section(m: dict) -> str:
     return "\n".join(lines)
 
 
-def run(config, out_dir) -> dict:
+def check(config) -> None:
+    """The preflight hook (``experiments.common.preflight``): integer sizes and a known initialiser."""
     for setting in ("depth", "num_draws", "width", "branch_scale_blocks"):
         prop._check_int(setting, config[setting])
+    if config.kernel_init not in INITIALIZERS:
+        raise ValueError(f"kernel_init: unknown initialiser {config.kernel_init!r}; choose one of {INITIALIZERS}")
+
+
+def run(config, out_dir) -> dict:
+    check(config)
     fn = jax.jit(lambda key: prop.gradient_scale(key, config.depth, config.width, config.num_draws,
                                                  config.branch_scale_blocks, KINDS, config.kernel_init))
     norms = {k: np.asarray(v) for k, v in fn(jax.random.key(config.seed)).items()}

@@ -27,10 +27,31 @@ import jax
 import numpy as np
 
 from resjax.data import DataNotPreparedError, load_image_dataset, synthetic_image_dataset
+from resjax.data.tfds import prepared_num_examples
 from resjax.train import make_data_mesh, make_image_train, run_config
 
 DATA_MODES = ("real", "synthetic")
 STAND_IN = "stand_in"  # metrics key set when a run used the synthetic stand-in instead of the named data
+
+
+def check_cells(config, datasets, train_configs=()) -> None:
+    """Preflight of an image experiment (``experiments.common.preflight``): the data and scan modes, and for
+    every data set the train configs (``config.train`` and ``train_configs``; the library's checks) with their
+    batch size within its training examples (``synthetic_examples``, or the prepared split's size read from
+    its ``dataset_info.json``: a data set that is not prepared raises ``DataNotPreparedError`` here)."""
+    from experiments import common
+
+    check_data_mode(config)
+    if config.scan not in SCAN_MODES:
+        raise ValueError(f"scan: unknown value {config.scan!r}; choose one of {SCAN_MODES}")
+    for dataset in datasets:
+        with common.setting_prefix("dataset"):
+            if config.data == "synthetic":
+                n = config.synthetic_examples
+            else:
+                n = prepared_num_examples(dataset, "train", data_dir=config.get("data_dir") or None)
+        for train in (config.train, *train_configs):
+            common.check_train(train, n)
 
 
 def check_data_mode(config) -> None:

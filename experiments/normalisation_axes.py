@@ -97,7 +97,8 @@ def _draw(key, shape_nchw):
     return np.asarray(offset + scale * jax.random.normal(k3, shape_nchw), np.float32)
 
 
-def run(config, out_dir) -> dict:
+def check(config) -> None:
+    """The preflight hook (``experiments.common.preflight``): (B, C, H, W) shapes and group counts that divide the channels."""
     for setting in ("figure_shape", "check_shape"):
         shape = tuple(config[setting])
         if len(shape) != 4 or min(shape) < 1:
@@ -106,6 +107,10 @@ def run(config, out_dir) -> dict:
         g = config[setting]
         if g < 1 or shape[1] % g:
             raise ValueError(f"{setting}: num_groups {g} must divide the {shape[1]} channels")
+
+
+def run(config, out_dir) -> dict:
+    check(config)
     key_fig, key_check = jax.random.split(jax.random.key(config.seed))
     out: dict = {}
     x_fig = bn.nchw_to_nhwc(_draw(key_fig, tuple(config.figure_shape)))

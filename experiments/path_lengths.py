@@ -299,10 +299,18 @@ def train_network(config, data):
     return trainer.model, init_state.variables(), trained.variables(), metrics
 
 
-def run(config, out_dir) -> dict:
+def check(config) -> None:
+    """The preflight hook (``experiments.common.preflight``): integer sizes, the trained network's model and train config, its batch size within the training examples."""
     for name in ("num_blocks", "width", "num_examples", "veit_samples"):
         if not isinstance(config[name], int) or config[name] < 1:
             raise ValueError(f"{name}: must be an integer >= 1, got {config[name]!r}")
+    data = common.load_data(config)
+    common.check_train(config.train, len(data.y_train))
+    common.build_models([config.model], data.num_classes)
+
+
+def run(config, out_dir) -> dict:
+    check(config)
     out: dict = {"num_blocks": config.num_blocks, "trained_num_blocks": config.model.num_blocks,
                  "width": config.width, "train_epochs": config.train.epochs}
     k = config.num_blocks

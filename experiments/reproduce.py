@@ -4,7 +4,12 @@
 
 Sizes: ``--quick`` (a minute or two; what the tests run), the default (every lecture-scale figure,
 well under an hour on a 2-core CPU) and ``--full`` (paper-scale runs meant for an accelerator). Each
-experiment writes ``DIR/<name>/results.json`` and its figure; the report links them.
+experiment writes ``DIR/<name>/results.json`` and its figure; the report, ``DIR/REPORT.md``, links them.
+Without ``--out``, ``--quick`` writes ``runs/<name>-quick`` and ``runs/REPORT-quick.md`` (where
+``python -m experiments.<name> --quick`` writes too), so a quick check never replaces a real run's results.
+
+Every experiment to be run is preflighted (``experiments.common.preflight``: every cell, every setting,
+the output folders) before the first one starts.
 
 ``--reuse`` takes an experiment's existing ``DIR/<name>/results.json`` instead of running it again when
 its recorded config equals the config of this run (to resume an interrupted reproduction, or to
@@ -97,17 +102,20 @@ def main(argv=None) -> pathlib.Path:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="small, fast versions (tests)")
     size.add_argument("--full", action="store_true", help="paper-scale runs (accelerator)")
-    parser.add_argument("--out", default="runs", help="output folder (default: %(default)s)")
+    parser.add_argument("--out", default=None,
+                        help="output folder (default: runs; with --quick each experiment's folder is <name>-quick "
+                             "and the report REPORT-quick.md)")
     parser.add_argument("--only", nargs="*", choices=REGISTRY, help="run only these experiments")
     parser.add_argument("--reuse", action="store_true",
                         help="reuse DIR/<name>/results.json when its config equals this run's")
     args = parser.parse_args(argv)
     size_name = "quick" if args.quick else "full" if args.full else "default"
-    out = pathlib.Path(args.out)
+    out = pathlib.Path(args.out) if args.out else pathlib.Path("runs")
+    suffix = "-quick" if size_name == "quick" and not args.out else ""  # common.default_out's rule
     out.mkdir(parents=True, exist_ok=True)
 
     start = time.time()
-    sections, experiment_seconds, reused = [], 0.0, []
+    plan = []  # (module, config, label, missing, folder): every experiment preflighted before the first runs
     for name in args.only or REGISTRY:
         module = importlib.import_module(f"experiments.{name}")
         config = module.get_config(size_name)
@@ -118,15 +126,23 @@ def main(argv=None) -> pathlib.Path:
             label = "quick stand-in"
         else:
             label = size_name
-        results = _previous(out / name, config) if args.reuse else None
+        try:
+            common.preflight(module, config, out / f"{name}{suffix}")
+        except ValueError as err:
+            parser.error(f"{name}: {' '.join(str(err).split())}")
+        plan.append((module, config, label, missing, out / f"{name}{suffix}"))
+    sections, experiment_seconds, reused = [], 0.0, []
+    for module, config, label, missing, folder in plan:
+        name = module.NAME
+        results = _previous(folder, config) if args.reuse else None
         if results is None:
             print(f"reproduce: running {name} ({label})", flush=True)
-            results = common.run_experiment(module, config, out / name)
+            results = common.run_experiment(module, config, folder)
         else:
-            print(f"reproduce: reusing {out / name / 'results.json'}", flush=True)
+            print(f"reproduce: reusing {folder / 'results.json'}", flush=True)
             reused.append(name)
         experiment_seconds += results["seconds"]
-        sections.append(report_section(module, results, out / name, out, missing))
+        sections.append(report_section(module, results, folder, out, missing))
     header = [
         "# resjax reproduction report", "",
         f"Size: `{size_name}`. The experiments took {experiment_seconds:.0f} s in all; this run took "
@@ -137,7 +153,7 @@ def main(argv=None) -> pathlib.Path:
         "'reported' marks numbers shown beside the seed's without a pass/fail test; 'not measured' marks "
         "claims of an experiment whose data set was not prepared (it ran on a synthetic stand-in).", "",
     ]
-    path = out / "REPORT.md"
+    path = out / f"REPORT{suffix}.md"
     path.write_text("\n".join(header + sections))
     print(f"reproduce: wrote {path}")
     return path

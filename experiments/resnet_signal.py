@@ -140,7 +140,8 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
     return c
 
 
-def _validate(config) -> None:
+def check(config) -> None:
+    """The preflight hook (``experiments.common.preflight``); also called by ``run``."""
     if len(config.depths) < 1:
         raise ValueError("depths: need at least one depth")
     for d in config.depths:
@@ -292,7 +293,7 @@ def run_depth(depth: int, x, y, key, config) -> dict:
 
 
 def run(config, out_dir) -> dict:
-    _validate(config)
+    check(config)
     kx, ky, kp = jax.random.split(jax.random.key(config.seed), 3)
     x = jax.random.normal(kx, (config.batch_size, 32, 32, 3), jnp.float32)
     y = jax.random.randint(ky, (config.batch_size,), 0, config.num_classes)

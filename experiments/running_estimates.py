@@ -88,7 +88,8 @@ def layer_trace(batch_means, rho, init) -> jnp.ndarray:
     return jax.lax.scan(step, init_stats, jnp.asarray(batch_means, jnp.float32))[1]
 
 
-def run(config, out_dir) -> dict:
+def check(config) -> None:
+    """The preflight hook (``experiments.common.preflight``): two update rates in (0, 1], step settings inside the run."""
     if len(config.rhos) != 2:
         raise ValueError(f"rhos: two update rates, got {config.rhos!r}")
     bn.check_rho(np.asarray(config.rhos))
@@ -100,6 +101,10 @@ def run(config, out_dir) -> dict:
         raise ValueError(f"num_runs: must be >= 2, got {config.num_runs}")
     if config.drift_end > config.num_steps:
         raise ValueError(f"drift_end: must be <= num_steps ({config.num_steps}), got {config.drift_end}")
+
+
+def run(config, out_dir) -> dict:
+    check(config)
     true = bn.drifting_mean(config.num_steps, config.drift_start, config.drift_end, config.mean_start,
                             config.mean_end).astype(np.float32)
     slope = (config.mean_end - config.mean_start) / (config.drift_end - config.drift_start)

@@ -94,7 +94,8 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
     return c
 
 
-def _check(config) -> None:
+def check(config) -> None:
+    """The preflight hook (``experiments.common.preflight``); also called by ``run``."""
     for a in config.scales:
         si.check_scale(a)
     si.check_learning_rate(config.alpha, "alpha")
@@ -110,6 +111,10 @@ def _check(config) -> None:
             raise ValueError(f"{name}: must be >= 1, got {config[name]}")
     if config.batch < 2:
         raise ValueError("batch: training-mode BatchNorm needs >= 2 examples")
+    data = common.load_data(config)
+    common.check_batch_sizes("batch", config.batch, len(data.y_train), minimum=2)
+    common.check_train(config.train, len(data.y_train))
+    common.build_models([config.model], data.num_classes)
 
 
 def _wd_name(wd: float) -> str:
@@ -226,7 +231,7 @@ def train_part(config, data) -> dict:
 
 
 def run(config, out_dir) -> dict:
-    _check(config)
+    check(config)
     data = load_dataset(config.data)
     out = measure_identities(config, data)
     out.update(train_part(config, data))

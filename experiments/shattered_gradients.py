@@ -134,7 +134,7 @@ class OneHiddenLayer(nn.Module):
                         name="head")(h)
 
 
-def check_config(config) -> None:
+def check(config) -> None:
     """Every bad setting raises ``ValueError`` naming it, before anything compiles."""
     for name in ("width", "plain_hidden_layers", "residual_blocks", "num_networks", "repeats"):
         v = config[name]
@@ -283,7 +283,7 @@ def _arr(m, n, prefix="half_correlation_distance_per_network"):
 
 
 def run(config, out_dir) -> dict:
-    check_config(config)
+    check(config)
     grid, grads = measure_gradients(config)
     spacing = (config.grid_high - config.grid_low) / config.grid_points
     max_lag = config.grid_points // 2

@@ -78,11 +78,19 @@ def required_data(config) -> list[str]:
     return [config.dataset]
 
 
-def run(config, out_dir) -> dict:
+def check(config) -> None:
+    """The preflight hook (``experiments.common.preflight``): the data mode and variants, the scan mode, the train config with its batch size within the training examples, every model built."""
     image_runs.check_data_mode(config)
     for v in config.variants:
         if v not in VARIANTS:
             raise ValueError(f"variants: unknown variant {v!r}; choose from {tuple(VARIANTS)}")
+    image_runs.check_cells(config, [config.dataset])
+    for v in config.variants:
+        taki_resnet(config.num_blocks, scan=False, **VARIANTS[v])
+
+
+def run(config, out_dir) -> dict:
+    check(config)
     metrics: dict = {}
     if config.data == "synthetic":
         metrics[image_runs.STAND_IN] = 1

@@ -198,7 +198,8 @@ def _init_check(config) -> dict:
             "init_check.taki_variance_times_nL": float(np.var(taki) * config.width * config.num_blocks)}
 
 
-def run(config, out_dir) -> dict:
+def check(config) -> None:
+    """The preflight hook (``experiments.common.preflight``): integer sizes, positive variances, >= 2 blocks."""
     for setting in ("num_blocks", "width", "num_draws"):
         T._check_int(setting, config[setting])
     T._check_int("batch_size", config.batch_size, 2)
@@ -208,6 +209,10 @@ def run(config, out_dir) -> dict:
     L = config.num_blocks
     if L < 2:
         raise ValueError(f"num_blocks: need >= 2 blocks for the mid-to-last ratio, got {L}")
+
+
+def run(config, out_dir) -> dict:
+    check(config)
     l_fit = max(1, L // 10)
     key = jax.random.key(config.seed)
     out: dict = {"n_var_w_values": [float(q) for q in config.n_var_w_values]}

@@ -60,7 +60,8 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
     return c
 
 
-def _validate(config) -> None:
+def check(config) -> None:
+    """The preflight hook (``experiments.common.preflight``); also called by ``run``."""
     for name in ("width", "depth", "num_draws"):
         if not isinstance(config[name], int) or config[name] < 1:
             raise ValueError(f"{name}: must be an integer >= 1, got {config[name]!r}")
@@ -68,6 +69,7 @@ def _validate(config) -> None:
         raise ValueError(f"depth: the growth exponent needs at least 3 blocks, got {config.depth}")
     if not isinstance(config.batch_size, int) or config.batch_size < 2:
         raise ValueError(f"batch_size: BatchNorm needs a batch of at least 2, got {config.batch_size!r}")
+    common.check_batch_sizes("batch_size", config.batch_size, len(common.load_data(config).y_train), minimum=2)
 
 
 def logspaced_slope(curve: np.ndarray, num: int = 30) -> float:
@@ -78,10 +80,8 @@ def logspaced_slope(curve: np.ndarray, num: int = 30) -> float:
 
 
 def run(config, out_dir) -> dict:
-    _validate(config)
+    check(config)
     data = load_dataset(config.data)
-    if config.batch_size > len(data.y_train):
-        raise ValueError(f"batch_size: {config.batch_size} exceeds the {len(data.y_train)} training examples")
     x = jnp.asarray(data.x_train[: config.batch_size])
     bn = tau_resnet("bn", config.width, config.depth, data.num_classes)
     ref = tau_resnet("tau", config.width, config.depth, data.num_classes, tau="1/sqrt(L)")

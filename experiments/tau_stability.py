@@ -83,7 +83,8 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
     return c
 
 
-def _validate(config) -> None:
+def check(config) -> None:
+    """The preflight hook (``experiments.common.preflight``); also called by ``run``."""
     for t in config.taus:
         if t not in TAUS:
             raise ValueError(f"taus: unknown tau {t!r}; choose from {tuple(TAUS)}")
@@ -150,7 +151,7 @@ def measure_depth(config, depth: int, x, v, key) -> dict:
 
 
 def run(config, out_dir) -> dict:
-    _validate(config)
+    check(config)
     data = load_dataset(config.data)
     x = jnp.asarray(data.x_train[: config.num_inputs])
     key = jax.random.key(config.seed)

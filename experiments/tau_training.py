@@ -99,12 +99,22 @@ def _record(m: dict, name: str, depth: int, metrics: dict, seeds: slice) -> None
     m["curves" + p + ".train_loss"] = loss
 
 
-def run(config, out_dir) -> dict:
+def check(config) -> None:
+    """The preflight hook (``experiments.common.preflight``): every depth and the seed count, the train config with its batch size within the training examples, every model built."""
     for d in config.depths:
         if not isinstance(d, int) or d < 1:
             raise ValueError(f"depths: every depth must be an integer >= 1, got {d!r}")
     if not isinstance(config.num_seeds, int) or config.num_seeds < 1:
         raise ValueError(f"num_seeds: must be an integer >= 1, got {config.num_seeds!r}")
+    data = common.load_data(config)
+    common.check_train(config.train, len(data.y_train))
+    models = [tau_resnet_config("plain", config.model.width, d, scan=True) for d in config.depths]
+    models += [tau_resnet_config("tau", config.model.width, d, tau=t) for d in config.depths for t in TAUS.values()]
+    common.build_models(models, data.num_classes)
+
+
+def run(config, out_dir) -> dict:
+    check(config)
     data = load_dataset(config.data)
     m: dict = {}
     start_all = time.time()

@@ -174,9 +174,14 @@ def report_section(m: dict) -> str:
 # ---- running -----------------------------------------------------------------------------------------
 
 
-def run(config, out_dir) -> dict:
+def check(config) -> None:
+    """The preflight hook (``experiments.common.preflight``): integer sizes; BatchNorm needs a batch of 2."""
     for setting in ("num_blocks", "width", "batch_size", "num_networks"):
         prop._check_int(setting, config[setting], 2 if setting == "batch_size" else 1)
+
+
+def run(config, out_dir) -> dict:
+    check(config)
     key = jax.random.key(config.seed)
     k_inputs, k_single, k_sets = jax.random.split(key, 3)
     K = config.num_blocks

@@ -179,6 +179,17 @@ def _prepared_info(name: str, split: str, data_dir) -> tuple[pathlib.Path, str, 
     return root, version_dir.name, info
 
 
+def prepared_num_examples(name: str, split: str = "train", *, data_dir: str | os.PathLike | None = None) -> int:
+    """How many examples split ``split`` of the prepared data set ``name`` holds, from its
+    ``dataset_info.json`` alone (no TFDS import); :class:`DataNotPreparedError` when it is not prepared."""
+    _check_split(name, split)
+    _, _, info = _prepared_info(name, split, data_dir)
+    for s in info.get("splits", []):
+        if s.get("name") == split:
+            return int(sum(int(n) for n in s.get("shardLengths", [])) or s.get("numExamples", 0))
+    raise DataNotPreparedError(f"{name}: split {split!r} is missing from dataset_info.json")
+
+
 # ---------------------------------------------------------------------------------------------- transforms
 
 
