@@ -214,7 +214,8 @@ class NoisyBatchNorm(nn.Module):
 
 
 class NoisyBNMLP(nn.Module):
-    """``PlainMLP(norm='batch')`` with ``NoisyBatchNorm`` after each hidden linear layer."""
+    """``PlainMLP(norm='batch')`` with ``NoisyBatchNorm`` after each hidden linear layer (which, as in
+    ``PlainMLP``, has no bias: BatchNorm follows it)."""
 
     width: int
     depth: int
@@ -240,7 +241,7 @@ class NoisyBNMLP(nn.Module):
         bias = lambda h: get_bias_initializer(self.bias_init, h.shape[-1])
         h = nn.relu(nn.Dense(self.width, kernel_init=init, bias_init=bias(x), name="stem")(x))
         for k in range(self.depth):
-            h = nn.Dense(self.width, kernel_init=init, bias_init=bias(h), name=f"hidden_{k}")(h)
+            h = nn.Dense(self.width, use_bias=False, kernel_init=init, name=f"hidden_{k}")(h)  # BatchNorm follows
             h = NoisyBatchNorm(self.shift, self.scale_low, self.scale_high, self.sigma, name=f"norm_{k}")(h, train)
             h = nn.relu(h)
         return nn.Dense(self.num_classes, kernel_init=init, bias_init=bias(h), name="head")(h)

@@ -1,5 +1,9 @@
 """Flax linen modules for residual networks; see each file's docstring."""
 
+import math
+
+import numpy as np
+
 from resjax.nn.conv_blocks import (
     BasicBranch,
     BottleneckBranch,
@@ -22,6 +26,7 @@ from resjax.nn.residual import (
     ORDERS,
     SCALINGS,
     ResidualBlock,
+    check_tau_field,
     concat_merge,
     residual_add,
     residual_stack,
@@ -59,6 +64,28 @@ CLASSIFIERS = ("plain_mlp", "residual_mlp", "tau_resnet", "resnet", "cifar_resne
                "densenet", "densenet121", "densenet_bc_cifar")
 
 
+def _floats(value):
+    """The floats in a field value: the value itself, or the floats of a (nested) tuple or list."""
+    if isinstance(value, (float, np.floating)):
+        yield float(value)
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _floats(v)
+
+
+def check_model_fields(fields: dict) -> None:
+    """Raise ``ValueError`` naming ``model.<field>`` for a non-finite float field and for a ``tau`` that is
+    not a finite number > 0 or a known rule (a rule is checked for its form; its K is the model's)."""
+    for name, value in fields.items():
+        if name != "tau" and any(not math.isfinite(v) for v in _floats(value)):
+            raise ValueError(f"model.{name}: must be a finite number, got {value!r}")
+    if "tau" in fields:
+        try:
+            check_tau_field(fields["tau"], None)
+        except ValueError as err:
+            raise ValueError(f"model.{err}") from None
+
+
 def build_model(config=None, /, num_classes: int | None = None, **kwargs):
     """A model from its config: ``config`` is a mapping (``ConfigDict`` or dict) with ``kind`` and the
     model's fields, or ``kind`` as a string with the fields as keyword arguments.
@@ -69,7 +96,9 @@ def build_model(config=None, /, num_classes: int | None = None, **kwargs):
     ``imagenet_resnet`` (``depth``), ``taki_resnet`` (``num_blocks``, ``norm``, ``kernel_init``);
     ``densenet``, ``densenet121``, ``densenet_bc_cifar``; ``unet``; ``hourglass`` (``StackedHourglass``).
     ``num_classes``: the data's class count, used for classifiers whose config does not set it.
-    Unknown kinds and bad fields raise ``ValueError`` naming the setting."""
+    Unknown kinds and bad fields raise ``ValueError`` naming the setting: every float field (and every
+    float in a tuple field) must be finite (``model.<field>: must be a finite number, got nan``), and
+    ``tau`` a finite number > 0 or a known rule (``model.tau: ...``)."""
     fields = dict(config) if config is not None and not isinstance(config, str) else {}
     if isinstance(config, str):
         fields["kind"] = config
@@ -78,6 +107,7 @@ def build_model(config=None, /, num_classes: int | None = None, **kwargs):
     families = _families()
     if kind not in families:
         raise ValueError(f"model.kind: unknown model {kind!r}; choose one of {tuple(families)}")
+    check_model_fields(fields)
     if num_classes is not None and kind in CLASSIFIERS:
         fields.setdefault("num_classes", num_classes)
     if kind == "tau_resnet":

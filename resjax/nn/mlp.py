@@ -19,7 +19,11 @@ own norm and activation (the udlbook residual MLPs). ``scan=True`` builds the bl
 
 ``bias_init`` (default ``'zeros'``; ``'fan_in'`` = N(0, 1/fan_in), fan_in the layer's input size, so a
 scalar-input stem gets variance 1) draws every linear layer's bias, stem and head included (Fixup keeps
-its biases at zero). Both return logits, take ``train`` (BatchNorm mode) at call time, and sow their stem output (`stem_out`) and every
+its biases at zero). A linear layer followed directly by BatchNorm (``norm='batch'``: every hidden layer of
+``PlainMLP``; see ``ResidualBlock`` for the blocks) has no bias, whatever ``use_bias`` says: BatchNorm
+subtracts the batch mean, so that bias would have no effect on the loss (and drift under Adam); BatchNorm's
+shift takes its place. ``ResidualMLP`` and ``ResidualStack`` take ``tau`` at call time only with
+``scaling='tau'`` (else ``ValueError``: it would be ignored). Both return logits, take ``train`` (BatchNorm mode) at call time, and sow their stem output (`stem_out`) and every
 block's output into ``'intermediates'`` when it is mutable.
 """
 
@@ -30,12 +34,13 @@ from typing import Any, Callable
 import flax.linen as nn
 
 from resjax.nn.init import get_bias_initializer, get_initializer
-from resjax.nn.norms import check_norm, make_norm
-from resjax.nn.residual import ResidualBlock, check_positive, residual_stack
+from resjax.nn.norms import check_norm, is_batch_norm, make_norm
+from resjax.nn.residual import ResidualBlock, check_call_tau, check_positive, residual_stack
 
 
 class PlainLayer(nn.Module):
-    """One hidden layer of ``PlainMLP``: linear (``hidden``) -> norm (``norm``) -> activation; sows ``'hidden_out'``."""
+    """One hidden layer of ``PlainMLP``: linear (``hidden``; no bias before BatchNorm) -> norm (``norm``) ->
+    activation; sows ``'hidden_out'``."""
 
     width: int
     norm: str | Callable = "none"
@@ -46,7 +51,8 @@ class PlainLayer(nn.Module):
 
     @nn.compact
     def __call__(self, h, train: bool = False):
-        h = nn.Dense(self.width, use_bias=self.use_bias, kernel_init=get_initializer(self.kernel_init),
+        use_bias = self.use_bias and not is_batch_norm(self.norm)
+        h = nn.Dense(self.width, use_bias=use_bias, kernel_init=get_initializer(self.kernel_init),
                      bias_init=get_bias_initializer(self.bias_init, h.shape[-1]), name="hidden")(h)
         h = self.activation(make_norm(self.norm, train=train, name="norm")(h))
         self.sow("intermediates", "hidden_out", h)
@@ -111,8 +117,9 @@ class PlainMLP(nn.Module):
             )(layer_kwargs=tuple(sorted(self.layer_kwargs().items())), name="hidden_layers")
             h, _ = stack(h, train)
         else:
+            hidden_bias = self.use_bias and not is_batch_norm(self.norm)  # BatchNorm follows: no bias
             for k in range(self.depth):
-                h = nn.Dense(self.width, use_bias=self.use_bias, kernel_init=init, bias_init=bias(h),
+                h = nn.Dense(self.width, use_bias=hidden_bias, kernel_init=init, bias_init=bias(h),
                              name=f"hidden_{k}")(h)
                 h = self.activation(make_norm(self.norm, train=train, name=f"norm_{k}")(h))
                 self.sow("intermediates", "hidden_out", h)
@@ -159,6 +166,7 @@ class ResidualStack(_ResidualFields):
 
     @nn.compact
     def __call__(self, x, train: bool = False, tau=None):
+        check_call_tau(self, tau)
         if x.shape[-1] != self.width:
             raise ValueError(f"inputs: last axis {x.shape[-1]} must equal width {self.width} (the input is the stream)")
         self.sow("intermediates", "stem_out", x)
@@ -179,6 +187,7 @@ class ResidualMLP(_ResidualFields):
 
     @nn.compact
     def __call__(self, x, train: bool = False, tau=None):
+        check_call_tau(self, tau)
         init = get_initializer(self.kernel_init if self.stem_init is None else self.stem_init)
         h = nn.Dense(self.width, use_bias=self.use_bias, kernel_init=init,
                      bias_init=get_bias_initializer(self.bias_init, x.shape[-1]), name="stem")(x)

@@ -12,7 +12,8 @@
 
 BatchNorm defaults follow PyTorch, where the lecture's numbers come from: ``epsilon=1e-5`` and running
 estimates ``m <- (1 - rho) m + rho m_batch`` with rho = 0.1. Flax's ``momentum`` is 1 - rho, so the
-default here is ``momentum=0.9`` (flax's own default, 0.99, is rho = 0.01). Flax stores the biased
+default here (``make_norm('batch')`` and the ``BatchNorm`` class itself) is ``momentum=0.9`` (flax's own
+default, 0.99, is rho = 0.01). Flax stores the biased
 (population) batch variance in the running estimate; PyTorch stores the unbiased one.
 
 Under ``jax.vmap`` over seeds, BatchNorm must not be given an ``axis_name`` equal to the vmapped
@@ -48,7 +49,15 @@ def _identity(x, *args, **kwargs):
 
 
 class BatchNorm(nn.BatchNorm):
-    """``flax.linen.BatchNorm`` that refuses training-mode statistics over a single value per channel."""
+    """``flax.linen.BatchNorm`` with PyTorch's running-estimate rate as its default and a check.
+
+    ``momentum`` defaults to 0.9 (rho = 0.1, PyTorch's ``momentum=0.1``: ``m <- 0.9 m + 0.1 m_batch``), not
+    flax's 0.99; ``epsilon`` is 1e-5 (flax's default and PyTorch's). Refuses training-mode statistics over a
+    single value per channel.
+    """
+
+    momentum: float = BATCHNORM_DEFAULTS["momentum"]
+    epsilon: float = BATCHNORM_DEFAULTS["epsilon"]
 
     def __call__(self, x, use_running_average=None, **kwargs):
         use_ra = nn.merge_param("use_running_average", self.use_running_average, use_running_average)
@@ -113,6 +122,15 @@ def make_norm(kind: str | Callable, *, train: bool, name: str | None = None, **o
     if kind == "instance":
         return nn.InstanceNorm(name=name, **{"epsilon": 1e-5, **overrides})
     raise ValueError(f"norm: unknown normalisation {kind!r}; choose one of {NORMS} or pass a callable")
+
+
+def is_batch_norm(kind: str | Callable) -> bool:
+    """Whether a ``norm`` setting is BatchNorm: ``'batch'``, a BatchNorm class or a ``functools.partial`` of
+    one. A layer followed directly by BatchNorm needs no bias (BatchNorm subtracts the batch mean)."""
+    if isinstance(kind, str):
+        return kind == "batch"
+    cls = getattr(kind, "func", kind)
+    return isinstance(cls, type) and issubclass(cls, nn.BatchNorm)
 
 
 def check_norm(kind: str | Callable) -> None:

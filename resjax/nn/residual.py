@@ -2,7 +2,9 @@
 
 ``residual_add(skip, branch)`` is the only place in resjax where a skip and a branch are added. It
 checks with chex that the two have exactly equal shapes (a ``(B, 1)`` branch on a ``(B, D)`` stream is
-an error, not a broadcast) and raises ``ValueError`` naming both shapes.
+an error, not a broadcast) and raises ``ValueError`` naming both shapes. The check holds whether or not
+chex asserts are enabled: after ``chex.disable_asserts()`` the same comparison is made in plain Python
+(shapes are static), with the same message.
 
 ``ResidualBlock`` covers every placement the seed documents use:
 
@@ -17,7 +19,12 @@ an error, not a broadcast) and raises ``ValueError`` naming both shapes.
 - ``none``: s = 1;
 - ``tau``: s = tau, a traced value passed at call time (so a sweep over tau is a ``vmap``), or, when
   none is passed, the block's ``tau`` field: a number or a rule of the number of blocks K
-  (``'1/sqrt(K)'``, ``'1/K'``, ``'K^(-1/4)'``, ``'1'``);
+  (``'1/sqrt(K)'``, ``'1/K'``, ``'K^(-1/4)'``, ``'1'``). A rule that needs K needs ``num_blocks`` (the
+  blocks of the whole network; the stacks pass theirs): a standalone ``ResidualBlock(scaling='tau')``
+  without it raises ``ValueError`` naming ``num_blocks`` when the rule is used. A concrete tau (field or
+  call argument) must be a finite number > 0; a traced tau cannot be checked by value (a traced 0 gives
+  the identity network). A tau passed at call time to a block or model whose ``scaling`` is not
+  ``'tau'`` raises ``ValueError`` (it would be ignored: a tau sweep would train identical copies);
 - ``rescale``: the sum is multiplied by 1/sqrt(2): ``(x + f(x)) / sqrt(2)``, which keeps the variance
   of a sum of independent equal-variance terms constant;
 - ``skipinit``: s is a learned scalar ``alpha`` initialised at 0 (De & Smith 2020);
@@ -28,6 +35,10 @@ an error, not a broadcast) and raises ``ValueError`` naming both shapes.
 
 Biases of the linear layers are drawn by ``bias_init`` (``resjax.nn.init.get_bias_initializer``: ``'zeros'``,
 the default, or ``'fan_in'`` = N(0, 1/fan_in) with fan_in the layer's input size); Fixup keeps them at zero.
+A linear layer followed directly by BatchNorm (``norm='batch'``: every layer in the post order, every
+layer but the last in the pre order) has no bias, whatever ``use_bias`` says: BatchNorm subtracts the
+batch mean, so that bias has no effect on the output or the loss (BatchNorm's own shift takes its
+place), and under Adam it drifts on rounding noise. The conv ResNets do the same.
 """
 
 from __future__ import annotations
@@ -38,24 +49,30 @@ from typing import Any, Callable
 
 import chex
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from resjax.nn.init import get_bias_initializer, get_initializer
-from resjax.nn.norms import check_norm, make_norm
+from resjax.nn.norms import check_norm, is_batch_norm, make_norm
 
 ORDERS = ("pre", "post")
 SCALINGS = ("none", "tau", "rescale", "skipinit", "fixup")
 
 
 def residual_add(skip: jnp.ndarray, branch: jnp.ndarray) -> jnp.ndarray:
-    """``skip + branch`` after asserting (chex) that both have exactly the same shape."""
+    """``skip + branch`` after checking that both have exactly the same shape: with chex (its message is
+    the ``ValueError``'s cause) and, since ``chex.disable_asserts()`` turns chex's checks off, again in
+    plain Python, so the check holds either way (shapes are static: no cost at run time)."""
+    skip_shape, branch_shape = tuple(jnp.shape(skip)), tuple(jnp.shape(branch))
+    message = (f"residual_add: skip shape {skip_shape} and branch shape {branch_shape} differ; project the skip "
+               "or fix the branch (resjax never broadcasts a residual addition)")
     try:
         chex.assert_equal_shape([skip, branch])
     except AssertionError as err:
-        raise ValueError(
-            f"residual_add: skip shape {tuple(jnp.shape(skip))} and branch shape {tuple(jnp.shape(branch))} "
-            "differ; project the skip or fix the branch (resjax never broadcasts a residual addition)"
-        ) from err
+        raise ValueError(message) from err
+    if skip_shape != branch_shape:  # chex asserts disabled
+        raise ValueError(message)
     return skip + branch
 
 
@@ -83,12 +100,17 @@ _TAU_RULES: dict[str, Callable[[int], float]] = {
 }
 
 
-def resolve_tau(tau: float | str, num_blocks: int) -> float:
+#: The rules that do not depend on the number of blocks.
+_RULES_WITHOUT_K = ("1",)
+
+
+def resolve_tau(tau: float | str, num_blocks: int | None = None) -> float:
     """tau as a number: a number is returned as it is; a rule is evaluated at K = ``num_blocks``.
 
     Rules may name the number of blocks K or L: ``'1/sqrt(L)'`` is ``'1/sqrt(K)'``. A tau that is not a
-    finite number > 0 (``0``, ``-1``, ``'nan'``) raises ``ValueError`` naming ``tau`` (a traced tau passed
-    at call time is not checked here; ``tau=0`` there is the identity network, which tests use).
+    finite number > 0 (``0``, ``-1``, ``nan``, ``'inf'``) raises ``ValueError`` naming ``tau``; a rule
+    that needs K with ``num_blocks=None`` raises ``ValueError`` naming ``num_blocks``. (A traced tau
+    passed at call time never comes here: its value is unknown at trace time; see ``check_tau_value``.)
     """
     if isinstance(tau, str):
         rule = re.sub(r"\s+", "", tau).replace("L", "K")
@@ -97,13 +119,55 @@ def resolve_tau(tau: float | str, num_blocks: int) -> float:
                 value = float(rule)
             except ValueError:
                 raise ValueError(f"tau: unknown rule {tau!r}; use a number or one of {tuple(_TAU_RULES)}") from None
+        elif rule in _RULES_WITHOUT_K:
+            value = _TAU_RULES[rule](num_blocks)
         else:
+            if num_blocks is None:
+                raise ValueError(f"num_blocks: the tau rule {tau!r} needs the number of blocks K, and num_blocks was "
+                                 "not given; pass num_blocks (the residual blocks of the whole network), a number "
+                                 "for tau, or a tau at call time")
+            check_positive("num_blocks", num_blocks)
             value = _TAU_RULES[rule](num_blocks)
     else:
-        value = float(tau)
+        try:
+            value = float(tau)
+        except (TypeError, ValueError):
+            raise ValueError(f"tau: must be a finite number > 0 or a rule, got {tau!r}") from None
+        if isinstance(tau, bool):
+            raise ValueError(f"tau: must be a finite number > 0 or a rule, got {tau!r}")
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"tau: must be a finite number > 0, got {tau!r}")
     return value
+
+
+def check_tau_value(tau, setting: str = "tau") -> None:
+    """Raise ``ValueError`` naming ``setting`` unless a concrete tau (a number or an array) is finite and
+    > 0 everywhere. ``None`` and a traced tau (under ``jit``/``vmap``/``grad``) pass: a traced value is
+    unknown at trace time, so it cannot be checked by value (a traced 0 gives the identity network)."""
+    if tau is None or isinstance(tau, jax.core.Tracer):
+        return
+    try:
+        a = np.asarray(tau, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{setting}: must be a finite number > 0, got {tau!r}") from None
+    if a.size == 0 or isinstance(tau, bool) or not np.all(np.isfinite(a)) or np.any(a <= 0):
+        raise ValueError(f"{setting}: must be a finite number > 0, got {tau!r}")
+
+
+def check_call_tau(module: nn.Module, tau, check_value: bool = True) -> None:
+    """The ``tau`` call argument of a residual block or model (anything with a ``scaling`` field): ``None``
+    passes; on a module whose ``scaling`` is not ``'tau'`` any tau, traced or not, raises ``ValueError``
+    (it would be ignored, so a tau sweep would train identical copies); a concrete tau must be a finite
+    number > 0 (``check_tau_value``; ``check_value=False`` skips that, for a learned tau that a model
+    passes on to its blocks). Runs at trace time."""
+    if tau is None:
+        return
+    if module.scaling != "tau":
+        raise ValueError(f"tau: {type(module).__name__} has scaling={module.scaling!r} and does not use tau; a tau "
+                         "passed at call time would be ignored (a tau sweep would train identical copies). Pass tau "
+                         "only to a model with scaling='tau'")
+    if check_value:
+        check_tau_value(tau)
 
 
 def check_choice(setting: str, value: Any, choices: tuple) -> None:
@@ -114,6 +178,13 @@ def check_choice(setting: str, value: Any, choices: tuple) -> None:
 def check_positive(setting: str, value: int) -> None:
     if not isinstance(value, (int,)) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{setting}: must be an integer >= 1, got {value!r}")
+
+
+def check_tau_field(tau, num_blocks: int | None) -> None:
+    """A module's ``tau`` field, at construction (whatever its ``scaling``): a number must be finite and > 0,
+    a rule must be known. A rule that needs K is evaluated when the block is called (with ``num_blocks``
+    ``None`` it raises then, unless a tau is passed at call time)."""
+    resolve_tau(tau, num_blocks if num_blocks is not None else 1)
 
 
 def close_block(block: nn.Module, skip, branch):
@@ -137,12 +208,15 @@ def fixup_kernel_init(kernel_init, layer: int, num_layers: int, num_blocks: int)
     return get_initializer(kernel_init, gain=num_blocks ** (-1.0 / (2 * num_layers - 2)))
 
 
-def scale_branch(block: nn.Module, h, tau=None, bias: Callable = lambda h: h):
+def scale_branch(block: nn.Module, h, tau=None, bias: Callable = lambda h: h, check_value: bool = True):
     """The branch scaling every residual block shares (``block.scaling``): ``tau`` (the traced ``tau`` when
     given, else ``resolve_tau(block.tau, block.num_blocks)``), ``skipinit`` (a scalar gain starting at 0),
     ``fixup`` (a scalar multiplier starting at 1), ``none``/``rescale`` (unchanged here; ``rescale`` acts on
     the sum in ``close_block``). ``bias`` is the block's output bias: applied before the tau factor (as
-    the tau-ResNet code adds it) and after the scalar gains (as Fixup adds it). Call from a compact method."""
+    the tau-ResNet code adds it) and after the scalar gains (as Fixup adds it). Call from a compact method.
+    ``tau`` is checked by ``check_call_tau`` (refused on a block whose scaling is not ``'tau'``; a concrete
+    tau must be finite and > 0, unless ``check_value=False``: a learned tau the model passes on)."""
+    check_call_tau(block, tau, check_value)
     if block.scaling == "tau":
         t = resolve_tau(block.tau, block.num_blocks) if tau is None else tau
         return bias(h) * jnp.asarray(t, h.dtype)
@@ -156,7 +230,12 @@ def scale_branch(block: nn.Module, h, tau=None, bias: Callable = lambda h: h):
 class ResidualBlock(nn.Module):
     """One residual block on a ``(..., features)`` stream; see the module docstring.
 
-    Call as ``block(x, train, tau)``; ``tau`` is only read when ``scaling='tau'``.
+    Call as ``block(x, train, tau)``. ``tau`` may only be passed when ``scaling='tau'`` (otherwise
+    ``ValueError``: it would be ignored); a concrete tau must be a finite number > 0, a traced tau cannot
+    be checked by value. ``num_blocks``: K, the residual blocks of the whole network, for the tau rules
+    and Fixup's rescaling; ``None`` (a standalone block): a tau rule that needs K raises ``ValueError``
+    naming ``num_blocks`` when it is used (a number for ``tau``, the rule ``'1'`` or a tau passed at call
+    time need no K); Fixup then counts one block.
     """
 
     features: int
@@ -165,7 +244,7 @@ class ResidualBlock(nn.Module):
     norm: str | Callable = "none"
     scaling: str = "none"
     tau: float | str = "1/sqrt(K)"
-    num_blocks: int = 1
+    num_blocks: int | None = None
     kernel_init: str | Callable = "he_uniform"
     bias_init: str | Callable = "zeros"
     use_bias: bool = True
@@ -174,20 +253,24 @@ class ResidualBlock(nn.Module):
     def __post_init__(self):
         check_positive("width", self.features)
         check_positive("num_layers", self.num_layers)
-        check_positive("num_blocks", self.num_blocks)
+        if self.num_blocks is not None:
+            check_positive("num_blocks", self.num_blocks)
         check_choice("order", self.order, ORDERS)
         check_choice("scaling", self.scaling, SCALINGS)
         check_norm(self.norm)
         get_initializer(self.kernel_init)  # raises on an unknown name
         get_bias_initializer(self.bias_init, self.features)
-        if self.scaling == "tau" and not isinstance(self.tau, (int, float)):
-            resolve_tau(self.tau, self.num_blocks)
+        check_tau_field(self.tau, self.num_blocks)
         super().__post_init__()
 
     def _kernel_init(self, layer: int):
         if self.scaling != "fixup":
             return get_initializer(self.kernel_init)
-        return fixup_kernel_init(self.kernel_init, layer, self.num_layers, self.num_blocks)
+        return fixup_kernel_init(self.kernel_init, layer, self.num_layers, self.num_blocks or 1)
+
+    def _followed_by_batch_norm(self, layer: int) -> bool:
+        """Whether linear layer ``layer`` feeds BatchNorm directly (then it has no bias)."""
+        return is_batch_norm(self.norm) and (self.order == "post" or layer < self.num_layers - 1)
 
     def _bias(self, name: str, h):
         """Fixup's scalar bias (zero at init); the identity otherwise."""
@@ -197,7 +280,8 @@ class ResidualBlock(nn.Module):
 
     def _linear(self, layer: int, h):
         h = self._bias(f"bias_in_{layer}", h)
-        return nn.Dense(self.features, use_bias=self.use_bias, kernel_init=self._kernel_init(layer),
+        use_bias = self.use_bias and not self._followed_by_batch_norm(layer)
+        return nn.Dense(self.features, use_bias=use_bias, kernel_init=self._kernel_init(layer),
                         bias_init=get_bias_initializer(self._bias_init_name(), h.shape[-1]), name=f"linear_{layer}")(h)
 
     def _bias_init_name(self):

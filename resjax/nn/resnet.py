@@ -90,8 +90,9 @@ import jax.numpy as jnp
 
 from resjax.nn.init import get_bias_initializer, get_initializer
 from resjax.nn.norms import check_norm, make_norm
-from resjax.nn.residual import (ORDERS, SCALINGS, check_choice, check_positive, close_block, fixup_kernel_init,
-                                residual_add, resolve_tau, scale_branch, stack_blocks)
+from resjax.nn.residual import (ORDERS, SCALINGS, check_call_tau, check_choice, check_positive, check_tau_field,
+                                close_block, fixup_kernel_init, residual_add, resolve_tau, scale_branch,
+                                stack_blocks)
 
 BLOCK_KINDS = ("basic", "bottleneck")
 SHORTCUTS = ("A", "B")
@@ -115,7 +116,13 @@ def _scalar(module: nn.Module, name: str, h, init=nn.initializers.zeros):
 
 
 class ResNetBlock(nn.Module):
-    """One convolutional residual block; see the module docstring. Call as ``block(x, train, tau)``."""
+    """One convolutional residual block; see the module docstring. Call as ``block(x, train, tau)``.
+
+    ``tau`` (call argument) only with ``scaling='tau'``, else ``ValueError``; a concrete tau must be a finite
+    number > 0 (a traced one cannot be checked by value). ``num_blocks``: K of the tau rules and Fixup;
+    ``None`` (a standalone block): a tau rule that needs K raises ``ValueError`` naming ``num_blocks`` when
+    used; Fixup counts one block.
+    """
 
     features: int
     strides: int = 1
@@ -126,12 +133,13 @@ class ResNetBlock(nn.Module):
     norm: str | Callable = "batch"
     scaling: str = "none"
     tau: float | str = "1/sqrt(K)"
-    num_blocks: int = 1
+    num_blocks: int | None = None
     scalar_biases: bool | None = None
     kernel_init: str | Callable = DEFAULT_KERNEL_INIT
     option_a_norm: bool = False
     option_a_input: str = "x"
     activation: Callable = nn.relu
+    learned_tau: bool = False  # set by ResNet(learnable_tau=True): the call-time tau is a parameter, not checked
 
     def __post_init__(self):
         check_positive("features", self.features)
@@ -140,7 +148,8 @@ class ResNetBlock(nn.Module):
             raise ValueError(f"option_a_norm: must be True or False, got {self.option_a_norm!r}")
         check_positive("strides", self.strides)
         check_positive("expansion", self.expansion)
-        check_positive("num_blocks", self.num_blocks)
+        if self.num_blocks is not None:
+            check_positive("num_blocks", self.num_blocks)
         check_choice("kind", self.kind, BLOCK_KINDS)
         check_choice("order", self.order, ORDERS)
         check_choice("shortcut", self.shortcut, SHORTCUTS)
@@ -150,8 +159,7 @@ class ResNetBlock(nn.Module):
         if self.kind == "bottleneck" and self.features % self.expansion:
             raise ValueError(f"features: a bottleneck block needs features divisible by expansion={self.expansion}, "
                              f"got {self.features}")
-        if self.scaling == "tau" and not isinstance(self.tau, (int, float)):
-            resolve_tau(self.tau, self.num_blocks)
+        check_tau_field(self.tau, self.num_blocks)
         super().__post_init__()
 
     @property
@@ -171,7 +179,7 @@ class ResNetBlock(nn.Module):
     def _conv(self, i: int, size: int, features: int, strides: int, h):
         m = len(self._layers())
         if self.scaling == "fixup":
-            init = fixup_kernel_init(self.kernel_init, i, m, self.num_blocks)
+            init = fixup_kernel_init(self.kernel_init, i, m, self.num_blocks or 1)
         else:
             init = get_initializer(self.kernel_init)
         use_bias = self.norm == "none" and not self.uses_scalar_biases
@@ -221,11 +229,13 @@ class ResNetBlock(nn.Module):
         return close_block(self, self._shortcut(x, first_input, train), self._scale_branch(h, tau))
 
     def _scale_branch(self, h, tau):
-        return scale_branch(self, h, tau, lambda h: self._bias("bias_out", h))
+        return scale_branch(self, h, tau, lambda h: self._bias("bias_out", h), check_value=not self.learned_tau)
 
 
 class ResNet(nn.Module):
-    """A staged convolutional ResNet; see the module docstring. Call as ``model(images, train, tau)``.
+    """A staged convolutional ResNet; see the module docstring. Call as ``model(images, train, tau)``:
+    ``tau`` only with ``scaling='tau'`` (else ``ValueError``: it would be ignored); a concrete tau must be
+    a finite number > 0 (a traced one cannot be checked by value).
 
     ``tau_blocks`` is the K of the tau rule and of Fixup's rescaling (default: all blocks, as Zhang et
     al. and Fixup count L for CIFAR); ``imagenet_tau`` gives the ImageNet conventions as numbers.
@@ -296,7 +306,7 @@ class ResNet(nn.Module):
                       order=self.order, shortcut=self.shortcut, norm=self.norm, scaling=self.scaling, tau=self.tau,
                       num_blocks=self.tau_blocks or self.num_blocks, scalar_biases=self.scalar_biases,
                       kernel_init=self.kernel_init, activation=self.activation, option_a_norm=self.option_a_norm,
-                      option_a_input=self.option_a_input)
+                      option_a_input=self.option_a_input, learned_tau=self.learnable_tau)
         ResNetBlock(**kwargs, parent=None)  # raises ValueError naming a bad setting
         return kwargs
 
@@ -315,6 +325,7 @@ class ResNet(nn.Module):
     def __call__(self, x, train: bool = False, tau=None):
         if x.ndim != 4:
             raise ValueError(f"images: expected NHWC (4 axes), got shape {tuple(x.shape)}")
+        check_call_tau(self, tau)
         tau = self._tau(tau)
         conv_bias = self.norm == "none" and not self.use_scalar_biases
         kernel_init = get_initializer(self.kernel_init if self.stem_init is None else self.stem_init)

@@ -26,6 +26,9 @@ fields:
 ``train_config()`` holds the lecture's MNIST-1D setup (plain SGD at 0.005, batch 100, 300 epochs, no
 weight decay); ``image_train_config()`` the CIFAR ResNet recipe of He et al. as the tau-ResNet repository
 runs it. They are the same fields with other values.
+
+``check_train_config`` refuses every float setting that is not a finite number (NaN, +-inf: ``ValueError``
+naming ``train.<setting>``) before any range check, since NaN passes every ``< 0`` test.
 """
 
 from __future__ import annotations
@@ -87,8 +90,37 @@ def is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
+#: The float settings of ``train_config``: each must be a finite number (NaN and +-inf refused).
+FLOAT_SETTINGS = ("learning_rate", "momentum", "adam_b1", "adam_b2", "adam_eps", "weight_decay", "scalar_lr_factor",
+                  "grad_clip_norm", "decay_factor", "warmup_epochs")
+
+
+def is_number(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def check_finite_settings(c) -> None:
+    """Raise ``ValueError`` naming ``train.<setting>`` when a float setting (``FLOAT_SETTINGS``) or a
+    milestone is not a finite number: NaN passes every ``< 0`` test, so this runs before the range checks."""
+    for name in FLOAT_SETTINGS:
+        if name in c:
+            v = c[name]
+            if not is_number(v) or not math.isfinite(v):
+                raise ValueError(f"train.{name}: must be a finite number, got {v!r}")
+    milestones = c.get("milestones", ())
+    if milestones is not None:
+        try:
+            values = list(milestones)
+        except TypeError:
+            values = [milestones]
+        if not all(is_number(v) and math.isfinite(v) for v in values):
+            raise ValueError(f"train.milestones: must be finite numbers (epochs), got {milestones!r}")
+
+
 def check_train_config(c) -> None:
-    """Raise ``ValueError`` naming the first bad setting of a ``train_config``."""
+    """Raise ``ValueError`` naming the first bad setting of a ``train_config``: every float setting must be
+    finite (``train.learning_rate: must be a finite number, got nan``), then each setting's range."""
+    check_finite_settings(c)
     for name in ("batch_size", "eval_batch_size", "epochs"):
         v = c.get(name)
         if not is_int(v) or v < 1:
