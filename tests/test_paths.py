@@ -229,9 +229,36 @@ def test_quick_experiment_writes_results(tmp_path):
         for name in ("gradient_share_by_length", "gradient_share_by_length_veit", "gradient_share_by_length_forward"):
             share = np.asarray(m[f"{name}.{case}"])
             assert share.shape == (k + 1,) and abs(share.sum() - 1) < 1e-4
-    for claim in path_lengths.CLAIMS:
-        claim.measure(m)
-        assert claim.holds(m) in (True, False, None)
     assert "cancellation" in path_lengths.report_section(m)
     assert (tmp_path / "path_lengths.png").stat().st_size > 10_000
     assert results["metrics"]["train_epochs"] == 1
+
+
+def _path_metrics(**kw):
+    m = {"try_three_blocks.one_branch": 3, "try_three_blocks.two_branches": 3, "central_half_band": [25, 29],
+         "central_half_band_share": 0.52, "share_of_paths_5_to_17": 0.0045, "expansion_rel_error": 3e-6,
+         "num_blocks": 54, "effective_path_length_veit.init_bn": 9.3, "effective_path_length.init_bn": 12.5,
+         "trained_num_blocks": 32, "effective_path_length_veit.after_training": 7.0,
+         "effective_path_length.after_training": 8.25}
+    return {**m, **kw}
+
+
+def test_path_length_claims_hold_and_fail_on_the_right_metrics():
+    good = _path_metrics()
+    assert [c.holds(good) for c in path_lengths.CLAIMS] == [True] * 6
+    assert [c.measure(good) for c in path_lengths.CLAIMS] == [
+        "3, 3", "25 to 29 (52.0% of paths)", "0.45%", "3.0e-06", "9.3 of K = 54 (exact sum: 12.5)",
+        "7.0 of K = 32 (exact sum: 8.2)"]
+    bad = _path_metrics(**{"try_three_blocks.two_branches": 2, "central_half_band": [24, 29],
+                           "share_of_paths_5_to_17": 0.005, "expansion_rel_error": 2e-4,
+                           "effective_path_length_veit.init_bn": 27.0, "effective_path_length_veit.after_training": 16.5})
+    assert [c.holds(bad) for c in path_lengths.CLAIMS] == [False] * 6
+    assert [c.measure(bad) for c in path_lengths.CLAIMS] == [
+        "3, 2", "24 to 29 (52.0% of paths)", "0.50%", "2.0e-04", "27.0 of K = 54 (exact sum: 12.5)",
+        "16.5 of K = 32 (exact sum: 8.2)"]
+    # each verdict reads its own metric: one bad value fails one claim
+    for i, (key, value) in enumerate([("try_three_blocks.one_branch", 4), ("central_half_band", [25, 30]),
+                                      ("share_of_paths_5_to_17", 0.0044), ("expansion_rel_error", 1e-4),
+                                      ("num_blocks", 18), ("trained_num_blocks", 14)]):
+        m = _path_metrics(**{key: value})
+        assert [c.holds(m) for c in path_lengths.CLAIMS] == [j != i for j in range(6)], key
