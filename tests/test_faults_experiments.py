@@ -1,0 +1,198 @@
+"""Issue 12, experiments side: preflight before any training, CLI errors as argparse errors, a corrupt
+MNIST-1D cache rebuilt, --quick's own output folder, replaced results announced, non-finite data refused."""
+
+import importlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from experiments import batch_noise, common, degradation, reproduce, taki_cifar
+from resjax.data import Dataset, check_finite, load_dataset, synthetic_image_dataset
+from resjax.data import mnist1d as mnist1d_module
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _cli(*args, out):
+    """``python -m experiments.<...> --out out`` from the repository root; (returncode, stderr, seconds)."""
+    start = time.time()
+    proc = subprocess.run([sys.executable, "-m", *args, "--out", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    return proc.returncode, proc.stderr, time.time() - start
+
+
+# ---- CLI: argparse errors, exit 2, the flag named, nothing trained ---------------------------------------
+
+
+@pytest.mark.parametrize("args, flag, allowed", [
+    # 5000 > the 4,000 training examples: refused before the 16 trains (it used to fail after 166 s)
+    (("--sweep_batch_sizes", "(16, 5000)"), "--sweep_batch_sizes", "from 1 to 4000"),
+    (("--model.width", "0"), "--model.width", "integer >= 1"),
+])
+def test_cli_refuses_bad_settings_before_training(tmp_path, args, flag, allowed):
+    out = tmp_path / "out"
+    code, err, _ = _cli("experiments.degradation", "--quick", *args, out=out)
+    assert code == 2, err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert flag in last and allowed in last, err
+    assert not (out / "results.json").exists()
+    assert not (out / "degradation.png").exists()
+
+
+def test_cli_unparsable_value_is_an_argparse_error(tmp_path):
+    code, err, _ = _cli("experiments.batch_noise", "--quick", "--num_batches", "many", out=tmp_path / "o")
+    assert code == 2 and "Traceback" not in err
+    assert "argument --num_batches: expected an integer, got 'many'" in err
+
+
+# ---- preflight in-process ------------------------------------------------------------------------------
+
+
+def _refused(module, config, out, match):
+    with pytest.raises(ValueError, match=match):
+        common.preflight(module, config, out)
+
+
+def test_preflight_refuses_every_bad_cell(tmp_path):
+    out = tmp_path / "out"
+    cases = [  # (module, setting, value, the error's start)
+        (degradation, "train.batch_size", -3, r"^train\.batch_size: must be an integer >= 1, got -3"),
+        (degradation, "train.batch_size", 4001, r"^train\.batch_size: .*from 1 to 4000"),
+        (degradation, "sweep_batch_sizes", (16, 5000), r"^sweep_batch_sizes: .*got 5000"),
+        (degradation, "num_seeds", 0, r"^num_seeds: must be an integer >= 1, got 0"),
+        (degradation, "model.width", 0, r"^model\.width: must be an integer >= 1, got 0"),
+        (degradation, "train.learning_rate", float("nan"), r"^train\.learning_rate: must be a finite number, got nan"),
+        (degradation, "train.momentum", float("inf"), r"^train\.momentum: must be a finite number, got inf"),
+        (batch_noise, "sweep_batch_sizes", (4, 1), r"^sweep_batch_sizes: .*>= 2"),
+        (batch_noise, "epsilon", float("nan"), r"^epsilon: must be a finite number"),
+        (taki_cifar, "train.batch_size", 257, r"^train\.batch_size: .*from 1 to 256 .*got 257"),
+        (taki_cifar, "variants", ("he", "xavier"), r"^variants: unknown variant 'xavier'"),
+    ]
+    for module, name, value, match in cases:
+        config = module.get_config("quick")
+        common.set_path(config, name, value)
+        _refused(module, config, out, match)
+    for name in reproduce.REGISTRY:  # every experiment has the hook, and its quick config passes
+        module = importlib.import_module(f"experiments.{name}")
+        assert callable(module.check), name
+        common.preflight(module, module.get_config("quick"), tmp_path / name)
+
+
+def test_preflight_refuses_an_unwritable_output_folder(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    _refused(batch_noise, batch_noise.get_config("quick"), blocker / "out", r"^out: cannot write into")
+    # a folder that exists but takes no files: read-only for a normal user; root writes anywhere but /proc
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if os.geteuid() == 0:
+        locked = pathlib.Path("/proc")
+    _refused(batch_noise, batch_noise.get_config("quick"), locked, r"^out: cannot write into")
+
+
+def test_error_names_map_to_flags():
+    leaves = common.flatten(degradation.get_config("quick"))
+    assert common.flag_message(ValueError("batch_size: must be >= 1"), leaves) == \
+        "argument --train.batch_size: must be >= 1"
+    assert common.flag_message(ValueError("data.name: unknown"), leaves) == "argument --data: unknown"
+    assert common.flag_message(ValueError("out: cannot write\ninto x"), leaves) == "argument --out: cannot write into x"
+
+
+def test_reproduce_preflights_every_experiment_before_running_any(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(common, "run_experiment", lambda module, *a: ran.append(module.NAME))
+    real = batch_noise.get_config
+
+    def bad(size="default"):
+        config = real(size)
+        config.num_batches = 0
+        return config
+
+    monkeypatch.setattr(batch_noise, "get_config", bad)
+    with pytest.raises(SystemExit) as exc:  # batch_noise comes after degradation in REGISTRY
+        reproduce.main(["--quick", "--out", str(tmp_path), "--only", "degradation", "batch_noise"])
+    assert exc.value.code == 2 and ran == []
+
+
+# ---- outputs ---------------------------------------------------------------------------------------------
+
+
+def test_quick_has_its_own_default_folder():
+    _, out = common.parse_args(batch_noise, ["--quick"])
+    assert out == pathlib.Path("runs/batch_noise-quick")
+    assert common.parse_args(batch_noise, [])[1] == pathlib.Path("runs/batch_noise")
+    assert common.parse_args(batch_noise, ["--full"])[1] == pathlib.Path("runs/batch_noise")
+
+
+def test_replacing_results_says_what_it_replaces(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(batch_noise, "run", lambda config, out_dir: {"x": 1.0})
+    common.run_experiment(batch_noise, batch_noise.get_config("quick"), tmp_path)
+    assert "replac" not in capsys.readouterr().out
+    config = batch_noise.get_config("quick")
+    config.num_batches = 123
+    common.run_experiment(batch_noise, config, tmp_path)
+    said = capsys.readouterr().out
+    path = str(tmp_path / "results.json")
+    assert f"replacing {path} (experiment batch_noise, size quick" in said
+    assert "written 20" in said
+    common.run_experiment(batch_noise, batch_noise.get_config("quick"), tmp_path)
+    assert "custom config: num_batches=123" in capsys.readouterr().out
+    assert json.loads((tmp_path / "results.json").read_text())["config"]["num_batches"] == 400
+
+
+# ---- data ------------------------------------------------------------------------------------------------
+
+
+def test_corrupt_mnist1d_cache_is_named_and_rebuilt(tmp_path, monkeypatch):
+    source = mnist1d_module.cache_dir() / "mnist1d_default.npz"
+    good = load_dataset("mnist1d")  # fills the suite's cache if empty
+    monkeypatch.setenv("RESJAX_CACHE", str(tmp_path))
+    path = tmp_path / "mnist1d_default.npz"
+    path.write_bytes(b"PK\x03\x04 this is not a zip archive")
+    with pytest.warns(RuntimeWarning, match=r"MNIST-1D cache .*mnist1d_default\.npz is unreadable \(BadZipFile"):
+        data = mnist1d_module.load_mnist1d()
+    assert str(tmp_path) in str(mnist1d_module.cache_dir())
+    np.testing.assert_array_equal(data.x_train, good.x_train)
+    with np.load(path) as f:  # rewritten with the generated data
+        np.testing.assert_array_equal(f["y_test"], good.y_test)
+    assert source.exists()
+
+
+def test_non_finite_data_is_refused_naming_split_and_index():
+    data = load_dataset("mnist1d")
+    assert check_finite(data) is data
+    x = data.x_train.copy()
+    x[17, 5] = np.nan
+    with pytest.raises(ValueError, match=r"^data\.x_train: example 17 has a non-finite value \(nan\); refusing"):
+        check_finite(data._replace(x_train=x))
+    x = data.x_test.copy()
+    x[3, 0], x[9, 1] = np.inf, np.nan
+    with pytest.raises(ValueError, match=r"^data\.x_test: example 3 has a non-finite value \(inf\)"):
+        check_finite(Dataset(data.x_train, data.y_train, x, data.y_test))
+
+
+def test_streamed_image_batches_with_non_finite_values_are_refused():
+    source = synthetic_image_dataset("cifar10", 16)
+    batches = list(source.epoch(1, 8, seed=3))  # finite: no complaint
+    assert len(batches) == 2
+    order = source.order(1, seed=3)
+    read = source._read
+    bad = int(order[8 + 2])  # the third example of batch 1
+
+    def read_with_nan(indices):
+        images, labels = read(indices)
+        images = images.astype(np.float32)
+        images[indices == bad] = np.nan
+        return images, labels
+
+    source._read = read_with_nan
+    with pytest.raises(ValueError, match=rf"^cifar10/train: epoch 1, batch 1: example {bad} \(row 2 of the batch\) "
+                                         r"has a non-finite value \(nan\); refusing to train on it"):
+        list(source.epoch(1, 8, seed=3))
