@@ -34,7 +34,9 @@ class Claim:
 
     ``measure(metrics)`` returns the measured value (a number or a short string) and ``holds(metrics)``
     whether the claim holds (``None`` for a number reported beside the seed's without a pass/fail
-    test). ``seed_value`` is the document's number as text.
+    test). ``seed_value`` is the document's number as text. ``probe_threshold``: the pass/fail threshold
+    was set after a probe run of the experiment (its docstring says which run); the report marks such claims
+    "threshold set after a probe".
     """
 
     text: str
@@ -42,6 +44,7 @@ class Claim:
     seed_value: str
     measure: Callable[[dict], Any]
     holds: Callable[[dict], bool | None]
+    probe_threshold: bool = False
 
 
 def flatten(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, Any]:

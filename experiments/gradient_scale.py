@@ -78,16 +78,19 @@ CLAIMS = [
                  "widely across draws (p90/p10 above 4)", SRC, "shrinks, highly variable (figure only)",
                  lambda m: f"median {_at(m, 'plain', 'median'):.3g}, p10-p90 {_at(m, 'plain', 'p10'):.3g}-"
                            f"{_at(m, 'plain', 'p90'):.3g}",
-                 lambda m: bool(_at(m, "plain", "median") < 1 and _at(m, "plain", "p90") / _at(m, "plain", "p10") > 4)),
+                 lambda m: bool(_at(m, "plain", "median") < 1 and _at(m, "plain", "p90") / _at(m, "plain", "p10") > 4),
+                 probe_threshold=True),
     common.Claim("residual, unscaled: repeated I + J factors make the gradient grow (median after 50 layers "
                  "above 1000; expectation of |g|^2 is 2^50)", SRC, "grows (figure only)",
                  lambda m: f"median {_at(m, 'residual', 'median'):.3g} (sqrt(2^50) = {2 ** 25:.3g})",
-                 lambda m: bool(_at(m, "residual", "median") > 1000)),
+                 lambda m: bool(_at(m, "residual", "median") > 1000),
+                 probe_threshold=True),
     common.Claim("small branches (I + J/sqrt(50)): gradient scale much more stable (p10 and p90 after 50 "
                  "layers within a factor 2 of 1)", SRC, "stable (figure only)",
                  lambda m: f"median {_at(m, 'residual_scaled', 'median'):.3g}, p10-p90 "
                            f"{_at(m, 'residual_scaled', 'p10'):.3g}-{_at(m, 'residual_scaled', 'p90'):.3g}",
-                 lambda m: bool(0.5 <= _at(m, "residual_scaled", "p10") and _at(m, "residual_scaled", "p90") <= 2)),
+                 lambda m: bool(0.5 <= _at(m, "residual_scaled", "p10") and _at(m, "residual_scaled", "p90") <= 2),
+                 probe_threshold=True),
 ]
 
 

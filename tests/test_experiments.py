@@ -93,3 +93,34 @@ def test_reuse_takes_matching_results_only(quick_report, capsys):
     results["config"]["train"]["epochs"] += 1  # produced by another config: must not be reused
     path.write_text(json.dumps(results))
     assert reproduce._previous(quick_report / "degradation", degradation.get_config("quick")) is None
+
+
+def test_the_report_marks_claims_whose_threshold_was_set_after_a_probe(tmp_path):
+    import importlib
+    import pathlib
+    import shutil
+    import types
+
+    probed = common.Claim("probed claim", "src", "1", lambda m: m["x"], lambda m: m["x"] > 1, probe_threshold=True)
+    fixed = common.Claim("fixed claim", "src", "1", lambda m: m["x"], lambda m: m["x"] > 1)
+    module = types.SimpleNamespace(NAME="fake", CLAIMS=[probed, fixed])
+    section = reproduce.report_section(module, {"metrics": {"x": 2.0}, "seconds": 1.0, "config": {}},
+                                       tmp_path / "fake", tmp_path)
+    line = {c.text: next(l for l in section.splitlines() if l.startswith(f"| {c.text}")) for c in (probed, fixed)}
+    assert line["probed claim"] == "| probed claim *(threshold set after a probe)* | src | 1 | 2 | yes |"
+    assert line["fixed claim"] == "| fixed claim | src | 1 | 2 | yes |"
+    # the claims marked are those the docstrings of gradient_scale, taki_init and resnet_signal name
+    marked = {name: [c.probe_threshold for c in importlib.import_module(f"experiments.{name}").CLAIMS]
+              for name in reproduce.REGISTRY}
+    assert {k: v for k, v in marked.items() if any(v)} == {
+        "gradient_scale": [True] * 3, "taki_init": [True] * 5, "resnet_signal": [True] * 5 + [False] * 3}
+    # the stored results rebuild the report without running anything; the old run line is kept
+    for name in ("gradient_scale", "path_lengths"):
+        shutil.copytree(pathlib.Path(__file__).resolve().parents[1] / "docs" / "report" / name, tmp_path / name)
+    (tmp_path / "REPORT.md").write_text("# old\n\nSize: `default`. The experiments took 1 s.\n\nold legend\n")
+    text = reproduce.rebuild_report(tmp_path, names=["gradient_scale", "path_lengths"]).read_text()
+    assert "\nSize: `default`. The experiments took 1 s.\n" in text and "old legend" not in text
+    for name, marked in (("gradient_scale", True), ("path_lengths", False)):
+        for claim in importlib.import_module(f"experiments.{name}").CLAIMS:
+            (row,) = [l for l in text.splitlines() if l.startswith(f"| {claim.text} ")]
+            assert row.startswith(f"| {claim.text} *(threshold set after a probe)* |" if marked else f"| {claim.text} |")
