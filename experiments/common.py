@@ -2,8 +2,11 @@
 
 ``main(module)`` parses ``[--quick | --full] [--out DIR] [--<setting> VALUE ...]`` where every leaf of
 the module's ``get_config(size)`` (an ``ml_collections.ConfigDict``; nested leaves as ``--a.b``) is a
-flag, runs the experiment, and writes ``DIR/results.json`` =
-``{"experiment", "config", "metrics", "seconds"}``. Metrics are flat dotted names mapping to numbers
+flag, preflights the run (``preflight``: finite floats, counts, the module's ``check(config)`` hook that
+validates every cell it will run, the output folder; a refused value is an argparse error naming its flag,
+exit status 2), runs the experiment, and writes ``DIR/results.json`` =
+``{"experiment", "config", "metrics", "seconds"}`` (``DIR``: ``--out``, else ``runs/<name>``, or
+``runs/<name>-quick`` with ``--quick``). Metrics are flat dotted names mapping to numbers
 or (nested) lists of numbers; NaN and infinities are written as JSON ``null``.
 """
 
