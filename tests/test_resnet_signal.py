@@ -74,8 +74,9 @@ def test_tau_zero_blocks_pass_the_stem_through(images):
     keeps |stem|, stages 2 and 3 the norms of the stem subsampled by option A (stride 2, then 4)."""
     model = cifar_resnet(20, norm="none", scaling="tau", scalar_biases=True)
     variables = model.init(jax.random.key(1), images)
-    norms = np.asarray(block_output_norms(model, variables, images, tau=0.0))
-    _, state = model.apply(variables, images, tau=0.0, mutable=["intermediates"])
+    # tau = 0 traced: a concrete tau <= 0 is refused, a traced one cannot be checked by value
+    norms = np.asarray(jax.jit(lambda t: block_output_norms(model, variables, images, tau=t))(0.0))
+    _, state = jax.jit(lambda t: model.apply(variables, images, tau=t, mutable=["intermediates"]))(0.0)
     stem = np.asarray(state["intermediates"]["stem"][0], np.float64)
     expect = [np.linalg.norm(stem[:, ::k, ::k].reshape(3, -1), axis=1) for k in (1, 2, 4)]
     np.testing.assert_allclose(norms, np.repeat(np.stack(expect), 3, axis=0), rtol=1e-5)

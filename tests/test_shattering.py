@@ -52,8 +52,10 @@ def test_relu_network_gradient_by_hand_and_many_networks_match_jacfwd():
         vn = jax.tree_util.tree_map(lambda a: a[n], many)
         jac = jax.vmap(jax.jacfwd(lambda x: module.apply(vn, x.reshape(1, 1))[0, 0]))(grid)
         np.testing.assert_allclose(g[n], jac, rtol=1e-5, atol=1e-6)
-    # A traced tau reaches the module through apply_kwargs: tau = 0 removes every branch.
-    g0 = shattering.input_gradients(module, jax.tree_util.tree_map(lambda a: a[0], many), grid, tau=0.0)
+    # A traced tau reaches the module through apply_kwargs: tau = 0 removes every branch (traced: a concrete
+    # tau <= 0 is refused).
+    v0 = jax.tree_util.tree_map(lambda a: a[0], many)
+    g0 = jax.jit(lambda t: shattering.input_gradients(module, v0, grid, tau=t))(0.0)
     p0 = jax.tree_util.tree_map(lambda a: a[0], many)["params"]
     np.testing.assert_allclose(g0, (p0["stem"]["kernel"] @ p0["head"]["kernel"])[0, 0], rtol=1e-5)
 
