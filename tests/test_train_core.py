@@ -1,5 +1,8 @@
 """The one training core: checkpointed on-device sweeps resume bit-identically, measurement hooks, build_model."""
 
+import os
+import signal
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,31 +12,31 @@ from resjax.data import load_dataset
 from resjax.nn import build_model
 from resjax.train import make_train, run_config, train_config
 from resjax.train import checkpoint as ckpt_lib
+from resjax.train.preemption import Preempted
 from tests.test_image_train import leaves_equal
 from tests.test_training import DATA, tiny_config
 
 
-class Stop(Exception):
-    pass
-
-
-def test_a_stopped_mnist1d_sweep_of_3_seeds_resumes_bit_identically(tmp_path):
+def test_a_preempted_mnist1d_sweep_of_3_seeds_resumes_bit_identically(tmp_path):
     data = load_dataset("mnist1d")
     config = run_config(dict(kind="residual_mlp", width=16, num_blocks=3, norm="batch", order="pre"),
                         train_config(batch_size=500, epochs=4, momentum=0.9, checkpoint_every=2), "mnist1d")
     keys = jax.random.split(jax.random.key(0), 3)
     full, mf = make_train(config, data).sweep(keys, chunk_epochs=1)
 
-    def stop_after_two(done, summary):
+    def sigterm_after_one(done, summary):
         assert summary["train_loss"].shape == (3,)
-        if done == 2:
-            raise Stop  # as a crash or a kill would, after the checkpoint of epoch 2 was written
+        if done == 1:  # as a scheduler preempting the job would; epoch 1 is not a checkpoint_every epoch
+            os.kill(os.getpid(), signal.SIGTERM)
 
-    with pytest.raises(Stop):
-        make_train(config, data).sweep(keys, chunk_epochs=1, checkpoint_dir=tmp_path, callback=stop_after_two)
-    assert ckpt_lib.latest(tmp_path) == 2
+    handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Preempted) as stopped:
+        make_train(config, data).sweep(keys, chunk_epochs=1, checkpoint_dir=tmp_path, callback=sigterm_after_one)
+    assert stopped.value.code == 128 + signal.SIGTERM and "python" in str(stopped.value)  # prints the command
+    assert signal.getsignal(signal.SIGTERM) is handler  # the handler is restored
+    assert ckpt_lib.latest(tmp_path) == 1 * 8  # checkpoint steps count training steps: 8 an epoch
     resumed, mr = make_train(config, data).sweep(keys, chunk_epochs=1, checkpoint_dir=tmp_path)  # a new process would
-    assert ckpt_lib.latest(tmp_path) == 4
+    assert ckpt_lib.latest(tmp_path) == 4 * 8
     assert leaves_equal(full, resumed)  # parameters, batch_stats, optimiser state, step, key, history
     for name in ("train_loss", "train_error", "test_error", "diverged_epoch"):
         np.testing.assert_array_equal(mf[name], mr[name])

@@ -1,25 +1,40 @@
-"""Orbax checkpoints of a whole training state, one per chunk boundary.
+"""Verified Orbax checkpoints of a whole training state.
 
-Layout of a checkpoint directory (``orbax.checkpoint.CheckpointManager``, one step per saved epoch)::
+Layout of a checkpoint directory (``orbax.checkpoint.CheckpointManager``, one folder per saved step)::
 
-    DIR/<epoch>/state/   the state pytree (Orbax ``StandardSave``: params, batch_stats, opt_state, step,
+    DIR/<step>/state/    the state pytree (Orbax ``StandardSave``: params, batch_stats, opt_state, step,
                          epoch, PRNG key, divergence, history so far -- everything a bit-exact resume needs)
-    DIR/<epoch>/meta/    JSON (``JsonSave``): whatever the caller adds (the image trainer writes the epoch,
-                         the config and the history so far), for people and scripts; restoring does not need it
+    DIR/<step>/meta/     JSON (``JsonSave``): what the caller adds (the trainers write the epoch, the batch
+                         within it, the run config, the model's description and the history so far) and
+                         ``integrity``: a SHA-256 per saved array (with its shape and dtype) and one of the
+                         rest of the JSON
+    DIR/damaged/<step>   a step that failed verification, set aside by ``set_aside`` (never read again)
 
-``<epoch>`` is the number of epochs completed. Saving is synchronous (no background thread, so the
-next jitted step may donate the buffers just written) and keeps the newest ``keep`` checkpoints.
-Typed PRNG keys are stored as their key data and wrapped again on restore (the template says which
-leaves are keys). With several hosts every process calls ``save``/``restore``; Orbax writes once.
+``<step>`` is a number that grows with the run; the trainers use the number of training steps (batches)
+done. Saving is synchronous (no background thread, so the next jitted step may donate the buffers just
+written) and keeps the newest ``keep`` checkpoints. Typed PRNG keys are stored as their key data and
+wrapped again on restore (the template says which leaves are keys). With several hosts every process
+calls ``save``/``restore``; Orbax writes once.
+
+Integrity. Orbax 0.12 writes no checksums of its own (TensorStore's OCDBT format has none for the array
+data, and a flipped byte in a data file can decode into wrong numbers without an error), so ``save``
+records a SHA-256 of every array's bytes as saved, and ``restore``/``meta`` recompute them. Any failure
+to read a step (a missing or truncated file, a manifest deleted, an empty step folder, a checksum that
+differs) is a ``CheckpointError`` naming the directory, the step and what is wrong. Arrays that are not
+fully addressable from this process (sharded over several hosts) are recorded as unchecked.
 
     ckpt = Checkpoints(directory)       # or the one-shot helpers below
-    ckpt.save(epoch, state, meta={...})
+    ckpt.save(step, state, meta={...})
     state = ckpt.restore(template)      # the newest; template: a state (or ShapeDtypeStructs) of the same shape
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
+import shutil
 from typing import Any
 
 import jax
@@ -56,6 +71,40 @@ def _from_savable(restored, template):
     return jax.tree_util.tree_map(one, restored, template)
 
 
+class CheckpointError(ValueError):
+    """A checkpoint step that cannot be used: ``directory``, ``step`` and ``problem`` (what is wrong)."""
+
+    def __init__(self, directory: str, step, problem: str):
+        self.directory, self.step, self.problem = directory, step, problem
+        super().__init__(f"checkpoint_dir: {directory}, step {step}: {problem}")
+
+
+def _sha256(x: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()
+
+
+def array_checksums(tree) -> dict:
+    """``{path: {"sha256", "shape", "dtype"}}`` for every array of the savable form of ``tree``
+    (``"sha256": None`` for an array this process cannot see whole)."""
+    out = {}
+    for path, x in jax.tree_util.tree_flatten_with_path(_to_savable(tree))[0]:
+        whole = not isinstance(x, jax.Array) or x.is_fully_addressable
+        a = np.asarray(jax.device_get(x)) if whole else None
+        out[jax.tree_util.keystr(path)] = {"sha256": _sha256(a) if whole else None,
+                                           "shape": list(np.shape(x)), "dtype": str(x.dtype)}
+    return out
+
+
+def _meta_sha256(meta: dict) -> str:
+    body = {k: v for k, v in meta.items() if k != "integrity"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, allow_nan=False).encode()).hexdigest()
+
+
+def _describe(error: BaseException) -> str:
+    text = " ".join(str(error).split()).split(" See full TensorStore details")[0].split(" [tensorstore_spec")[0]
+    return f"{type(error).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
+
+
 class Checkpoints:
     """A checkpoint directory (see the module docstring); ``keep`` newest checkpoints are kept."""
 
@@ -67,36 +116,90 @@ class Checkpoints:
         self._manager = ocp.CheckpointManager(self.directory, item_names=("state", "meta"), options=options)
 
     def latest(self) -> int | None:
-        """The newest saved epoch, or None."""
-        return self._manager.latest_step()
+        """The newest step folder in the directory (saved by Orbax or not), or None."""
+        steps = self.steps()
+        return steps[0] if steps else None
 
     def all(self) -> list[int]:
-        return list(self._manager.all_steps())
+        return sorted(self.steps())
 
-    def save(self, epoch: int, state, meta: dict | None = None) -> None:
-        """Save ``state`` as epoch ``epoch`` (overwriting nothing: an existing epoch is left as it is)."""
-        epoch = int(epoch)
-        if epoch in self._manager.all_steps():
+    def steps(self) -> list[int]:
+        """Every step folder on disk, newest first, including ones Orbax would not list (an empty folder,
+        one whose commit marker is missing): those are reported as damaged when read."""
+        names = os.listdir(self.directory) if os.path.isdir(self.directory) else []
+        return sorted((int(n) for n in names if n.isdigit() and os.path.isdir(os.path.join(self.directory, n))),
+                      reverse=True)
+
+    def save(self, step: int, state, meta: dict | None = None) -> None:
+        """Save ``state`` as ``step`` with ``meta`` and the checksums (an existing step is left as it is)."""
+        step = int(step)
+        if step in self.steps():
             return
-        self._manager.save(epoch, args=ocp.args.Composite(state=ocp.args.StandardSave(_to_savable(state)),
-                                                          meta=ocp.args.JsonSave(_json(meta or {}))), force=True)
+        meta = _json(meta or {})
+        meta["integrity"] = {"arrays": array_checksums(state), "meta_sha256": _meta_sha256(meta)}
+        self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_to_savable(state)),
+                                                         meta=ocp.args.JsonSave(meta)), force=True)
         self._manager.wait_until_finished()
 
-    def restore(self, template, epoch: int | None = None) -> Any:
-        """The state saved at ``epoch`` (default: the newest), shaped, typed and sharded like ``template``."""
-        epoch = self.latest() if epoch is None else int(epoch)
-        if epoch is None:
+    def _step(self, step: int | None) -> int:
+        step = self.latest() if step is None else int(step)
+        if step is None:
             raise FileNotFoundError(f"checkpoint_dir: no checkpoint in {self.directory}")
-        restored = self._manager.restore(epoch, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(_abstract(template))))
+        return step
+
+    def meta(self, step: int | None = None) -> dict:
+        """The JSON saved beside the state at ``step`` (default: the newest), verified against its checksum
+        (``CheckpointError`` when it cannot be read or does not match)."""
+        step = self._step(step)
+        folder = os.path.join(self.directory, str(step))
+        if not os.path.isdir(os.path.join(folder, "meta")) or not os.path.isdir(os.path.join(folder, "state")):
+            missing = [n for n in ("state", "meta") if not os.path.isdir(os.path.join(folder, n))]
+            raise CheckpointError(self.directory, step, f"the step folder has no {' and no '.join(missing)} "
+                                  "(an interrupted or damaged save)")
+        try:
+            meta = dict(self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
+        except Exception as e:  # noqa: BLE001  (Orbax and TensorStore raise many types)
+            raise CheckpointError(self.directory, step, f"its meta cannot be read ({_describe(e)})") from e
+        recorded = (meta.get("integrity") or {}).get("meta_sha256")
+        if recorded is not None and recorded != _meta_sha256(meta):
+            raise CheckpointError(self.directory, step, "its meta JSON does not match the checksum saved with it")
+        return meta
+
+    def restore(self, template, step: int | None = None) -> Any:
+        """The state saved at ``step`` (default: the newest), shaped, typed and sharded like ``template``,
+        verified against the checksums saved with it (``CheckpointError`` naming the first array that differs,
+        or saying why the step cannot be read). Checkpoints written without checksums are restored unverified."""
+        step = self._step(step)
+        meta = self.meta(step)
+        try:
+            restored = self._manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(_abstract(template))))
+        except Exception as e:  # noqa: BLE001
+            raise CheckpointError(self.directory, step, f"its state cannot be read ({_describe(e)})") from e
+        recorded = (meta.get("integrity") or {}).get("arrays")
+        if recorded is not None:
+            found = array_checksums(restored.state)
+            if set(found) != set(recorded):
+                extra, missing = sorted(set(recorded) - set(found)), sorted(set(found) - set(recorded))
+                raise CheckpointError(self.directory, step, f"its arrays do not match the run's state (saved only: "
+                                      f"{extra[:3]}, the run's only: {missing[:3]})")
+            for path, want in recorded.items():
+                got = found[path]
+                if want["sha256"] is not None and got["sha256"] is not None and want != got:
+                    raise CheckpointError(self.directory, step, f"array {path} {got['dtype']}{got['shape']} does not "
+                                          "match the SHA-256 recorded when it was saved (the files were changed or damaged)")
         return _from_savable(restored.state, template)
 
-    def meta(self, epoch: int | None = None) -> dict:
-        """The JSON saved beside the state at ``epoch`` (default: the newest)."""
-        epoch = self.latest() if epoch is None else int(epoch)
-        if epoch is None:
-            raise FileNotFoundError(f"checkpoint_dir: no checkpoint in {self.directory}")
-        return dict(self._manager.restore(epoch, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
+    def set_aside(self, step: int) -> str:
+        """Move a damaged step folder to ``DIR/damaged/<step>`` (numbered if that exists); returns the new path."""
+        target = os.path.join(self.directory, "damaged", str(step))
+        n = 1
+        while os.path.exists(target):
+            target, n = os.path.join(self.directory, "damaged", f"{step}-{n}"), n + 1
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.move(os.path.join(self.directory, str(step)), target)
+        self._manager.reload()
+        return target
 
     def close(self) -> None:
         self._manager.close()
@@ -106,6 +209,11 @@ class Checkpoints:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def describe_model(model) -> str:
+    """The module's fields as text (its ``repr`` without memory addresses), for comparing checkpoints."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(model))
 
 
 def _json(value):
@@ -126,20 +234,20 @@ def _json(value):
 
 
 def latest(directory) -> int | None:
-    """The newest epoch saved in ``directory``, or None (also when the directory does not exist)."""
+    """The newest step saved in ``directory``, or None (also when the directory does not exist)."""
     if not os.path.isdir(directory):
         return None
     with Checkpoints(directory) as ckpt:
         return ckpt.latest()
 
 
-def save(directory, epoch: int, state, meta: dict | None = None, keep: int | None = 2) -> None:
-    """Save ``state`` as epoch ``epoch`` in ``directory`` (see ``Checkpoints.save``)."""
+def save(directory, step: int, state, meta: dict | None = None, keep: int | None = 2) -> None:
+    """Save ``state`` as ``step`` in ``directory`` (see ``Checkpoints.save``)."""
     with Checkpoints(directory, keep=keep) as ckpt:
-        ckpt.save(epoch, state, meta)
+        ckpt.save(step, state, meta)
 
 
-def restore(directory, template, epoch: int | None = None):
-    """The state saved in ``directory`` at ``epoch`` (default: the newest); see ``Checkpoints.restore``."""
+def restore(directory, template, step: int | None = None):
+    """The state saved in ``directory`` at ``step`` (default: the newest); see ``Checkpoints.restore``."""
     with Checkpoints(directory) as ckpt:
-        return ckpt.restore(template, epoch)
+        return ckpt.restore(template, step)

@@ -33,6 +33,7 @@ fractions. The on-device feeder's ``train_error`` is what the lecture calls trai
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -42,7 +43,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from resjax.train.checkpoint import Checkpoints, _json
+from resjax.train.checkpoint import CheckpointError, Checkpoints, _json, describe_model
 from resjax.train.config import check_train_config, is_int
 from resjax.train.schedules import make_schedule
 from resjax.train.state import RunState, TrainState, guarded_step
@@ -97,8 +98,10 @@ class Core:
         hp = {**self.default_hparams(), **(hparams or {})}
         for name, v in hp.items():
             v = np.asarray(v)
-            if np.any(v < 0):
-                raise ValueError(f"{name}: must be >= 0, got {v}")
+            if not np.all(np.isfinite(v)):
+                raise ValueError(f"hparams.{name}: must be finite (NaN and infinities are refused), got {v}")
+            if np.any(v <= 0) if name == "tau" else np.any(v < 0):
+                raise ValueError(f"hparams.{name}: must be {'> 0' if name == 'tau' else '>= 0'}, got {v}")
             if num is not None and (v.ndim not in (0, 1) or (v.ndim == 1 and v.shape[0] != num)):
                 raise ValueError(f"hparams.{name}: must be a scalar or have one value per key ({num}), got shape {v.shape}")
         if num is None:
@@ -180,45 +183,97 @@ class Core:
         out["epochs"] = done
         return out
 
-    def resume(self, ckpt: Checkpoints, run: RunState, num_seeds) -> RunState:
-        """The newest checkpoint in ``ckpt`` when it is further along than ``run`` and was made by the same
-        settings and seeds (``ValueError`` naming what differs otherwise)."""
-        meta = ckpt.meta()
+    def checkpoint_step(self, epoch: int, batch: int = 0) -> int:
+        """The checkpoint step number of ``batch`` minibatches into epoch ``epoch`` (training steps done)."""
+        return int(epoch) * self.steps_per_epoch + int(batch)
+
+    def check_checkpoint(self, ckpt: Checkpoints, step: int, meta: dict, num_seeds) -> None:
+        """``ValueError`` naming the directory, the step and what differs when the checkpoint ``step`` (intact)
+        was made by another run: other settings, another model or another number of seeds."""
+        where = f"checkpoint_dir: {ckpt.directory}, step {step}"
         saved, ours = resume_config(meta.get("config", {})), resume_config(config_dict(self.config))
         if saved != ours:
             changed = sorted(k for k in set(saved) | set(ours) if saved.get(k) != ours.get(k))
-            raise ValueError(f"checkpoint_dir: the checkpoint in {ckpt.directory} was made with other settings "
-                             f"({', '.join(changed)}); resuming needs the same config. Use another directory.")
+            raise ValueError(f"{where}: made with other settings ({', '.join(changed)}); resuming needs the same "
+                             "config. Use another directory.")
+        model = describe_model(self.model)
+        if "model" in meta and meta["model"] != model:
+            first = next((f"saved {a.strip()!r}, this run {b.strip()!r}" for a, b in
+                          zip(meta["model"].splitlines(), model.splitlines()) if a != b), "the modules differ")
+            raise ValueError(f"{where}: made by another model ({first}); resuming needs the same model. "
+                             "Use another directory.")
         if meta.get("num_seeds") != num_seeds:
-            raise ValueError(f"checkpoint_dir: the checkpoint in {ckpt.directory} has num_seeds="
-                             f"{meta.get('num_seeds')}, this run {num_seeds}")
-        if int(meta["epoch"]) <= int(np.max(jax.device_get(run.epoch))):
-            return run
-        restored = ckpt.restore(run)
-        same = (np.array_equal(jax.device_get(restored.data_seed), jax.device_get(run.data_seed))
-                and np.array_equal(jax.device_get(jax.random.key_data(restored.key)),
-                                   jax.device_get(jax.random.key_data(run.key))))
-        if not same:
-            raise ValueError(f"checkpoint_dir: the checkpoint in {ckpt.directory} was made from other seeds; "
-                             "use another directory, or resume=False with an empty one")
-        return restored
+            raise ValueError(f"{where}: has num_seeds={meta.get('num_seeds')}, this run {num_seeds}")
 
-    def save(self, ckpt: Checkpoints, run: RunState, done: int, num_seeds) -> None:
-        meta = {"epoch": done, "num_seeds": num_seeds, "data_seeds": np.asarray(jax.device_get(run.data_seed)),
-                "config": config_dict(self.config), "history": self.history(run)}
-        ckpt.save(done, run, meta)
+    def resume(self, ckpt: Checkpoints, run: RunState, num_seeds) -> tuple[RunState, dict | None]:
+        """``(run, meta)`` from the newest good checkpoint in ``ckpt`` when it is further along than ``run``
+        (``meta`` None when ``run`` is kept).
+
+        A step that cannot be read or fails its checksums (``CheckpointError``) is reported and the next
+        older step is tried; once a good one is found the damaged ones are moved to ``DIR/damaged/``. When no
+        step is good the problems are raised together (``CheckpointError``) and nothing is moved. A good checkpoint made by other settings, another model or other seeds raises ``ValueError``
+        naming what differs (it is not this run's, so no older step is tried)."""
+        damaged = []
+        ours = (int(np.max(jax.device_get(run.epoch))), 0)
+        for step in ckpt.steps():
+            try:
+                meta = ckpt.meta(step)
+                self.check_checkpoint(ckpt, step, meta, num_seeds)
+                if (int(meta["epoch"]), int(meta.get("batch", 0))) <= ours:
+                    self._set_aside(ckpt, damaged, "continuing from the state given")
+                    return run, None
+                restored = ckpt.restore(run, step)
+            except CheckpointError as e:
+                print(f"resjax: {e}; trying the next older step", file=sys.stderr, flush=True)
+                damaged.append(e)
+                continue
+            same = (np.array_equal(jax.device_get(restored.data_seed), jax.device_get(run.data_seed))
+                    and np.array_equal(jax.device_get(jax.random.key_data(restored.key)),
+                                       jax.device_get(jax.random.key_data(run.key))))
+            if not same:
+                raise ValueError(f"checkpoint_dir: {ckpt.directory}, step {step}: made from other seeds; "
+                                 "use another directory, or resume=False with an empty one")
+            self._set_aside(ckpt, damaged, f"resuming from step {step}, the newest good one")
+            return restored, meta
+        if damaged:
+            raise CheckpointError(ckpt.directory, ", ".join(str(e.step) for e in damaged),
+                                  "no step in this directory is good (" + "; ".join(e.problem for e in damaged)
+                                  + "); move them away to train from the start")
+        return run, None
+
+    @staticmethod
+    def _set_aside(ckpt: Checkpoints, damaged: list, doing: str) -> None:
+        if damaged:
+            moved = [ckpt.set_aside(e.step) for e in damaged]
+            print(f"resjax: {doing} in {ckpt.directory}; the damaged steps were moved to {', '.join(moved)}",
+                  file=sys.stderr, flush=True)
+
+    def save(self, ckpt: Checkpoints, run: RunState, done: int, num_seeds, batch: int = 0,
+             partial: dict | None = None) -> int:
+        """Checkpoint ``run``: ``done`` epochs completed and ``batch`` minibatches of the next (with the
+        epoch's ``partial`` per-batch metrics so far). Returns the step number written."""
+        step = self.checkpoint_step(done, batch)
+        meta = {"epoch": done, "batch": batch, "num_seeds": num_seeds,
+                "data_seeds": np.asarray(jax.device_get(run.data_seed)), "config": config_dict(self.config),
+                "model": describe_model(self.model), "history": self.history(run)}
+        if partial is not None:
+            meta["partial"] = partial
+        ckpt.save(step, run, meta)
+        return step
 
     def open_checkpoints(self, checkpoint_dir, run: RunState, num_seeds, resume: bool):
-        """``(Checkpoints or None, run)``: the directory opened and, with ``resume``, the run resumed."""
+        """``(Checkpoints or None, run, meta)``: the directory opened and, with ``resume``, the run resumed
+        (``meta``: the checkpoint's, None when nothing was resumed)."""
         if checkpoint_dir is None:
-            return None, run
+            return None, run, None
         ckpt = Checkpoints(checkpoint_dir, keep=self.config.train.get("checkpoint_keep", 2))
+        meta = None
         if ckpt.latest() is not None:
             if not resume:
                 raise ValueError(f"checkpoint_dir: {ckpt.directory} already holds checkpoints; pass resume=True "
                                  "or use an empty directory")
-            run = self.resume(ckpt, run, num_seeds)
-        return ckpt, run
+            run, meta = self.resume(ckpt, run, num_seeds)
+        return ckpt, run, meta
 
 
 def with_hyperparams(opt_state, hparams: dict):

@@ -25,6 +25,12 @@ schedule of the optimiser's step count over ``config.train.epochs`` (not over th
 call stops at), so a run stopped after ``k`` epochs and resumed from its checkpoint is bit-identical to an
 unstopped one.
 
+Preemption. While ``fit`` runs with a ``checkpoint_dir``, SIGTERM and SIGINT let the current minibatch
+step finish; the run is then saved inside its epoch (the checkpoint holds the minibatches done and the
+epoch's per-minibatch metrics so far), the command that resumes is printed and
+``resjax.train.preemption.Preempted`` is raised (exit status 143/130). Run again, ``fit`` skips the
+minibatches already trained on and ends bit-identical to an unbroken run.
+
 Divergence: the core's freeze; ``fit`` stops early once every seed has diverged.
 
 Data parallelism. With ``mesh`` (``make_data_mesh()``: axis ``'data'``), each batch's example axis is
@@ -54,6 +60,7 @@ from resjax.train.config import SEED_AXIS_MODES, image_train_config, is_int
 from resjax.train.core import Core, check_run_config, progress_bar, seed_handles
 from resjax.train.distributed import make_data_mesh
 from resjax.train.optim import make_optimizer
+from resjax.train.preemption import StopSignals
 from resjax.train.state import RunState
 
 
@@ -176,41 +183,52 @@ class ImageTrainer(Core):
         run = keys_or_state if isinstance(keys_or_state, RunState) else self.init(keys_or_state)
         seeded = _seeded(run)
         num_seeds = int(run.epoch.shape[0]) if seeded else None
-        ckpt, run = self.open_checkpoints(checkpoint_dir, run, num_seeds, resume)
+        ckpt, run, meta = self.open_checkpoints(checkpoint_dir, run, num_seeds, resume)
+        skip, partial = (int(meta.get("batch", 0)), meta.get("partial")) if meta else (0, None)
         data_seeds = np.atleast_1d(np.asarray(jax.device_get(run.data_seed))).tolist()
         done = int(np.max(jax.device_get(run.epoch)))
         every = self.config.train.get("checkpoint_every", 0)
         bar = progress_bar(epochs, done, progress)
         end_epoch, lr = self._compiled("end_epoch", seeded), self._compiled("lr", seeded)
         try:
-            while done < epochs and not np.all(np.asarray(jax.device_get(run.diverged_epoch)) >= 0):
-                losses, errors = [], []
-                for images, labels in self._batches(done, data_seeds, seeded):
-                    run, (loss, error) = self.step(run, self._place(images, seeded), self._place(labels, seeded))
-                    losses.append(loss)
-                    errors.append(error)
-                if not losses:
-                    raise ValueError("batch_size: the training source yielded no full batch")
-                metrics = {"train_loss": jnp.mean(jnp.stack(losses), 0), "batch_error": jnp.mean(jnp.stack(errors), 0),
-                           "lr": lr(run)}
-                if self.test_source is not None:
-                    ev = self.evaluate(run)
-                    metrics["test_loss"], metrics["test_error"] = ev["loss"], ev["error"]
-                run = end_epoch(run, metrics)
-                done += 1
-                if ckpt is not None and every and done % every == 0:
-                    self.save(ckpt, run, done, num_seeds)
-                if bar is not None:
-                    summary = {k: np.asarray(jax.device_get(v)) for k, v in metrics.items()}
-                    summary.setdefault("test_error", np.full(np.shape(summary["train_loss"]), np.nan))
-                    bar.update(done, done - 1, summary)
+            with StopSignals(enabled=ckpt is not None) as stop:
+                while done < epochs and not np.all(np.asarray(jax.device_get(run.diverged_epoch)) >= 0):
+                    losses, errors = _unpack_partial(partial) if skip else ([], [])
+                    for i, (images, labels) in enumerate(self._batches(done, data_seeds, seeded)):
+                        if i < skip:  # resumed inside this epoch: these minibatches were trained on
+                            continue
+                        run, (loss, error) = self.step(run, self._place(images, seeded), self._place(labels, seeded))
+                        losses.append(loss)
+                        errors.append(error)
+                        if stop.requested and i + 1 < self.steps_per_epoch:  # at the last one, finish the epoch
+                            step = self.save(ckpt, run, done, num_seeds, batch=i + 1, partial=_pack_partial(losses, errors))
+                            raise stop.stop(ckpt.directory, step, f"step {i + 1} of {self.steps_per_epoch} in epoch {done + 1}")
+                    skip = 0
+                    if not losses:
+                        raise ValueError("batch_size: the training source yielded no full batch")
+                    metrics = {"train_loss": jnp.mean(jnp.stack(losses), 0), "batch_error": jnp.mean(jnp.stack(errors), 0),
+                               "lr": lr(run)}
+                    if self.test_source is not None:
+                        ev = self.evaluate(run)
+                        metrics["test_loss"], metrics["test_error"] = ev["loss"], ev["error"]
+                    run = end_epoch(run, metrics)
+                    done += 1
+                    if ckpt is not None and every and done % every == 0:
+                        self.save(ckpt, run, done, num_seeds)
+                    if bar is not None:
+                        summary = {k: np.asarray(jax.device_get(v)) for k, v in metrics.items()}
+                        summary.setdefault("test_error", np.full(np.shape(summary["train_loss"]), np.nan))
+                        bar.update(done, done - 1, summary)
+                    if stop.requested:  # saving an epoch already saved above does nothing
+                        step = self.save(ckpt, run, done, num_seeds)
+                        raise stop.stop(ckpt.directory, step, f"epoch {done} of {epochs}")
+            if ckpt is not None and ckpt.latest() != self.checkpoint_step(done):
+                self.save(ckpt, run, done, num_seeds)
         finally:
             if bar is not None:
                 bar.close()
-        if ckpt is not None:
-            if ckpt.latest() != done:
-                self.save(ckpt, run, done, num_seeds)
-            ckpt.close()
+            if ckpt is not None:
+                ckpt.close()
         return run, self.history(run)
 
     def _batches(self, epoch: int, data_seeds: list, seeded: bool):
@@ -245,6 +263,15 @@ class ImageTrainer(Core):
         return distributed.global_batch(distributed.host_block(x, 1 if seeded else 0), sharding, x.shape)
 
 
+
+
+def _pack_partial(losses: list, errors: list) -> dict:
+    """The epoch's per-minibatch metrics so far, for a checkpoint taken inside an epoch (exact float32 values)."""
+    return {name: np.asarray(jax.device_get(jnp.stack(v)), np.float32) for name, v in (("losses", losses), ("errors", errors))}
+
+
+def _unpack_partial(partial: dict) -> tuple[list, list]:
+    return tuple([jnp.asarray(row) for row in np.array(partial[name], dtype=np.float32)] for name in ("losses", "errors"))
 
 
 def seed_axis_mode(config) -> str:

@@ -18,6 +18,8 @@ jitted chunks of epochs with a thin host loop between them (progress bar, checkp
 whole run as one program. With ``checkpoint_dir`` the run state is saved every
 ``config.train.checkpoint_every`` epochs (chunks are cut there) and at the end, and a sweep started again
 with the same settings and keys resumes from the newest checkpoint, bit-identical to an unbroken run.
+A SIGTERM or SIGINT during such a sweep lets the current chunk finish, saves it and raises
+``resjax.train.preemption.Preempted`` (exit status 143/130); ``checkpoint_every`` bounds the wait.
 With more than one device the seeds are sharded across devices (one mesh axis ``'seeds'``; nothing in the
 model names it, so BatchNorm never pools statistics across seeds); when the seeds do not divide evenly,
 the last run is repeated to fill the devices and dropped from the results. On a CPU,
@@ -44,6 +46,7 @@ from resjax.data import Dataset, load_dataset
 from resjax.nn import build_model
 from resjax.train.core import Core, check_run_config, divergence, progress_bar, seed_handles
 from resjax.train.optim import make_optimizer
+from resjax.train.preemption import StopSignals
 from resjax.train.state import RunState
 
 
@@ -132,26 +135,30 @@ class Trainer(Core):
         chunk = epochs if chunk_epochs is None else max(1, min(chunk_epochs, epochs))
         every = self.config.train.get("checkpoint_every", 0) if checkpoint_dir is not None else 0
         run = self._init_fn(keys, hp)
-        ckpt, run = self.open_checkpoints(checkpoint_dir, run, num + pad, resume)
+        ckpt, run, _ = self.open_checkpoints(checkpoint_dir, run, num + pad, resume)
         done = int(np.max(jax.device_get(run.epoch)))
         records, bar = [], progress_bar(epochs, done, progress)
         if (self.step_hook or self.epoch_hook) and done:
             raise ValueError(f"checkpoint_dir: {checkpoint_dir} holds a run {done} epochs in; the hooks' records "
                              "of those epochs were not saved, so a run with hooks cannot resume")
         try:
-            while done < epochs:
-                n = min(chunk, epochs - done, every - done % every if every else epochs)
-                run, rec = self._chunk_fn(n)(run, hp)
-                records.append(jax.device_get(rec))
-                last, done = done, done + n
-                if ckpt is not None and (done == epochs or (every and done % every == 0)):
-                    self.save(ckpt, run, done, num + pad)
-                if bar is not None or callback is not None:
-                    summary = {k: v[:num, done - 1] for k, v in self.history(run).items() if k in run.history}
-                    if bar is not None:
-                        bar.update(done, last, summary)
-                    if callback is not None:
-                        callback(done, summary)
+            with StopSignals(enabled=ckpt is not None) as stop:
+                while done < epochs:
+                    n = min(chunk, epochs - done, every - done % every if every else epochs)
+                    run, rec = self._chunk_fn(n)(run, hp)
+                    records.append(jax.device_get(rec))
+                    last, done = done, done + n
+                    if ckpt is not None and (done == epochs or (every and done % every == 0)):
+                        self.save(ckpt, run, done, num + pad)
+                    if bar is not None or callback is not None:
+                        summary = {k: v[:num, done - 1] for k, v in self.history(run).items() if k in run.history}
+                        if bar is not None:
+                            bar.update(done, last, summary)
+                        if callback is not None:
+                            callback(done, summary)
+                    if stop.requested:  # saving an epoch already saved above does nothing
+                        step = self.save(ckpt, run, done, num + pad)
+                        raise stop.stop(ckpt.directory, step, f"epoch {done} of {epochs}")
         finally:
             if bar is not None:
                 bar.close()
