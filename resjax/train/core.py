@@ -237,7 +237,7 @@ class Core:
             return restored, meta
         if damaged:
             raise CheckpointError(ckpt.directory, ", ".join(str(e.step) for e in damaged),
-                                  "no step in this directory is good (" + "; ".join(e.problem for e in damaged)
+                                  "no step in this directory is good (" + "; ".join(f"step {e.step}: {e.problem}" for e in damaged)
                                   + "); move them away to train from the start")
         return run, None
 

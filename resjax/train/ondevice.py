@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from resjax.data import Dataset, load_dataset
+from resjax.data import Dataset, check_finite, load_dataset
 from resjax.nn import build_model
 from resjax.train.core import Core, check_run_config, divergence, progress_bar, seed_handles
 from resjax.train.optim import make_optimizer
@@ -202,7 +202,7 @@ def make_train(config, data: Dataset | None = None, *, model=None, step_hook=Non
     ``build_model(config.model)``. Validates every setting (``ValueError`` naming it) before anything is
     traced."""
     check_run_config(config)
-    data = load_dataset(config.data) if data is None else data
+    data = load_dataset(config.data) if data is None else check_finite(data)  # refuses NaN or inf examples
     t = config.train
     if t.batch_size > len(data.y_train):
         raise ValueError(f"batch_size: {t.batch_size} exceeds the {len(data.y_train)} training examples")
