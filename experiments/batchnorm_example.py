@@ -54,6 +54,7 @@ def check(config) -> None:
 
 def run(config, out_dir) -> dict:
     check(config)
+    h = np.asarray(config.minibatch, np.float32)
     steps = {k: np.asarray(v) for k, v in bn.batchnorm_steps(h, config.gamma, config.delta, config.epsilon).items()}
     layer = jax.jit(lambda x, eps: bn.apply_norm("batch", x, train=True, gamma=config.gamma, delta=config.delta,
                                                  epsilon=eps, rho=config.rho), static_argnums=1)

@@ -218,6 +218,7 @@ def check(config) -> None:
 
 def run(config, out_dir) -> dict:
     check(config)
+    L = config.num_blocks
     l_fit = max(1, L // 10)
     key = jax.random.key(config.seed)
     out: dict = {"n_var_w_values": [float(q) for q in config.n_var_w_values]}
