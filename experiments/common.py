@@ -28,6 +28,8 @@ from typing import Any, Callable
 import ml_collections
 import numpy as np
 
+from resjax.train.config import is_int  # noqa: F401  (experiments use common.is_int)
+
 SIZES = ("quick", "default", "full")
 
 
@@ -161,10 +163,6 @@ def parse_args(module, argv=None, check: bool = False) -> tuple[ml_collections.C
 # Settings (outside ``train``, whose checks are the library's) that count something: integers >= 1.
 COUNT_SETTING = re.compile(r"^(num_\w+|(\w+_)?(depths?|widths?|blocks|batch|batch_sizes?|epochs|examples|layers|"
                            r"draws|networks|repeats|samples|points|inputs|seeds|steps|runs))$")
-
-
-def is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 def check_finite(config: ml_collections.ConfigDict) -> None:
