@@ -196,7 +196,7 @@ class NoisyBatchNorm(nn.Module):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool = False):
+    def __call__(self, x, train: bool | None = None):
         z = make_norm("batch", train=train, name="bn")(x)
         key = self.variable("batch_stats", "noise_key", lambda: _key_data(self.make_rng("params")))
         step = self.variable("batch_stats", "noise_step", lambda: jnp.zeros((), jnp.int32))
@@ -236,7 +236,7 @@ class NoisyBNMLP(nn.Module):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool = False):
+    def __call__(self, x, train: bool | None = None):
         init = get_initializer(self.kernel_init)
         bias = lambda h: get_bias_initializer(self.bias_init, h.shape[-1])
         h = nn.relu(nn.Dense(self.width, kernel_init=init, bias_init=bias(x), name="stem")(x))

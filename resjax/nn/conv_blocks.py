@@ -61,7 +61,7 @@ class BasicBranch(nn.Module):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool = False):
+    def __call__(self, x, train: bool | None = None):
         bias = self.norm == "none"
         h = _conv(self, self.features, 3, "conv3x3_0", bias)(x)
         h = self.activation(make_norm(self.norm, train=train, name="norm_0")(h))
@@ -86,7 +86,7 @@ class BottleneckBranch(nn.Module):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool = False):
+    def __call__(self, x, train: bool | None = None):
         bias = self.norm == "none"
         h = _conv(self, self.bottleneck, 1, "conv1x1_reduce", bias)(x)
         h = self.activation(make_norm(self.norm, train=train, name="norm_0")(h))
@@ -107,7 +107,7 @@ class ConvResidualBlock(nn.Module):
     activation: Callable = nn.relu
 
     @nn.compact
-    def __call__(self, x, train: bool = False):
+    def __call__(self, x, train: bool | None = None):
         # re-parent the branch here, so its parameters live under this block's ``branch`` whether it was
         # built inside another module's compact method or outside any module
         branch = self.branch if self.branch.parent is self else self.branch.clone(parent=self, name="branch")
@@ -135,7 +135,7 @@ class DenseLayer(nn.Module):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool = False):
+    def __call__(self, x, train: bool | None = None):
         bias = self.norm == "none"
         h = self.activation(make_norm(self.norm, train=train, name="norm_0")(x))
         if self.bottleneck:
@@ -163,7 +163,7 @@ class DenseBlock(nn.Module):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool = False):
+    def __call__(self, x, train: bool | None = None):
         h = x
         for k in range(self.num_layers):
             new = DenseLayer(self.growth_rate, self.bottleneck, norm=self.norm, kernel_init=self.kernel_init,
@@ -187,7 +187,7 @@ class Transition(nn.Module):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool = False):
+    def __call__(self, x, train: bool | None = None):
         out_channels = max(1, int(self.compression * x.shape[-1]))
         h = self.activation(make_norm(self.norm, train=train, name="norm")(x))
         h = _conv(self, out_channels, 1, "conv1x1", self.norm == "none")(h)

@@ -66,7 +66,7 @@ class DenseNet(nn.Module):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool = False):
+    def __call__(self, x, train: bool | None = None):
         bias = self.norm == "none"
         init = get_initializer(self.kernel_init)
         if self.stem == "imagenet":

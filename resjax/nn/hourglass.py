@@ -48,7 +48,7 @@ class Hourglass(nn.Module):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool = False):
+    def __call__(self, x, train: bool | None = None):
         check_spatial(x, self.depth, "depth")
         block = lambda name: ConvBlock(self.features, num_convs=1, norm=self.norm, name=name)
         skip = block("skip_block")(x, train)
@@ -78,7 +78,7 @@ class StackedHourglass(nn.Module):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool = False):
+    def __call__(self, x, train: bool | None = None):
         check_spatial(x, self.depth, "depth")
         x = ConvBlock(self.features, num_convs=1, norm=self.norm, name="stem")(x, train)
         heatmaps = []

@@ -50,7 +50,7 @@ class PlainLayer(nn.Module):
     activation: Callable = nn.relu
 
     @nn.compact
-    def __call__(self, h, train: bool = False):
+    def __call__(self, h, train: bool | None = None):
         use_bias = self.use_bias and not is_batch_norm(self.norm)
         h = nn.Dense(self.width, use_bias=use_bias, kernel_init=get_initializer(self.kernel_init),
                      bias_init=get_bias_initializer(self.bias_init, h.shape[-1]), name="hidden")(h)
@@ -100,7 +100,7 @@ class PlainMLP(nn.Module):
                     use_bias=self.use_bias, activation=self.activation)
 
     @nn.compact
-    def __call__(self, x, train: bool = False):
+    def __call__(self, x, train: bool | None = None):
         init = get_initializer(self.kernel_init)
         bias = lambda h: get_bias_initializer(self.bias_init, h.shape[-1])  # noqa: E731  (fan-in = input size)
         stem_init = init if self.stem_init is None else get_initializer(self.stem_init)
@@ -165,7 +165,7 @@ class ResidualStack(_ResidualFields):
     """
 
     @nn.compact
-    def __call__(self, x, train: bool = False, tau=None):
+    def __call__(self, x, train: bool | None = None, tau=None):
         check_call_tau(self, tau)
         if x.shape[-1] != self.width:
             raise ValueError(f"inputs: last axis {x.shape[-1]} must equal width {self.width} (the input is the stream)")
@@ -186,7 +186,7 @@ class ResidualMLP(_ResidualFields):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool = False, tau=None):
+    def __call__(self, x, train: bool | None = None, tau=None):
         check_call_tau(self, tau)
         init = get_initializer(self.kernel_init if self.stem_init is None else self.stem_init)
         h = nn.Dense(self.width, use_bias=self.use_bias, kernel_init=init,

@@ -48,18 +48,31 @@ def _identity(x, *args, **kwargs):
     return x
 
 
+TRAIN_REQUIRED = (
+    "train: this model has BatchNorm (layer {layer}), so applying it needs train=True (training: minibatch "
+    "statistics; pass mutable=['batch_stats']) or train=False (evaluation: the running estimates). resjax's "
+    "train has no default so that forgetting it is an error, not a silently wrong run (a BatchNorm layer "
+    "used on its own takes use_running_average)")
+
+
 class BatchNorm(nn.BatchNorm):
     """``flax.linen.BatchNorm`` with PyTorch's running-estimate rate as its default and a check.
 
     ``momentum`` defaults to 0.9 (rho = 0.1, PyTorch's ``momentum=0.1``: ``m <- 0.9 m + 0.1 m_batch``), not
     flax's 0.99; ``epsilon`` is 1e-5 (flax's default and PyTorch's). Refuses training-mode statistics over a
-    single value per channel.
+    single value per channel. When neither the field nor the call gives ``use_running_average`` (a resjax
+    model called without ``train``), ``apply`` raises ``ValueError`` naming ``train`` and the layer; ``init``
+    goes on with the running estimates, since it only needs shapes.
     """
 
     momentum: float = BATCHNORM_DEFAULTS["momentum"]
     epsilon: float = BATCHNORM_DEFAULTS["epsilon"]
 
     def __call__(self, x, use_running_average=None, **kwargs):
+        if self.use_running_average is None and use_running_average is None:
+            if not self.is_initializing():
+                raise ValueError(TRAIN_REQUIRED.format(layer="/".join(map(str, self.path)) or self.name))
+            use_running_average = True  # init only needs shapes
         use_ra = nn.merge_param("use_running_average", self.use_running_average, use_running_average)
         if not use_ra and not self.is_initializing():
             feature = {a % x.ndim for a in ((self.axis,) if isinstance(self.axis, int) else self.axis)}
@@ -103,10 +116,14 @@ def _momentum(overrides: dict) -> dict:
     return overrides
 
 
-def make_norm(kind: str | Callable, *, train: bool, name: str | None = None, **overrides: Any) -> Callable:
+def make_norm(kind: str | Callable, *, train: bool | None, name: str | None = None, **overrides: Any) -> Callable:
     """A normalisation layer of the given kind (or ``kind(name=name, **overrides)`` if it is callable).
 
     Must be called inside a ``@nn.compact`` method: the returned layer is bound to that module.
+    ``train`` is the calling model's ``train`` argument: ``True`` (BatchNorm normalises by the minibatch's
+    statistics and updates ``batch_stats``), ``False`` (the running estimates) or ``None`` (not given). A
+    BatchNorm made with ``train=None`` raises ``ValueError`` naming ``train`` when it is applied (``init``,
+    which only needs shapes, is allowed and uses the running estimates); the other kinds ignore ``train``.
     """
     if callable(kind):
         return kind(name=name, **overrides)
@@ -114,7 +131,7 @@ def make_norm(kind: str | Callable, *, train: bool, name: str | None = None, **o
         return _identity
     if kind == "batch":
         kwargs = {**BATCHNORM_DEFAULTS, **_momentum(overrides)}
-        return BatchNorm(use_running_average=not train, name=name, **kwargs)
+        return BatchNorm(use_running_average=None if train is None else not train, name=name, **kwargs)
     if kind == "layer":
         return nn.LayerNorm(name=name, **{"epsilon": 1e-5, **overrides})
     if kind == "group":

@@ -289,7 +289,7 @@ class ResidualBlock(nn.Module):
         return "zeros" if self.scaling == "fixup" else self.bias_init
 
     @nn.compact
-    def __call__(self, x, train: bool = False, tau=None):
+    def __call__(self, x, train: bool | None = None, tau=None):
         h = x
         for i in range(self.num_layers):
             if self.order == "pre":

@@ -211,7 +211,7 @@ class ResNetBlock(nn.Module):
         return skip
 
     @nn.compact
-    def __call__(self, x, train: bool = False, tau=None):
+    def __call__(self, x, train: bool | None = None, tau=None):
         layers = self._layers()
         m = len(layers)
         h = x
@@ -322,7 +322,7 @@ class ResNet(nn.Module):
         return t / self.num_blocks + jax.lax.stop_gradient(t - t / self.num_blocks)
 
     @nn.compact
-    def __call__(self, x, train: bool = False, tau=None):
+    def __call__(self, x, train: bool | None = None, tau=None):
         if x.ndim != 4:
             raise ValueError(f"images: expected NHWC (4 axes), got shape {tuple(x.shape)}")
         check_call_tau(self, tau)
@@ -446,7 +446,7 @@ class TakiResNet(nn.Module):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool = False):
+    def __call__(self, x, train: bool | None = None):
         if x.ndim != 4:
             raise ValueError(f"images: expected NHWC (4 axes), got shape {tuple(x.shape)}")
         h = nn.Conv(self.features, (3, 3), padding="SAME", use_bias=False,

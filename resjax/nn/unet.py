@@ -35,7 +35,7 @@ class ConvBlock(nn.Module):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool = False):
+    def __call__(self, x, train: bool | None = None):
         for i in range(self.num_convs):
             x = nn.Conv(self.features, (3, 3), padding="SAME", use_bias=self.norm == "none", name=f"conv_{i}")(x)
             x = nn.relu(make_norm(self.norm, train=train, name=f"norm_{i}")(x))
@@ -78,7 +78,7 @@ class UNet(nn.Module):
         return len(self.features) - 1
 
     @nn.compact
-    def __call__(self, x, train: bool = False):
+    def __call__(self, x, train: bool | None = None):
         check_spatial(x, self.depth, "depth")
         skips = []
         for i, f in enumerate(self.features[:-1]):
