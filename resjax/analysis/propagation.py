@@ -99,7 +99,7 @@ def _collect(tree, key: str, out: list) -> None:
             _collect(value, key, out)
 
 
-def stream_activations(module: nn.Module, variables: dict, inputs: jnp.ndarray, *, train: bool = False,
+def stream_activations(module: nn.Module, variables: dict, inputs: jnp.ndarray, *, train: bool | None = None,
                        block_key: str = "block_out", stem_key: str = "stem_out", **apply_kwargs) -> jnp.ndarray:
     """The residual stream at depths 0..K, shape ``(K + 1, batch, width)``; see the module docstring.
 
@@ -144,7 +144,7 @@ def variances_of_stream(stream: jnp.ndarray) -> dict:
     }
 
 
-def variance_through_depth(module: nn.Module, variables: dict, inputs: jnp.ndarray, *, train: bool = False,
+def variance_through_depth(module: nn.Module, variables: dict, inputs: jnp.ndarray, *, train: bool | None = None,
                            **apply_kwargs) -> dict:
     """Activation variance after each depth k = 0..K: ``{'variance', 'per_unit_variance'}``, each ``(K + 1,)``.
 
@@ -163,7 +163,7 @@ def sum_scale(module: nn.Module) -> float:
     return 1.0 / math.sqrt(2.0) if scaling == "rescale" else 1.0
 
 
-def branch_variance_ratio(module: nn.Module, variables: dict, inputs: jnp.ndarray, *, train: bool = False,
+def branch_variance_ratio(module: nn.Module, variables: dict, inputs: jnp.ndarray, *, train: bool | None = None,
                           **apply_kwargs) -> jnp.ndarray:
     """For block j = 1..K: Var(what block j adds) / Var(h_{j-1}), variances over all entries; ``(K,)``.
 
