@@ -38,13 +38,14 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import flax.linen as nn
+import jax
 
 NORMS = ("none", "batch", "layer", "group", "instance")
 
 BATCHNORM_DEFAULTS = {"momentum": 0.9, "epsilon": 1e-5}
 
 
-def _identity(x, *args, **kwargs):
+def _identity(x: jax.Array, *args: Any, **kwargs: Any) -> jax.Array:
     return x
 
 
@@ -63,12 +64,43 @@ class BatchNorm(nn.BatchNorm):
     single value per channel. When neither the field nor the call gives ``use_running_average`` (a resjax
     model called without ``train``), ``apply`` raises ``ValueError`` naming ``train`` and the layer; ``init``
     goes on with the running estimates, since it only needs shapes.
+
+    Attributes:
+        momentum: flax's running-estimate momentum, 1 - rho: ``m <- momentum * m + (1 - momentum) * m_batch``;
+            in [0, 1) (``make_norm`` checks it and accepts ``rho=`` instead). Default 0.9 (rho = 0.1).
+        epsilon: added to the variance before the square root. Default 1e-5.
+        use_running_average: ``True`` (evaluation: the running estimates), ``False`` (training: minibatch
+            statistics) or ``None`` (the default: given at call time; ``make_norm`` sets it from the model's
+            ``train``, ``None`` when ``train`` is ``None``). The other fields are ``flax.linen.BatchNorm``'s
+            (``axis=-1``, ``use_bias``, ``use_scale``, ``axis_name``, ...).
     """
 
     momentum: float = BATCHNORM_DEFAULTS["momentum"]
     epsilon: float = BATCHNORM_DEFAULTS["epsilon"]
 
-    def __call__(self, x, use_running_average=None, **kwargs):
+    def __call__(self, x: jax.Array, use_running_average: bool | None = None, **kwargs: Any) -> jax.Array:
+        """Normalise ``x`` per channel (``axis``, the last by default) over every other axis.
+
+        Args:
+            x: the input, e.g. ``(batch, features)`` or channels-last ``(batch, height, width, channels)``.
+            use_running_average: ``False`` = training mode (the minibatch's statistics; the running estimates
+                in ``batch_stats`` are updated), ``True`` = evaluation (the running estimates). Give it here
+                or as the field, not both (``ValueError``). Given by neither, ``apply`` raises ``ValueError``
+                naming ``train`` and this layer's path; ``init`` uses the running estimates.
+            **kwargs: passed on to ``flax.linen.BatchNorm.__call__`` (``mask``).
+
+        Returns:
+            The normalised ``x``, same shape and dtype.
+
+        Raises:
+            ValueError: neither the field nor the call gives the mode (``apply`` only; names ``train``);
+                training mode with a single value per channel, e.g. a batch of one in an MLP (names
+                ``batch_size``; not checked during ``init``).
+
+        Collections:
+            ``batch_stats`` (``mean``, ``var``): created by ``init``; updated in training mode, so ``apply``
+            with ``use_running_average=False`` (a model's ``train=True``) needs ``mutable=['batch_stats']``.
+        """
         if self.use_running_average is None and use_running_average is None:
             if not self.is_initializing():
                 raise ValueError(TRAIN_REQUIRED.format(layer="/".join(map(str, self.path)) or self.name))
@@ -89,9 +121,25 @@ class BatchNorm(nn.BatchNorm):
 
 
 class GroupNorm(nn.GroupNorm):
-    """``flax.linen.GroupNorm`` whose group-count error names the setting."""
+    """``flax.linen.GroupNorm`` whose group-count error names the setting.
 
-    def __call__(self, x, **kwargs):
+    The fields are ``flax.linen.GroupNorm``'s (``num_groups``: the number of channel groups, which must divide
+    the channels; ``epsilon``, ...); ``make_norm('group')`` uses ``num_groups=32`` and ``epsilon=1e-5``.
+    """
+
+    def __call__(self, x: jax.Array, **kwargs: Any) -> jax.Array:
+        """Normalise ``x`` over its spatial axes and the channels of each group, per example.
+
+        Args:
+            x: the input, channels-last: ``(batch, ..., channels)``, e.g. ``(batch, height, width, channels)``.
+            **kwargs: passed on to ``flax.linen.GroupNorm.__call__`` (``mask``).
+
+        Returns:
+            The normalised ``x``, same shape. No mutable collections; there is no training mode.
+
+        Raises:
+            ValueError: ``num_groups`` does not divide the channels (names ``num_groups``).
+        """
         channels = x.shape[-1]
         if self.num_groups is not None and (self.num_groups < 1 or channels % self.num_groups):
             raise ValueError(f"num_groups: {self.num_groups} groups do not divide the {channels} channels "
@@ -124,6 +172,10 @@ def make_norm(kind: str | Callable, *, train: bool | None, name: str | None = No
     statistics and updates ``batch_stats``), ``False`` (the running estimates) or ``None`` (not given). A
     BatchNorm made with ``train=None`` raises ``ValueError`` naming ``train`` when it is applied (``init``,
     which only needs shapes, is allowed and uses the running estimates); the other kinds ignore ``train``.
+    ``name``: the layer's name in the parameter tree; ``overrides``: the layer's settings (``momentum`` or
+    ``rho`` and ``epsilon`` for BatchNorm, ``num_groups`` for GroupNorm, ``reduction_axes``, ...). Returns a
+    layer called as ``layer(x)`` (for a callable ``kind``, whatever it returns; ``train`` is not passed to it).
+    Unknown names raise ``ValueError`` naming ``norm``.
     """
     if callable(kind):
         return kind(name=name, **overrides)
