@@ -140,7 +140,7 @@ def resolve_tau(tau: float | str, num_blocks: int | None = None) -> float:
     return value
 
 
-def check_tau_value(tau, setting: str = "tau") -> None:
+def check_tau_value(tau: float | jax.Array | None, setting: str = "tau") -> None:
     """Raise ``ValueError`` naming ``setting`` unless a concrete tau (a number or an array) is finite and
     > 0 everywhere. ``None`` and a traced tau (under ``jit``/``vmap``/``grad``) pass: a traced value is
     unknown at trace time, so it cannot be checked by value (a traced 0 gives the identity network)."""
@@ -154,7 +154,7 @@ def check_tau_value(tau, setting: str = "tau") -> None:
         raise ValueError(f"{setting}: must be a finite number > 0, got {tau!r}")
 
 
-def check_call_tau(module: nn.Module, tau, check_value: bool = True) -> None:
+def check_call_tau(module: nn.Module, tau: float | jax.Array | None, check_value: bool = True) -> None:
     """The ``tau`` call argument of a residual block or model (anything with a ``scaling`` field): ``None``
     passes; on a module whose ``scaling`` is not ``'tau'`` any tau, traced or not, raises ``ValueError``
     (it would be ignored, so a tau sweep would train identical copies); a concrete tau must be a finite
@@ -171,23 +171,25 @@ def check_call_tau(module: nn.Module, tau, check_value: bool = True) -> None:
 
 
 def check_choice(setting: str, value: Any, choices: tuple) -> None:
+    """Raise ``ValueError`` naming ``setting`` unless ``value`` is one of ``choices``."""
     if value not in choices:
         raise ValueError(f"{setting}: unknown value {value!r}; choose one of {choices}")
 
 
 def check_positive(setting: str, value: int) -> None:
+    """Raise ``ValueError`` naming ``setting`` unless ``value`` is an integer >= 1 (``bool`` is refused)."""
     if not isinstance(value, (int,)) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{setting}: must be an integer >= 1, got {value!r}")
 
 
-def check_tau_field(tau, num_blocks: int | None) -> None:
+def check_tau_field(tau: float | str, num_blocks: int | None) -> None:
     """A module's ``tau`` field, at construction (whatever its ``scaling``): a number must be finite and > 0,
     a rule must be known. A rule that needs K is evaluated when the block is called (with ``num_blocks``
     ``None`` it raises then, unless a tau is passed at call time)."""
     resolve_tau(tau, num_blocks if num_blocks is not None else 1)
 
 
-def close_block(block: nn.Module, skip, branch):
+def close_block(block: nn.Module, skip: jax.Array, branch: jax.Array) -> jax.Array:
     """The end every residual block shares: ``residual_add(skip, branch)``, times 1/sqrt(2) when
     ``block.scaling == 'rescale'``, then ``block.activation`` in the post order; sown as
     ``intermediates/block_out``. Call from the block's compact method."""
@@ -200,7 +202,7 @@ def close_block(block: nn.Module, skip, branch):
     return out
 
 
-def fixup_kernel_init(kernel_init, layer: int, num_layers: int, num_blocks: int):
+def fixup_kernel_init(kernel_init: str | Callable, layer: int, num_layers: int, num_blocks: int) -> Callable:
     """Fixup's initialiser for layer ``layer`` of an ``num_layers``-layer branch in a network of ``num_blocks``
     residual branches: zero for the last layer, ``kernel_init`` times ``num_blocks^(-1/(2m-2))`` before it."""
     if layer == num_layers - 1:
@@ -208,7 +210,8 @@ def fixup_kernel_init(kernel_init, layer: int, num_layers: int, num_blocks: int)
     return get_initializer(kernel_init, gain=num_blocks ** (-1.0 / (2 * num_layers - 2)))
 
 
-def scale_branch(block: nn.Module, h, tau=None, bias: Callable = lambda h: h, check_value: bool = True):
+def scale_branch(block: nn.Module, h: jax.Array, tau: float | jax.Array | None = None,
+                 bias: Callable[[jax.Array], jax.Array] = lambda h: h, check_value: bool = True) -> jax.Array:
     """The branch scaling every residual block shares (``block.scaling``): ``tau`` (the traced ``tau`` when
     given, else ``resolve_tau(block.tau, block.num_blocks)``), ``skipinit`` (a scalar gain starting at 0),
     ``fixup`` (a scalar multiplier starting at 1), ``none``/``rescale`` (unchanged here; ``rescale`` acts on
@@ -236,6 +239,33 @@ class ResidualBlock(nn.Module):
     and Fixup's rescaling; ``None`` (a standalone block): a tau rule that needs K raises ``ValueError``
     naming ``num_blocks`` when it is used (a number for ``tau``, the rule ``'1'`` or a tau passed at call
     time need no K); Fixup then counts one block.
+
+    Every field is checked at construction (``ValueError`` naming the setting).
+
+    Attributes:
+        features: the width of the stream and of every linear layer of the branch (the input's last axis
+            must equal it); an integer >= 1 (the error names ``width``). Required.
+        num_layers: m, the linear layers per branch; an integer >= 1. Default 1.
+        order: where the norm and activation sit, one of ``ORDERS``: ``'pre'`` (default; ``x + s * [norm ->
+            act -> linear] * m``, nothing after the sum) or ``'post'`` (``act(x + s * [linear -> norm
+            (-> act)] * m)``).
+        norm: the branch's normalisation: a name in ``NORMS`` (``'none'`` (default), ``'batch'``, ``'layer'``,
+            ``'group'``, ``'instance'``) or a callable for ``make_norm``.
+        scaling: the branch scale ``s``, one of ``SCALINGS``: ``'none'`` (default), ``'tau'``, ``'rescale'``,
+            ``'skipinit'``, ``'fixup'``.
+        tau: the branch scale with ``scaling='tau'`` when none is passed at call time: a finite number > 0 or
+            a rule of K (``'1/sqrt(K)'`` (default), ``'1/K'``, ``'K^(-1/4)'``, ``'1'``; ``L`` may stand for
+            ``K``). Checked whatever ``scaling`` is, used only by ``'tau'``.
+        num_blocks: K, the residual blocks of the whole network (an integer >= 1), for the tau rules and
+            Fixup; ``None`` (default): a standalone block (see above).
+        kernel_init: the linear layers' kernel initialiser: a ``resjax.nn.init`` name (``INITIALIZERS``,
+            ``'taki(...)'``) or a function. Default ``'he_uniform'``. Fixup zeroes the last layer and
+            rescales the others.
+        bias_init: the linear layers' bias initialiser: ``'zeros'`` (default), ``'fan_in'``,
+            ``'torch_default'`` (``BIAS_INITIALIZERS``) or a function. Fixup keeps ``'zeros'``.
+        use_bias: whether the linear layers have a bias. Default ``True``; a layer followed directly by
+            BatchNorm has none either way.
+        activation: the activation function. Default ``flax.linen.relu``.
     """
 
     features: int
@@ -289,7 +319,33 @@ class ResidualBlock(nn.Module):
         return "zeros" if self.scaling == "fixup" else self.bias_init
 
     @nn.compact
-    def __call__(self, x, train: bool | None = None, tau=None):
+    def __call__(self, x: jax.Array, train: bool | None = None, tau: float | jax.Array | None = None) -> jax.Array:
+        """Apply the block: ``x + s * branch(x)`` (``order='pre'``) or ``activation(x + s * branch(x))``
+        (``'post'``), the sum times 1/sqrt(2) with ``scaling='rescale'``.
+
+        Args:
+            x: the stream, ``(..., features)``, e.g. ``(batch, features)``.
+            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
+                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
+                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
+                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+            tau: a scalar branch scale for this call (a number, or a traced value: a sweep over tau is a
+                ``vmap``) in place of the ``tau`` field. Only with ``scaling='tau'``; ``None`` (default): the
+                field.
+
+        Returns:
+            The block's output, the shape of ``x``.
+
+        Raises:
+            ValueError: ``train`` missing with BatchNorm; a ``tau`` passed to a block whose scaling is not
+                ``'tau'``, or a concrete ``tau`` that is not a finite number > 0; a tau rule that needs K
+                without ``num_blocks``; a branch whose shape differs from ``x`` (``residual_add``).
+
+        Collections:
+            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
+            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
+            ``intermediates``: sows ``block_out`` (the output) when the caller makes it mutable.
+        """
         h = x
         for i in range(self.num_layers):
             if self.order == "pre":
@@ -311,11 +367,12 @@ class _ScanStep(nn.Module):
     block_kwargs: Any
 
     @nn.compact
-    def __call__(self, x, *broadcast):
+    def __call__(self, x: jax.Array, *broadcast: Any) -> tuple[jax.Array, None]:
         return self.block_cls(**dict(self.block_kwargs), name="block")(x, *broadcast), None
 
 
-def stack_blocks(block_cls, block_kwargs: dict, num_blocks: int, x, *broadcast, scan: bool, name: str = "blocks"):
+def stack_blocks(block_cls: type[nn.Module], block_kwargs: dict, num_blocks: int, x: jax.Array, *broadcast: Any,
+                 scan: bool, name: str = "blocks") -> jax.Array:
     """Apply ``num_blocks`` blocks ``block_cls(**block_kwargs)(x, *broadcast)`` one after another, unrolled
     (``name_0`` ... ``name_{K-1}``) or with ``nn.scan`` (one ``name/block`` subtree whose leaves have a
     leading axis of size K; ``broadcast`` is passed unchanged to every block).
@@ -340,8 +397,10 @@ def stack_blocks(block_cls, block_kwargs: dict, num_blocks: int, x, *broadcast, 
     return x
 
 
-def residual_stack(block_kwargs: dict, num_blocks: int, x, train: bool, tau, scan: bool, name: str = "blocks"):
-    """``num_blocks`` ``ResidualBlock``s called as ``block(x, train, tau)``: ``stack_blocks`` with that class."""
+def residual_stack(block_kwargs: dict, num_blocks: int, x: jax.Array, train: bool | None,
+                   tau: float | jax.Array | None, scan: bool, name: str = "blocks") -> jax.Array:
+    """``num_blocks`` ``ResidualBlock(**block_kwargs)``s called as ``block(x, train, tau)``: ``stack_blocks`` with
+    that class (inside a ``@nn.compact`` method; ``x`` is ``(..., features)``, the output has its shape)."""
     return stack_blocks(ResidualBlock, block_kwargs, num_blocks, x, train, tau, scan=scan, name=name)
 
 
