@@ -23,8 +23,9 @@ its biases at zero). A linear layer followed directly by BatchNorm (``norm='batc
 ``PlainMLP``; see ``ResidualBlock`` for the blocks) has no bias, whatever ``use_bias`` says: BatchNorm
 subtracts the batch mean, so that bias would have no effect on the loss (and drift under Adam); BatchNorm's
 shift takes its place. ``ResidualMLP`` and ``ResidualStack`` take ``tau`` at call time only with
-``scaling='tau'`` (else ``ValueError``: it would be ignored). Both return logits, take ``train`` (BatchNorm mode) at call time, and sow their stem output (`stem_out`) and every
-block's output into ``'intermediates'`` when it is mutable.
+``scaling='tau'`` (else ``ValueError``: it would be ignored). ``ResidualMLP`` returns logits, ``ResidualStack``
+the stream; both take ``train`` (BatchNorm mode) at call time, and sow their stem output (``stem_out``) and
+every block's output into ``'intermediates'`` when it is mutable.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import flax.linen as nn
+import jax
 
 from resjax.nn.init import get_bias_initializer, get_initializer
 from resjax.nn.norms import check_norm, is_batch_norm, make_norm
@@ -40,7 +42,18 @@ from resjax.nn.residual import ResidualBlock, check_call_tau, check_positive, re
 
 class PlainLayer(nn.Module):
     """One hidden layer of ``PlainMLP``: linear (``hidden``; no bias before BatchNorm) -> norm (``norm``) ->
-    activation; sows ``'hidden_out'``."""
+    activation; sows ``'hidden_out'``.
+
+    Attributes:
+        width: the layer's output features. Required.
+        norm: a name in ``NORMS`` (``'none'``, the default, ``'batch'``, ``'layer'``, ``'group'``) or a callable
+            for ``make_norm``.
+        kernel_init: the kernel initialiser (a ``resjax.nn.init`` name or a function). Default ``'he_uniform'``.
+        bias_init: the bias initialiser (``'zeros'``, the default, ``'fan_in'``, ``'torch_default'`` or a
+            function).
+        use_bias: whether the linear layer has a bias (never before BatchNorm). Default ``True``.
+        activation: the activation function. Default ``flax.linen.relu``.
+    """
 
     width: int
     norm: str | Callable = "none"
@@ -50,7 +63,24 @@ class PlainLayer(nn.Module):
     activation: Callable = nn.relu
 
     @nn.compact
-    def __call__(self, h, train: bool | None = None):
+    def __call__(self, h: jax.Array, train: bool | None = None) -> jax.Array:
+        """Apply the layer: ``activation(norm(linear(h)))``.
+
+        Args:
+            h: the input, ``(batch, in_features)`` (any leading axes).
+            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
+                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
+                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
+                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+
+        Returns:
+            ``(batch, width)``: the layer's output.
+
+        Collections:
+            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
+            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
+            ``intermediates``: sows ``hidden_out`` (the output) when the caller makes it mutable.
+        """
         use_bias = self.use_bias and not is_batch_norm(self.norm)
         h = nn.Dense(self.width, use_bias=use_bias, kernel_init=get_initializer(self.kernel_init),
                      bias_init=get_bias_initializer(self.bias_init, h.shape[-1]), name="hidden")(h)
@@ -65,11 +95,35 @@ class _PlainScanStep(nn.Module):
     layer_kwargs: Any
 
     @nn.compact
-    def __call__(self, h, train):
+    def __call__(self, h: jax.Array, train: bool | None) -> tuple[jax.Array, None]:
         return PlainLayer(**dict(self.layer_kwargs), name="layer")(h, train), None
 
 
 class PlainMLP(nn.Module):
+    """A plain (no skip) MLP classifier: stem, ``depth`` hidden layers, linear head; see the module docstring.
+
+    Every field is checked at construction (``ValueError`` naming the setting).
+
+    Attributes:
+        width: the hidden width (the stem's output and every hidden layer); an integer >= 1. Required.
+        depth: the number of hidden ``width -> width`` layers; an integer >= 1. Required.
+        num_classes: the head's outputs (logits); an integer >= 1. Default 10.
+        norm: the hidden layers' normalisation: a name in ``NORMS`` (``'none'``, the default, ``'batch'``,
+            ``'layer'``, ``'group'``) or a callable for ``make_norm``. The stem has none.
+        kernel_init: the kernel initialiser of the hidden layers (and of the stem and head unless
+            ``stem_init``/``head_init`` are given): a ``resjax.nn.init`` name or a function. Default
+            ``'he_uniform'``.
+        bias_init: every layer's bias initialiser, with the layer's input size as fan-in: ``'zeros'``
+            (default), ``'fan_in'``, ``'torch_default'`` or a function.
+        use_bias: whether the stem and hidden layers have a bias (hidden layers followed by BatchNorm never
+            do; the head always has one). Default ``True``.
+        activation: the activation after the stem and every hidden layer. Default ``flax.linen.relu``.
+        scan: ``False`` (default): hidden layers ``hidden_0`` ... unrolled; ``True``: one ``nn.scan`` over
+            ``PlainLayer`` (``hidden_layers/layer``, leaves with a leading axis of size ``depth``).
+        stem_init: the stem's kernel initialiser; ``None`` (default): ``kernel_init``.
+        head_init: the head's kernel initialiser; ``None`` (default): ``kernel_init``.
+    """
+
     width: int
     depth: int
     num_classes: int = 10
@@ -94,13 +148,32 @@ class PlainMLP(nn.Module):
         get_bias_initializer(self.bias_init, self.width)
         super().__post_init__()
 
-    def layer_kwargs(self) -> dict:
+    def layer_kwargs(self) -> dict[str, Any]:
         """The settings of one hidden layer (``PlainLayer``)."""
         return dict(width=self.width, norm=self.norm, kernel_init=self.kernel_init, bias_init=self.bias_init,
                     use_bias=self.use_bias, activation=self.activation)
 
     @nn.compact
-    def __call__(self, x, train: bool | None = None):
+    def __call__(self, x: jax.Array, train: bool | None = None) -> jax.Array:
+        """Apply the network: stem -> activation -> ``depth`` hidden layers -> head.
+
+        Args:
+            x: the inputs, ``(batch, in_features)`` (any leading axes).
+            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
+                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
+                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
+                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+
+        Returns:
+            The logits, ``(batch, num_classes)``.
+
+        Collections:
+            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
+            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
+            ``intermediates``: sows ``stem_out`` (the stem's activated output) and ``hidden_out`` (each hidden
+            layer's output: ``depth`` entries in order, or with ``scan=True`` one entry under
+            ``hidden_layers/layer`` with a leading axis of size ``depth``) when the caller makes it mutable.
+        """
         init = get_initializer(self.kernel_init)
         bias = lambda h: get_bias_initializer(self.bias_init, h.shape[-1])  # noqa: E731  (fan-in = input size)
         stem_init = init if self.stem_init is None else get_initializer(self.stem_init)
@@ -147,7 +220,8 @@ class _ResidualFields(nn.Module):
         self.block_kwargs()  # validates every block setting before anything is traced
         super().__post_init__()
 
-    def block_kwargs(self) -> dict:
+    def block_kwargs(self) -> dict[str, Any]:
+        """The settings of every block (``ResidualBlock``); raises ``ValueError`` naming a bad setting."""
         kwargs = dict(features=self.width, num_layers=self.num_layers, order=self.order, norm=self.norm,
                       scaling=self.scaling, tau=self.tau, num_blocks=self.num_blocks,
                       kernel_init=self.kernel_init, bias_init=self.bias_init, use_bias=self.use_bias,
@@ -162,10 +236,59 @@ class ResidualStack(_ResidualFields):
     The input is the stream h_0 (its last axis must equal ``width``) and is sown as ``'stem_out'``.
     For measurements on the stream itself, e.g. the lecture's variance curves, whose random inputs
     start at variance 1.
+
+    Every field is checked at construction (``ValueError`` naming the setting).
+
+    Attributes:
+        width: the stream's width, the ``features`` of every block; an integer >= 1. Required.
+        num_blocks: K, the number of residual blocks (also the K of the tau rules and of Fixup); an integer
+            >= 1. Required.
+        num_layers: linear layers per branch; an integer >= 1. Default 1.
+        order: ``'pre'`` (default) or ``'post'`` (``ORDERS``; see ``ResidualBlock``).
+        norm: the branches' normalisation: a name in ``NORMS`` (``'none'``, the default, ``'batch'``, ``'layer'``,
+            ``'group'``) or a callable for ``make_norm``.
+        scaling: the branch scale, one of ``SCALINGS``: ``'none'`` (default), ``'tau'``, ``'rescale'``,
+            ``'skipinit'``, ``'fixup'``.
+        tau: with ``scaling='tau'``, the branch scale when none is passed at call time: a finite number > 0 or
+            a rule of K evaluated at K = ``num_blocks`` (``'1/sqrt(K)'``, the default, ``'1/K'``,
+            ``'K^(-1/4)'``, ``'1'``).
+        kernel_init: the blocks' kernel initialiser (a ``resjax.nn.init`` name or a function). Default
+            ``'he_uniform'``.
+        bias_init: the bias initialiser: ``'zeros'`` (default), ``'fan_in'``, ``'torch_default'`` or a function.
+        use_bias: whether the linear layers have a bias (never before BatchNorm). Default ``True``.
+        activation: the activation function. Default ``flax.linen.relu``.
+        scan: ``False`` (default): blocks ``blocks_0`` ... unrolled; ``True``: one ``nn.scan`` (``blocks/block``,
+            leaves with a leading axis of size K; see ``stack_unrolled``).
     """
 
     @nn.compact
-    def __call__(self, x, train: bool | None = None, tau=None):
+    def __call__(self, x: jax.Array, train: bool | None = None, tau: float | jax.Array | None = None) -> jax.Array:
+        """Apply the ``num_blocks`` blocks to the stream ``x``.
+
+        Args:
+            x: the stream h_0, ``(batch, width)`` (any leading axes; the last must equal ``width``).
+            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
+                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
+                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
+                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+            tau: a scalar branch scale for this call, shared by every block (a number, or a traced value: a
+                sweep over tau is a ``vmap``), in place of the ``tau`` field. Only with ``scaling='tau'`` (else
+                ``ValueError``); a concrete tau must be a finite number > 0. ``None`` (default): the field.
+
+        Returns:
+            The stream after the last block, the shape of ``x``.
+
+        Raises:
+            ValueError: ``x``'s last axis is not ``width`` (names ``inputs``); ``train`` missing with
+                BatchNorm; a ``tau`` refused as above.
+
+        Collections:
+            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
+            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
+            ``intermediates``: sows ``stem_out`` (the input ``x``) and every block's ``block_out`` (unrolled:
+            under ``blocks_k``; scanned: under ``blocks/block`` with a leading axis of size K) when the caller
+            makes it mutable.
+        """
         check_call_tau(self, tau)
         if x.shape[-1] != self.width:
             raise ValueError(f"inputs: last axis {x.shape[-1]} must equal width {self.width} (the input is the stream)")
@@ -174,6 +297,22 @@ class ResidualStack(_ResidualFields):
 
 
 class ResidualMLP(_ResidualFields):
+    """A residual MLP classifier: linear stem ``in -> width``, ``num_blocks`` ``ResidualBlock``s, linear head;
+    see the module docstring.
+
+    Every field is checked at construction (``ValueError`` naming the setting).
+
+    Attributes:
+        width, num_blocks, num_layers, order, norm, scaling, tau, kernel_init, bias_init, use_bias, activation,
+            scan: as in ``ResidualStack`` (``width``: the stem's output and the blocks' width). With
+            ``order='post'`` the stem is followed by ``activation``; ``use_bias`` and ``bias_init`` also apply
+            to the stem, ``bias_init`` to the head.
+        num_classes: the head's outputs (logits); an integer >= 1. Default 10.
+        stem_init: the stem's kernel initialiser; ``None`` (default): ``kernel_init``.
+        head_init: the head's kernel initialiser; ``None`` (default): ``kernel_init``. With ``scaling='fixup'``
+            the head starts at zero (kernel and bias) whatever this says.
+    """
+
     num_classes: int = 10
     stem_init: str | Callable | None = None  # None: kernel_init
     head_init: str | Callable | None = None  # None: kernel_init (Fixup: zeros)
@@ -186,7 +325,29 @@ class ResidualMLP(_ResidualFields):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool | None = None, tau=None):
+    def __call__(self, x: jax.Array, train: bool | None = None, tau: float | jax.Array | None = None) -> jax.Array:
+        """Apply the network: stem, the blocks, head.
+
+        Args:
+            x: the inputs, ``(batch, in_features)`` (any leading axes).
+            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
+                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
+                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
+                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+            tau: a scalar branch scale for this call, shared by every block (a number, or a traced value: a
+                sweep over tau is a ``vmap``), in place of the ``tau`` field. Only with ``scaling='tau'`` (else
+                ``ValueError``); a concrete tau must be a finite number > 0. ``None`` (default): the field.
+
+        Returns:
+            The logits, ``(batch, num_classes)``.
+
+        Collections:
+            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
+            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
+            ``intermediates``: sows ``stem_out`` (the stem's output, activated in the post order) and every
+            block's ``block_out`` (unrolled: under ``blocks_k``; scanned: under ``blocks/block`` with a leading
+            axis of size K) when the caller makes it mutable.
+        """
         check_call_tau(self, tau)
         init = get_initializer(self.kernel_init if self.stem_init is None else self.stem_init)
         h = nn.Dense(self.width, use_bias=self.use_bias, kernel_init=init,
