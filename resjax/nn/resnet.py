@@ -111,7 +111,7 @@ IMAGENET_STAGES = {
 }
 
 
-def _scalar(module: nn.Module, name: str, h, init=nn.initializers.zeros):
+def _scalar(module: nn.Module, name: str, h: jax.Array, init: Callable = nn.initializers.zeros) -> jax.Array:
     return module.param(name, init, (), h.dtype)
 
 
@@ -122,6 +122,38 @@ class ResNetBlock(nn.Module):
     number > 0 (a traced one cannot be checked by value). ``num_blocks``: K of the tau rules and Fixup;
     ``None`` (a standalone block): a tau rule that needs K raises ``ValueError`` naming ``num_blocks`` when
     used; Fixup counts one block.
+
+    Every field is checked at construction (``ValueError`` naming the setting).
+
+    Attributes:
+        features: the block's output channels; an integer >= 1 (a bottleneck's must be divisible by
+            ``expansion``). Required.
+        strides: the stride of the branch's first 3x3 conv (and of the shortcut); an integer >= 1. Default 1.
+        kind: ``'basic'`` (default; 3x3 -> 3x3) or ``'bottleneck'`` (1x1 -> 3x3 -> 1x1); ``BLOCK_KINDS``.
+        expansion: a bottleneck's inner width is ``features // expansion``; an integer >= 1. Default 4.
+        order: ``'post'`` (default; He et al. 2016a) or ``'pre'`` (pre-activation, He et al. 2016b); ``ORDERS``.
+        shortcut: ``'A'`` (default; subsample and append zero channels, no parameters) or ``'B'`` (strided
+            1x1 conv); ``SHORTCUTS``. Used only when the block changes the shape; an identity otherwise.
+        norm: a name in ``NORMS`` (``'batch'``, the default, ``'none'``, ``'layer'``, ``'group'``,
+            ``'instance'``) or a callable for ``make_norm``.
+        scaling: the branch scale, one of ``SCALINGS``: ``'none'`` (default), ``'tau'``, ``'rescale'``,
+            ``'skipinit'``, ``'fixup'``.
+        tau: with ``scaling='tau'``, the branch scale when none is passed at call time: a finite number > 0 or
+            a rule of K (``'1/sqrt(K)'``, the default, ``'1/K'``, ``'K^(-1/4)'``, ``'1'``).
+        num_blocks: K, the residual blocks of the whole network (an integer >= 1), for the tau rules and
+            Fixup; ``None`` (default): a standalone block (see above).
+        scalar_biases: Fixup's learned scalar biases (``bias_in_i``, ``bias_act_i``, ``bias_out``, and
+            ``bias_act_pre`` in the pre order): ``True``, ``False``, or ``None`` (default: with
+            ``scaling='fixup'`` only).
+        kernel_init: the convs' initialiser (a ``resjax.nn.init`` name or a function). Default
+            ``'he_normal_fan_out'``. Fixup zeroes the last conv and rescales the others.
+        option_a_norm: ``True``: option A normalises the subsampled input (``shortcut_norm``) before the zero
+            channels are appended (the tau-ResNet repository's BN model). Default ``False``.
+        option_a_input: what option A subsamples: ``'x'`` (default, the block's input) or ``'conv_input'``
+            (what the first conv reads: ``x + bias_in_0`` under scalar biases, the Fixup repository's).
+        activation: the activation function. Default ``flax.linen.relu``.
+        learned_tau: set by ``ResNet(learnable_tau=True)``: the call-time ``tau`` is the network's learned
+            parameter, so its value is not checked. Default ``False``.
     """
 
     features: int
@@ -164,6 +196,7 @@ class ResNetBlock(nn.Module):
 
     @property
     def uses_scalar_biases(self) -> bool:
+        """Whether the block has scalar biases: ``scalar_biases``, or when it is ``None``, ``scaling == 'fixup'``."""
         return self.scaling == "fixup" if self.scalar_biases is None else self.scalar_biases
 
     def _layers(self) -> list[tuple[int, int, int]]:
@@ -211,7 +244,34 @@ class ResNetBlock(nn.Module):
         return skip
 
     @nn.compact
-    def __call__(self, x, train: bool | None = None, tau=None):
+    def __call__(self, x: jax.Array, train: bool | None = None, tau: float | jax.Array | None = None) -> jax.Array:
+        """Apply the block: ``act(skip + s * branch(x))`` (``order='post'``) or ``skip + s * branch(x)``
+        (``'pre'``), the sum times 1/sqrt(2) with ``scaling='rescale'``.
+
+        Args:
+            x: the images, channels-last ``(batch, height, width, channels)``.
+            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
+                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
+                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
+                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+            tau: a scalar branch scale for this call (a number, or a traced value: a sweep over tau is a
+                ``vmap``) in place of the ``tau`` field. Only with ``scaling='tau'``; ``None`` (default): the
+                field.
+
+        Returns:
+            ``(batch, ceil(height / strides), ceil(width / strides), features)``.
+
+        Raises:
+            ValueError: ``train`` missing with BatchNorm; a ``tau`` passed to a block whose scaling is not
+                ``'tau'``, or a concrete ``tau`` that is not a finite number > 0 (unless ``learned_tau``); a tau
+                rule that needs K without ``num_blocks``; option A asked to reduce the channels (names
+                ``shortcut``).
+
+        Collections:
+            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
+            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
+            ``intermediates``: sows ``block_out`` (the output) when the caller makes it mutable.
+        """
         layers = self._layers()
         m = len(layers)
         h = x
@@ -228,7 +288,7 @@ class ResNetBlock(nn.Module):
                 h = self.activation(self._bias(f"bias_act_{i}", h))
         return close_block(self, self._shortcut(x, first_input, train), self._scale_branch(h, tau))
 
-    def _scale_branch(self, h, tau):
+    def _scale_branch(self, h: jax.Array, tau: float | jax.Array | None) -> jax.Array:
         return scale_branch(self, h, tau, lambda h: self._bias("bias_out", h), check_value=not self.learned_tau)
 
 
@@ -239,6 +299,41 @@ class ResNet(nn.Module):
 
     ``tau_blocks`` is the K of the tau rule and of Fixup's rescaling (default: all blocks, as Zhang et
     al. and Fixup count L for CIFAR); ``imagenet_tau`` gives the ImageNet conventions as numbers.
+
+    Every field is checked at construction (``ValueError`` naming the setting). The block fields (``kind``,
+    ``expansion``, ``order``, ``shortcut``, ``norm``, ``scaling``, ``tau``, ``scalar_biases``, ``kernel_init``,
+    ``activation``, ``option_a_norm``, ``option_a_input``) are passed to every ``ResNetBlock``; see there.
+
+    Attributes:
+        stage_sizes: the blocks of each stage (integers >= 1), one per entry of ``stage_widths``. Required.
+        stage_widths: the output channels of each stage's blocks (integers >= 1). Required.
+        num_classes: the classifier's outputs (logits); an integer >= 1. Default 10.
+        kind: ``'basic'`` (default) or ``'bottleneck'``.
+        expansion: a bottleneck's width ratio. Default 4.
+        order: ``'post'`` (default) or ``'pre'``; the pre order also changes the stem and adds ``final_norm``.
+        shortcut: ``'A'`` (default) or ``'B'``.
+        norm: a name in ``NORMS`` (``'batch'``, the default, ...) or a callable; also the stem's and the pre
+            order's final norm.
+        scaling: ``'none'`` (default), ``'tau'``, ``'rescale'``, ``'skipinit'`` or ``'fixup'`` (which also
+            zeroes the classifier).
+        tau: the tau rule or number, ``'1/sqrt(K)'`` by default, with K = ``tau_blocks``.
+        tau_blocks: K of the tau rule and of Fixup; ``None`` (default): all blocks, ``sum(stage_sizes)``.
+        learnable_tau: ``True``: one tau shared by every block is a parameter ``tau``, initialised at the tau
+            rule's value (or at a tau passed to ``init``), its gradient 1/K of the sum over the blocks; needs
+            ``scaling='tau'``. Default ``False``.
+        scalar_biases: the blocks' Fixup scalar biases: ``True``, ``False`` or ``None`` (default: with
+            ``scaling='fixup'`` only).
+        stem: ``'cifar'`` (default; 3x3 conv) or ``'imagenet'`` (7x7/2 conv and 3x3/2 max pool); ``STEMS``.
+        stem_width: the stem's output channels; an integer >= 1. Default 16.
+        kernel_init: the convs' initialiser. Default ``'he_normal_fan_out'``.
+        scan: ``False`` (default): each stage's blocks after the first unrolled (``stage{i}_0`` ...);
+            ``True``: one ``nn.scan`` per stage (``stage{i}/block``, leaves with a leading axis).
+        activation: the activation function. Default ``flax.linen.relu``.
+        option_a_norm: see ``ResNetBlock``. Default ``False``.
+        option_a_input: ``'x'`` (default) or ``'conv_input'``; see ``ResNetBlock``.
+        stem_head_biases: the scalar biases ``stem_bias`` and ``head_bias``: ``True``, ``False`` or ``None``
+            (default: whenever the blocks have scalar biases).
+        stem_init: the stem conv's initialiser; ``None`` (default): ``kernel_init``.
     """
 
     stage_sizes: Sequence[int]
@@ -291,17 +386,21 @@ class ResNet(nn.Module):
 
     @property
     def num_blocks(self) -> int:
+        """The residual blocks of the whole network, ``sum(stage_sizes)``."""
         return sum(self.stage_sizes)
 
     @property
     def use_scalar_biases(self) -> bool:
+        """Whether the blocks have scalar biases: ``scalar_biases``, or when it is ``None``, ``scaling == 'fixup'``."""
         return self.scaling == "fixup" if self.scalar_biases is None else self.scalar_biases
 
     @property
     def use_stem_head_biases(self) -> bool:
+        """Whether the network has ``stem_bias`` and ``head_bias``: ``stem_head_biases``, or when it is
+        ``None``, ``use_scalar_biases``."""
         return self.use_scalar_biases if self.stem_head_biases is None else self.stem_head_biases
 
-    def _block_kwargs(self, stage: int, strides: int) -> dict:
+    def _block_kwargs(self, stage: int, strides: int) -> dict[str, Any]:
         kwargs = dict(features=self.stage_widths[stage], strides=strides, kind=self.kind, expansion=self.expansion,
                       order=self.order, shortcut=self.shortcut, norm=self.norm, scaling=self.scaling, tau=self.tau,
                       num_blocks=self.tau_blocks or self.num_blocks, scalar_biases=self.scalar_biases,
@@ -313,7 +412,7 @@ class ResNet(nn.Module):
     def _bias(self, name: str, h):
         return h + _scalar(self, name, h) if self.use_stem_head_biases else h
 
-    def _tau(self, tau):
+    def _tau(self, tau: float | jax.Array | None) -> float | jax.Array | None:
         if self.scaling != "tau" or not self.learnable_tau:
             return tau
         k = self.tau_blocks or self.num_blocks
@@ -322,7 +421,35 @@ class ResNet(nn.Module):
         return t / self.num_blocks + jax.lax.stop_gradient(t - t / self.num_blocks)
 
     @nn.compact
-    def __call__(self, x, train: bool | None = None, tau=None):
+    def __call__(self, x: jax.Array, train: bool | None = None, tau: float | jax.Array | None = None) -> jax.Array:
+        """Classify images: stem, the stages, global average pool, ``Dense(num_classes)``.
+
+        Args:
+            x: the images, channels-last ``(batch, height, width, channels)``.
+            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
+                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
+                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
+                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+            tau: a scalar branch scale for this call, shared by every block (a number, or a traced value: a
+                sweep over tau is a ``vmap``), in place of the ``tau`` field. Only with ``scaling='tau'``;
+                ``None`` (default): the field. With ``learnable_tau=True`` the parameter ``tau`` is used: a
+                tau passed to ``init`` sets its initial value, one passed to ``apply`` is not used.
+
+        Returns:
+            The logits, ``(batch, num_classes)``.
+
+        Raises:
+            ValueError: ``x`` without 4 axes (names ``images``); ``train`` missing with BatchNorm; a ``tau``
+                passed to a model whose scaling is not ``'tau'``, or a concrete ``tau`` that is not a finite
+                number > 0.
+
+        Collections:
+            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
+            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
+            ``intermediates``: sows ``stem`` (the stem's output), every block's ``block_out`` (under
+            ``stage{i}_first``, and ``stage{i}_k`` or, scanned, ``stage{i}/block`` with a leading axis) and
+            ``pre_logits`` (the pooled features, ``(batch, channels)``) when the caller makes it mutable.
+        """
         if x.ndim != 4:
             raise ValueError(f"images: expected NHWC (4 axes), got shape {tuple(x.shape)}")
         check_call_tau(self, tau)
@@ -357,7 +484,7 @@ class ResNet(nn.Module):
                         name="head")(self._bias("head_bias", h))
 
 
-def cifar_resnet(depth: int = 20, num_classes: int = 10, widen_factor: int = 1, **kwargs) -> ResNet:
+def cifar_resnet(depth: int = 20, num_classes: int = 10, widen_factor: int = 1, **kwargs: Any) -> ResNet:
     """He et al.'s CIFAR ResNet of depth 6n+2 (n basic blocks per stage, widths 16/32/64 * widen_factor).
 
     Defaults: post-activation, option A shortcuts, BatchNorm, He fan-out normal kernels. A wide ResNet
@@ -386,7 +513,7 @@ REPOSITORY_MODELS = {
 }
 
 
-def imagenet_resnet(depth: int = 50, num_classes: int = 1000, **kwargs) -> ResNet:
+def imagenet_resnet(depth: int = 50, num_classes: int = 1000, **kwargs: Any) -> ResNet:
     """ResNet-18/34 (basic) and -50/101/152 (bottleneck, stride on the 3x3: torchvision's v1.5) with
     option B projection shortcuts where the shape changes. ``imagenet_resnet(50)`` has 25,557,032
     parameters, torchvision's count."""
@@ -425,6 +552,21 @@ class TakiResNet(nn.Module):
       stays 32x32;
     - the stem is a 3x3 convolution from 3 to 16 channels (He fan-in normal), the head a global average
       pool and a dense layer with PyTorch's default initialisation.
+
+    Every field is checked at construction (``ValueError`` naming the setting).
+
+    Attributes:
+        num_blocks: L, the residual blocks (also the L of ``kernel_init='taki'``); an integer >= 1. Default 100.
+        features: the channels of the stem's output and of every block; an integer >= 1. Default 16.
+        kernel_size: the blocks' square kernel size; an integer >= 1. Default 8.
+        num_classes: the classifier's outputs (logits); an integer >= 1. Default 10.
+        norm: the blocks' normalisation, a name in ``NORMS`` (``'none'``, the default, ``'batch'``, ...) or a
+            callable for ``make_norm``.
+        kernel_init: the blocks' initialiser: ``'taki'`` (default; N(0, 1/(k*k*C*num_blocks))), or any
+            ``resjax.nn.init`` name or function (e.g. ``'he_normal'``).
+        scan: ``True`` (default): the blocks as one ``nn.scan`` (``blocks/block``); ``False``: unrolled
+            (``blocks_0`` ...).
+        activation: the activation function. Default ``flax.linen.relu``.
     """
 
     num_blocks: int = 100
@@ -446,7 +588,28 @@ class TakiResNet(nn.Module):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool | None = None):
+    def __call__(self, x: jax.Array, train: bool | None = None) -> jax.Array:
+        """Classify images: stem, ``num_blocks`` blocks, global average pool, dense head.
+
+        Args:
+            x: the images, channels-last ``(batch, height, width, channels)``.
+            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
+                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
+                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
+                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+
+        Returns:
+            The logits, ``(batch, num_classes)``.
+
+        Raises:
+            ValueError: ``x`` without 4 axes (names ``images``); ``train`` missing with BatchNorm.
+
+        Collections:
+            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
+            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
+            ``intermediates``: sows every block's ``block_out`` (scanned: under ``blocks/block`` with a leading
+            axis of size ``num_blocks``; unrolled: under ``blocks_k``) when the caller makes it mutable.
+        """
         if x.ndim != 4:
             raise ValueError(f"images: expected NHWC (4 axes), got shape {tuple(x.shape)}")
         h = nn.Conv(self.features, (3, 3), padding="SAME", use_bias=False,
@@ -459,14 +622,25 @@ class TakiResNet(nn.Module):
                         bias_init=get_bias_initializer("torch_default", h.shape[-1]), name="head")(h)
 
 
-def _taki_kernel_init(name, num_blocks: int):
+def _taki_kernel_init(name: str | Callable, num_blocks: int) -> Callable:
     if name == "taki":
         return get_initializer("taki", c=1.0, num_blocks=num_blocks)
     return get_initializer(name)
 
 
 class TakiBlock(nn.Module):
-    """``x + conv(act(N(x)))``, no bias; ``kernel_init='taki'`` draws N(0, 1/(k*k*C*num_blocks))."""
+    """``x + conv(act(N(x)))``, no bias; ``kernel_init='taki'`` draws N(0, 1/(k*k*C*num_blocks)).
+
+    The fields are not checked here (``TakiResNet`` checks its own).
+
+    Attributes:
+        features: the conv's output channels, which must equal the input's. Default 16.
+        kernel_size: the conv's square kernel size ('SAME' padding). Default 8.
+        norm: N, a name in ``NORMS`` (``'none'``, the default: the identity, ``'batch'``, ...) or a callable.
+        kernel_init: ``'taki'`` (default) or any ``resjax.nn.init`` name or function.
+        num_blocks: L of the ``'taki'`` initialiser. Default 100.
+        activation: the activation function. Default ``flax.linen.relu``.
+    """
 
     features: int = 16
     kernel_size: int = 8
@@ -476,7 +650,24 @@ class TakiBlock(nn.Module):
     activation: Callable = nn.relu
 
     @nn.compact
-    def __call__(self, x, train):
+    def __call__(self, x: jax.Array, train: bool | None) -> jax.Array:
+        """Apply the block: ``x + conv(act(N(x)))``.
+
+        Args:
+            x: the images, channels-last ``(batch, height, width, features)``.
+            train: required (positional, no default). ``True``: training mode (BatchNorm normalises with the
+                minibatch's statistics and updates ``batch_stats``); ``False``: evaluation (BatchNorm's running
+                estimates); ``None``: with ``norm='batch'`` ``apply`` raises ``ValueError`` naming ``train``
+                (``init`` is allowed). Without BatchNorm it is ignored.
+
+        Returns:
+            The block's output, the shape of ``x``.
+
+        Collections:
+            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
+            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
+            ``intermediates``: sows ``block_out`` (the output) when the caller makes it mutable.
+        """
         h = self.activation(make_norm(self.norm, train=train, name="norm")(x))
         h = nn.Conv(self.features, (self.kernel_size,) * 2, padding="SAME", use_bias=False,
                     kernel_init=_taki_kernel_init(self.kernel_init, self.num_blocks), name="conv")(h)
@@ -485,7 +676,7 @@ class TakiBlock(nn.Module):
         return out
 
 
-def taki_resnet(num_blocks: int = 100, norm: str = "none", kernel_init: str = "taki", **kwargs) -> TakiResNet:
+def taki_resnet(num_blocks: int = 100, norm: str = "none", kernel_init: str = "taki", **kwargs: Any) -> TakiResNet:
     """Taki's model: ``norm='none', kernel_init='taki'`` (his initialisation), ``kernel_init='he_normal'``
     (He's), or ``norm='batch', kernel_init='he_normal'`` (He's with BatchNorm, his Fig. 1b)."""
     return TakiResNet(num_blocks=num_blocks, norm=norm, kernel_init=kernel_init, **kwargs)
