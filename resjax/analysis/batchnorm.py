@@ -71,16 +71,19 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from resjax.nn.norms import make_norm
 
+#: The activation layouts ``reduction_axes`` numbers axes in (flax is channels-last, NHWC).
 LAYOUTS = ("NHWC", "NCHW")
+#: The normalisations ``reduction_axes`` and ``statistic_groups`` describe.
 AXIS_KINDS = ("batch", "layer", "group", "instance")
 
 
@@ -91,7 +94,9 @@ def _traced(v) -> bool:
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(v))
 
 
-def check_rho(rho) -> None:
+def check_rho(rho: ArrayLike) -> None:
+    """Raise ``ValueError`` naming ``rho`` unless every value lies in (0, 1]; traced values (inside jit or
+    vmap) are not checked here."""
     if _traced(rho):  # values inside jit/vmap are checked by their caller
         return
     r = np.asarray(rho)
@@ -99,7 +104,9 @@ def check_rho(rho) -> None:
         raise ValueError(f"rho: the running-estimate rate must lie in (0, 1], got {rho}")
 
 
-def check_flax_momentum(momentum) -> None:
+def check_flax_momentum(momentum: ArrayLike) -> None:
+    """Raise ``ValueError`` naming ``momentum`` unless every value of flax's BatchNorm momentum (1 - rho)
+    lies in [0, 1); traced values are not checked here."""
     if _traced(momentum):
         return
     m = np.asarray(momentum)
@@ -107,7 +114,9 @@ def check_flax_momentum(momentum) -> None:
         raise ValueError(f"momentum: flax's BatchNorm momentum (1 - rho) must lie in [0, 1), got {momentum}")
 
 
-def check_torch_momentum(momentum) -> None:
+def check_torch_momentum(momentum: ArrayLike) -> None:
+    """Raise ``ValueError`` naming ``momentum`` unless every value of PyTorch's BatchNorm momentum (= rho)
+    lies in (0, 1]; traced values are not checked here."""
     if _traced(momentum):
         return
     m = np.asarray(momentum)
@@ -124,35 +133,41 @@ def _check_batch(n: int, what: str = "batch_size") -> None:
 # ---- conventions ---------------------------------------------------------------------------------
 
 
-def flax_from_rho(rho):
+def flax_from_rho(rho: ArrayLike) -> ArrayLike:
+    """flax's BatchNorm ``momentum`` for the running-estimate rate rho: ``1 - rho`` (rho checked)."""
     check_rho(rho)
     return 1 - rho
 
 
-def rho_from_flax(momentum):
+def rho_from_flax(momentum: ArrayLike) -> ArrayLike:
+    """The running-estimate rate rho of flax's BatchNorm ``momentum``: ``1 - momentum`` (checked)."""
     check_flax_momentum(momentum)
     return 1 - momentum
 
 
-def torch_from_rho(rho):
+def torch_from_rho(rho: ArrayLike) -> ArrayLike:
+    """PyTorch's BatchNorm ``momentum`` for rho: rho itself (checked)."""
     check_rho(rho)
     return rho
 
 
-def rho_from_torch(momentum):
+def rho_from_torch(momentum: ArrayLike) -> ArrayLike:
+    """The rho of PyTorch's BatchNorm ``momentum``: the same value (checked)."""
     check_torch_momentum(momentum)
     return momentum
 
 
-def flax_from_torch(momentum):
+def flax_from_torch(momentum: ArrayLike) -> ArrayLike:
+    """flax's ``momentum`` from PyTorch's: ``1 - momentum`` (PyTorch's 0.1 is flax's 0.9)."""
     return flax_from_rho(rho_from_torch(momentum))
 
 
-def torch_from_flax(momentum):
+def torch_from_flax(momentum: ArrayLike) -> ArrayLike:
+    """PyTorch's ``momentum`` from flax's: ``1 - momentum`` (flax's default 0.99 is PyTorch's 0.01)."""
     return torch_from_rho(rho_from_flax(momentum))
 
 
-def unbiased_from_population(var, n: int):
+def unbiased_from_population(var: ArrayLike, n: int) -> ArrayLike:
     """The unbiased variance (divide by n - 1) from the population one (divide by n) of n values."""
     _check_batch(n, "n")
     return var * n / (n - 1)
@@ -161,11 +176,12 @@ def unbiased_from_population(var, n: int):
 # ---- the four steps by hand ----------------------------------------------------------------------
 
 
-def batch_mean(h, axis=0):
+def batch_mean(h: ArrayLike, axis: int | Sequence[int] = 0) -> jax.Array:
+    """The mean over ``axis`` (the batch): BatchNorm's first step."""
     return jnp.mean(h, axis=axis)
 
 
-def batch_variance(h, axis=0, unbiased: bool = False):
+def batch_variance(h: ArrayLike, axis: int | Sequence[int] = 0, unbiased: bool = False) -> jax.Array:
     """Population variance (divide by |B|; what BatchNorm normalises with) or the unbiased one."""
     n = math.prod(np.shape(h)[a] for a in np.atleast_1d(axis))
     _check_batch(n)
@@ -173,15 +189,19 @@ def batch_variance(h, axis=0, unbiased: bool = False):
     return jnp.sum((h - m) ** 2, axis=axis) / (n - 1 if unbiased else n)
 
 
-def standardise(h, mean, var, epsilon: float = 1e-5):
+def standardise(h: ArrayLike, mean: ArrayLike, var: ArrayLike, epsilon: float = 1e-5) -> jax.Array:
+    """``(h - mean) / sqrt(var + epsilon)``: BatchNorm's third step (``mean`` and ``var`` broadcast
+    against ``h``)."""
     return (h - mean) / jnp.sqrt(var + epsilon)
 
 
-def scale_shift(h_hat, gamma=1.0, delta=0.0):
+def scale_shift(h_hat: ArrayLike, gamma: ArrayLike = 1.0, delta: ArrayLike = 0.0) -> ArrayLike:
+    """``gamma * h_hat + delta``: BatchNorm's last step, the learned scale and offset."""
     return gamma * h_hat + delta
 
 
-def batchnorm_steps(h, gamma=1.0, delta=0.0, epsilon: float = 1e-5, axis=0) -> dict:
+def batchnorm_steps(h: ArrayLike, gamma: ArrayLike = 1.0, delta: ArrayLike = 0.0, epsilon: float = 1e-5,
+                    axis: int | Sequence[int] = 0) -> dict:
     """Every stage of BatchNorm over ``axis`` (training mode): mean, centred values, population and
     unbiased variance, standardised values, output."""
     h = jnp.asarray(h, jnp.float32)
@@ -211,17 +231,19 @@ class _Norm(nn.Module):
     overrides: tuple = ()
 
     @nn.compact
-    def __call__(self, x, train: bool, **call_kwargs):
+    def __call__(self, x: jax.Array, train: bool, **call_kwargs: Any) -> jax.Array:
+        """``make_norm(kind, train=train, name='norm', **overrides)(x, **call_kwargs)``."""
         return make_norm(self.kind, train=train, name="norm", **dict(self.overrides))(x, **call_kwargs)
 
 
-def norm_module(kind: str, **overrides) -> nn.Module:
+def norm_module(kind: str, **overrides: Any) -> nn.Module:
     """A module wrapping ``make_norm(kind, **overrides)`` under the name ``'norm'``."""
     return _Norm(kind, tuple(sorted(overrides.items())))
 
 
-def apply_norm(kind: str, x, *, train: bool, gamma=None, delta=None, batch_stats=None, mask=None,
-               **overrides) -> tuple[jnp.ndarray, dict]:
+def apply_norm(kind: str, x: ArrayLike, *, train: bool, gamma: ArrayLike | None = None,
+               delta: ArrayLike | None = None, batch_stats: dict | None = None, mask: ArrayLike | None = None,
+               **overrides: Any) -> tuple[jnp.ndarray, dict]:
     """Run resjax's normalisation layer ``kind`` on ``x``: ``(output, batch_stats after)``.
 
     ``gamma``/``delta`` replace the initial scale (1) and offset (0); ``batch_stats`` ({'mean', 'var'})
@@ -263,17 +285,17 @@ def _apply_norm(kind, train, static, x, gamma, delta, batch_stats, mask):
 # ---- batch noise ---------------------------------------------------------------------------------
 
 
-def data_standardised(example, data_mean, data_std):
+def data_standardised(example: ArrayLike, data_mean: ArrayLike, data_std: ArrayLike) -> ArrayLike:
     """The value standardising with the data's own mean and standard deviation gives."""
     return (example - data_mean) / data_std
 
 
-def delta_method_std(z, batch_size):
+def delta_method_std(z: ArrayLike, batch_size: ArrayLike) -> np.ndarray:
     """First-order spread of the BatchNorm output of an example z data-sds from the mean."""
     return np.sqrt((1 + np.asarray(z) ** 2 / 2) / np.asarray(batch_size, dtype=float))
 
 
-def example_outputs(key, example: float, batch_sizes: Sequence[int], num_batches: int, *,
+def example_outputs(key: jax.Array, example: float, batch_sizes: Sequence[int], num_batches: int, *,
                     data_mean: float = 0.0, data_std: float = 1.0, epsilon: float = 0.0,
                     via: str = "layer") -> jnp.ndarray:
     """The example's BatchNorm output (training mode, gamma 1, delta 0) in ``num_batches`` random
@@ -310,7 +332,7 @@ def example_outputs(key, example: float, batch_sizes: Sequence[int], num_batches
     return jax.jit(jax.vmap(one_size))(jnp.asarray(sizes))
 
 
-def loglog_slope(x, y) -> float:
+def loglog_slope(x: ArrayLike, y: ArrayLike) -> float:
     """Least-squares slope of log y against log x (the 1/sqrt(B) law has slope -1/2)."""
     return float(np.polyfit(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)), 1)[0])
 
@@ -318,7 +340,7 @@ def loglog_slope(x, y) -> float:
 # ---- running estimates ---------------------------------------------------------------------------
 
 
-def running_update(m, m_batch, rho):
+def running_update(m: ArrayLike, m_batch: ArrayLike, rho: ArrayLike) -> ArrayLike:
     """One step of the running estimate, exactly as flax's BatchNorm updates ``batch_stats``:
     ``momentum * m + (1 - momentum) * m_batch`` with ``momentum = 1 - rho``."""
     check_rho(rho)
@@ -326,7 +348,7 @@ def running_update(m, m_batch, rho):
     return momentum * m + (1 - momentum) * m_batch
 
 
-def running_estimate(batch_stats, rho, init=0.0) -> jnp.ndarray:
+def running_estimate(batch_stats: ArrayLike, rho: ArrayLike, init: ArrayLike = 0.0) -> jnp.ndarray:
     """The running estimate after each step (``lax.scan`` of ``running_update`` over the leading axis)."""
     check_rho(rho)
     batch_stats = jnp.asarray(batch_stats, jnp.float32)
@@ -340,20 +362,20 @@ def running_estimate(batch_stats, rho, init=0.0) -> jnp.ndarray:
     return trace
 
 
-def lag_steps(rho):
+def lag_steps(rho: ArrayLike) -> ArrayLike:
     """Settled lag (in steps) of a running estimate behind a linear ramp: (1 - rho) / rho."""
     check_rho(rho)
     return (1 - np.asarray(rho)) / np.asarray(rho)
 
 
-def noise_std(rho, batch_noise_std):
+def noise_std(rho: ArrayLike, batch_noise_std: ArrayLike) -> ArrayLike:
     """Settled standard deviation the batch noise leaves in the estimate: s sqrt(rho / (2 - rho))."""
     check_rho(rho)
     rho = np.asarray(rho)
     return batch_noise_std * np.sqrt(rho / (2 - rho))
 
 
-def lag_and_noise(true, batch_stats, rho, init=0.0) -> dict:
+def lag_and_noise(true: ArrayLike, batch_stats: ArrayLike, rho: ArrayLike, init: ArrayLike = 0.0) -> dict:
     """The estimate of ``batch_stats`` and its exact split into lag and noise (see module docstring).
 
     Returns ``estimate``, ``clean`` (the estimate of the noise-free ``true``), ``lag`` = true - clean,
@@ -447,7 +469,7 @@ def statistic_groups(kind: str, shape: Sequence[int], *, num_groups: int | None 
     return np.unique(label, return_inverse=True)[1].reshape(shape)
 
 
-def normalise_by_groups(x, labels, epsilon: float = 1e-5) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def normalise_by_groups(x: ArrayLike, labels: ArrayLike, epsilon: float = 1e-5) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Numpy reduction: ``(standardised x, mean per value, population variance per value)``, statistics
     over the values sharing a label (float64)."""
     x = np.asarray(x, np.float64)
@@ -459,7 +481,7 @@ def normalise_by_groups(x, labels, epsilon: float = 1e-5) -> tuple[np.ndarray, n
     return (x - m) / np.sqrt(v + epsilon), m, v
 
 
-def groups_from_layer(fn, x, tol: float = 1e-6) -> np.ndarray:
+def groups_from_layer(fn: Callable[[jax.Array], jax.Array], x: ArrayLike, tol: float = 1e-6) -> np.ndarray:
     """Labels recovered from what ``fn`` (a normalisation, x -> y of the same shape) does: the
     connected components of its Jacobian's nonzero pattern (entries above ``tol`` times the largest)."""
     from scipy.sparse.csgraph import connected_components
@@ -476,27 +498,29 @@ def groups_from_layer(fn, x, tol: float = 1e-6) -> np.ndarray:
     return labels.reshape(x.shape)
 
 
-def same_partition(a, b) -> bool:
+def same_partition(a: ArrayLike, b: ArrayLike) -> bool:
     """Whether two label arrays split the values into the same groups."""
     a, b = np.asarray(a).ravel(), np.asarray(b).ravel()
     pairs = np.unique(np.stack([a, b]), axis=1).shape[1]
     return a.shape == b.shape and pairs == len(np.unique(a)) == len(np.unique(b))
 
 
-def nchw_to_nhwc(x):
+def nchw_to_nhwc(x: ArrayLike) -> np.ndarray | jax.Array:
     """The lecture's (B, C, H, W) activation as flax's (B, H, W, C)."""
     return np.moveaxis(np.asarray(x), 1, -1) if isinstance(x, np.ndarray) else jnp.moveaxis(x, 1, -1)
 
 
-def nhwc_to_nchw(x):
+def nhwc_to_nchw(x: ArrayLike) -> np.ndarray | jax.Array:
+    """Flax's (B, H, W, C) activation in the lecture's (B, C, H, W) layout (numpy stays numpy)."""
     return np.moveaxis(np.asarray(x), -1, 1) if isinstance(x, np.ndarray) else jnp.moveaxis(x, -1, 1)
 
 
 __all__: list[Any] = [
-    "apply_norm", "batch_mean", "batch_variance", "batchnorm_steps", "check_rho", "data_standardised",
-    "delta_method_std", "drifting_mean", "example_outputs", "flax_from_rho", "flax_from_torch",
-    "groups_from_layer", "lag_and_noise", "lag_steps", "layer_overrides", "loglog_slope", "nchw_to_nhwc",
-    "nhwc_to_nchw", "noise_std", "norm_module", "normalise_by_groups", "reduction_axes", "rho_from_flax",
-    "rho_from_torch", "running_estimate", "running_update", "same_partition", "scale_shift",
-    "standardise", "statistic_groups", "torch_from_flax", "torch_from_rho", "unbiased_from_population",
+    "AXIS_KINDS", "LAYOUTS", "apply_norm", "batch_mean", "batch_variance", "batchnorm_steps", "check_flax_momentum",
+    "check_rho", "check_torch_momentum", "data_standardised", "delta_method_std", "drifting_mean",
+    "example_outputs", "flax_from_rho", "flax_from_torch", "groups_from_layer", "lag_and_noise", "lag_steps",
+    "layer_overrides", "loglog_slope", "nchw_to_nhwc", "nhwc_to_nchw", "noise_std", "norm_module",
+    "normalise_by_groups", "reduction_axes", "rho_from_flax", "rho_from_torch", "running_estimate",
+    "running_update", "same_partition", "scale_shift", "standardise", "statistic_groups", "torch_from_flax",
+    "torch_from_rho", "unbiased_from_population",
 ]

@@ -64,12 +64,14 @@ increasing, a batch of one in training mode, a threshold <= 0, mismatched shapes
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.typing import ArrayLike
 
 from resjax.nn.init import get_bias_initializer, get_initializer
 from resjax.nn.norms import make_norm
@@ -81,9 +83,15 @@ def _tree_norm(tree) -> jnp.ndarray:
     return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(tree)))
 
 
-def params_loss_fn(module, variables: dict, inputs, labels, *, loss: Callable | None = None, train: bool = True,
-                   **apply_kwargs) -> Callable:
-    """``loss(params)`` of ``module`` on one batch; ``batch_stats`` held fixed (updates discarded)."""
+def params_loss_fn(module: nn.Module, variables: dict, inputs: ArrayLike, labels: ArrayLike, *,
+                   loss: Callable | None = None, train: bool = True, **apply_kwargs: Any) -> Callable:
+    """``loss(params)`` of ``module`` on one batch; ``batch_stats`` held fixed (updates discarded).
+
+    ``train=True`` (the default): training mode, batch statistics (``batch_stats`` made mutable, its updates
+    discarded); ``train=False``: the running estimates. ``loss(outputs, labels)`` defaults to the mean softmax
+    cross-entropy with integer labels; ``apply_kwargs`` go to ``module.apply``. ``ValueError`` for inputs
+    without a batch axis, or a batch of one in training mode.
+    """
     if jnp.ndim(inputs) < 2:
         raise ValueError(f"inputs: need a batch axis and a feature axis, got shape {tuple(jnp.shape(inputs))}")
     if train and jnp.shape(inputs)[0] < 2:
@@ -101,7 +109,9 @@ def params_loss_fn(module, variables: dict, inputs, labels, *, loss: Callable | 
     return loss_fn
 
 
-def check_step_sizes(step_sizes) -> np.ndarray:
+def check_step_sizes(step_sizes: ArrayLike) -> np.ndarray:
+    """``step_sizes`` as a float64 array when it is a non-empty 1-D sequence of finite values >= 0 in strictly
+    increasing order; else ``ValueError`` naming ``step_sizes``."""
     s = np.asarray(step_sizes, np.float64)
     if s.ndim != 1 or s.size == 0:
         raise ValueError(f"step_sizes: need a non-empty 1-D sequence, got shape {s.shape}")
@@ -112,7 +122,7 @@ def check_step_sizes(step_sizes) -> np.ndarray:
     return s
 
 
-def probe_gradient_direction(loss_fn: Callable, params, step_sizes) -> dict:
+def probe_gradient_direction(loss_fn: Callable, params: Any, step_sizes: ArrayLike) -> dict:
     """Loss and gradient at ``params - eta_k g`` for each step size; see the module docstring."""
     if not isinstance(step_sizes, jax.core.Tracer):
         check_step_sizes(step_sizes)
@@ -134,7 +144,7 @@ def probe_gradient_direction(loss_fn: Callable, params, step_sizes) -> dict:
     }
 
 
-def summarise(losses, grad_changes, step_sizes, grad_norm) -> dict:
+def summarise(losses: jax.Array, grad_changes: jax.Array, step_sizes: ArrayLike, grad_norm: ArrayLike) -> dict:
     """``loss_range``, ``grad_change`` and ``beta_smoothness`` of one probe (NaN-propagating)."""
     dist = jnp.asarray(step_sizes) * grad_norm
     ratio = jnp.where(dist > 0, grad_changes / jnp.where(dist > 0, dist, 1.0), 0.0)
@@ -145,7 +155,7 @@ def summarise(losses, grad_changes, step_sizes, grad_norm) -> dict:
 # ---- largest learning rate that trains -------------------------------------------------------------
 
 
-def trains(final_loss, diverged, threshold: float) -> np.ndarray:
+def trains(final_loss: ArrayLike, diverged: ArrayLike, threshold: float) -> np.ndarray:
     """Per run: never diverged and the last-epoch mean training loss is finite and below ``threshold``."""
     if not threshold > 0:
         raise ValueError(f"threshold: the training-loss threshold must be > 0, got {threshold!r}")
@@ -155,7 +165,7 @@ def trains(final_loss, diverged, threshold: float) -> np.ndarray:
     return (~diverged) & np.isfinite(final_loss) & (final_loss < threshold)
 
 
-def largest_trainable_learning_rate(learning_rates: Sequence[float], ok) -> float:
+def largest_trainable_learning_rate(learning_rates: Sequence[float], ok: ArrayLike) -> float:
     """The largest learning rate whose runs all train. ``ok``: ``(L,)`` or ``(L, seeds)`` booleans."""
     lrs = np.asarray(learning_rates, np.float64)
     ok = np.asarray(ok, bool)
@@ -175,6 +185,8 @@ def _key_data(key) -> jnp.ndarray:
 
 
 def check_noise(shift: float, scale_low: float, scale_high: float, sigma: float) -> None:
+    """Raise ``ValueError`` naming the setting unless ``shift >= 0``, ``0 < scale_low <= scale_high`` and
+    ``sigma >= 0``, all finite."""
     if not (np.isfinite(shift) and shift >= 0):
         raise ValueError(f"shift: must be finite and >= 0, got {shift!r}")
     if not (np.isfinite(scale_low) and np.isfinite(scale_high) and 0 < scale_low <= scale_high):
@@ -196,7 +208,25 @@ class NoisyBatchNorm(nn.Module):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool | None = None):
+    def __call__(self, x: jax.Array, train: bool | None = None) -> jax.Array:
+        """BatchNorm of ``x`` (the layer ``bn``), then, in training mode only, the per-unit noise.
+
+        Args:
+            x: ``(batch, units)`` (or ``(..., units)``): BatchNorm and the noise are per unit (last axis).
+            train: ``True``: training mode: BatchNorm uses the minibatch's statistics and updates its running
+                estimates, and ``s_tj z + mu_tj + sigma e_tij`` is returned, drawn from
+                ``fold_in(noise_key, noise_step)``; ``False``: evaluation: the running estimates, no noise.
+                ``None`` (the default): ``apply`` raises ``ValueError`` naming ``train`` (this layer has
+                BatchNorm); ``init`` may omit it (it only needs shapes).
+
+        Returns:
+            The shape of ``x``: the noisy BatchNorm output in training mode, the BatchNorm output otherwise.
+
+        Collections:
+            ``batch_stats``: ``bn/mean`` and ``bn/var`` (the running estimates), ``noise_key`` (drawn at
+            ``init`` from the ``'params'`` rng) and ``noise_step``. With ``train=True``, ``apply`` needs
+            ``mutable=['batch_stats']``: the estimates are updated and ``noise_step`` advances by one.
+        """
         z = make_norm("batch", train=train, name="bn")(x)
         key = self.variable("batch_stats", "noise_key", lambda: _key_data(self.make_rng("params")))
         step = self.variable("batch_stats", "noise_step", lambda: jnp.zeros((), jnp.int32))
@@ -236,7 +266,24 @@ class NoisyBNMLP(nn.Module):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool | None = None):
+    def __call__(self, x: jax.Array, train: bool | None = None) -> jax.Array:
+        """The logits: ``stem`` (Dense, ReLU), then ``depth`` times ``hidden_k`` (Dense, no bias), ``norm_k``
+        (``NoisyBatchNorm``) and ReLU, then ``head`` (Dense).
+
+        Args:
+            x: ``(batch, features)``.
+            train: ``True``: training mode (each ``NoisyBatchNorm`` normalises with the minibatch's
+                statistics, updates its running estimates and adds its noise); ``False``: evaluation (the
+                running estimates, no noise). The model has BatchNorm, so ``apply`` without ``train``
+                (``None``, the default) raises ``ValueError`` naming ``train``; ``init`` may omit it.
+
+        Returns:
+            The logits, ``(batch, num_classes)``.
+
+        Collections:
+            ``batch_stats``: per layer ``norm_k/bn/mean``, ``norm_k/bn/var``, ``norm_k/noise_key`` and
+            ``norm_k/noise_step``; with ``train=True``, ``apply`` needs ``mutable=['batch_stats']``.
+        """
         init = get_initializer(self.kernel_init)
         bias = lambda h: get_bias_initializer(self.bias_init, h.shape[-1])
         h = nn.relu(nn.Dense(self.width, kernel_init=init, bias_init=bias(x), name="stem")(x))

@@ -51,6 +51,7 @@ import re
 from fractions import Fraction
 from typing import Any, Callable, NamedTuple
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -58,7 +59,7 @@ import numpy as np
 from resjax.nn.residual import ResidualBlock, stack_unrolled
 
 __all__ = [
-    "BranchStack", "residual_stack_of", "stream_input", "trajectory", "block_jacobians", "expand_by_length",
+    "BranchStack", "PathExpansion", "residual_stack_of", "stream_input", "trajectory", "block_jacobians", "expand_by_length",
     "expand_jvp", "expand_vjp", "path_expansion", "contributions_by_length", "expansion_rel_error",
     "random_path_masks", "path_magnitudes", "sampled_path_magnitudes", "path_counts", "path_length_shares",
     "central_band", "share_of_paths",
@@ -66,7 +67,14 @@ __all__ = [
 
 
 class BranchStack(NamedTuple):
-    """K residual blocks ``x <- x + branch(thetas[k], x)``; ``x`` is one example (no batch axis)."""
+    """K residual blocks ``x <- x + branch(thetas[k], x)``; ``x`` is one example (no batch axis).
+
+    Attributes:
+        branch: ``branch(theta_k, x) = f_k(x)``, block k's branch applied to one example with its parameters
+            ``theta_k``; the output has the shape of ``x``.
+        thetas: a pytree whose leaves have a leading axis of size K (block k's parameters at index k - 1).
+        num_blocks: K, at least 1.
+    """
 
     branch: Callable[[Any, jnp.ndarray], jnp.ndarray]
     thetas: Any
@@ -87,17 +95,48 @@ def _block_names(collection: dict, name: str) -> tuple[str, int]:
     return "unrolled", len(ks)
 
 
-def residual_stack_of(module, variables: dict, *, tau=None, block: ResidualBlock | None = None,
-                      name: str = "blocks") -> BranchStack:
+def residual_stack_of(module: nn.Module, variables: dict, *, tau: float | jax.Array | None = None,
+                      block: ResidualBlock | None = None, name: str = "blocks") -> BranchStack:
     """The residual stack of a resjax module, built from its own ``ResidualBlock`` and parameters.
 
-    ``module``: a ``ResidualMLP`` (or any module, when ``block`` gives the ``ResidualBlock`` its blocks are
-    made of). ``variables``: its ``{'params', 'batch_stats'}``, blocks unrolled (``blocks_0`` ...) or
-    scanned (``blocks/block``). ``tau``: the call-time tau of ``scaling='tau'`` blocks (may be traced).
+    Block k's branch is ``f_k(x) = block(x) - x``: the ``ResidualBlock`` applied to one example with block
+    k's ``params`` and ``batch_stats``, in evaluation mode (``train=False``: BatchNorm uses the running
+    estimates, so examples do not couple).
 
-    Only pre-activation blocks (``order='pre'``) with an identity skip are of the form ``x + f(x)``:
-    ``order='post'`` (an activation after the sum) and ``scaling='rescale'`` (the sum times 1/sqrt(2))
-    raise ``ValueError``, as does a module without residual blocks.
+    Args:
+        module: a ``ResidualMLP`` or ``ResidualStack``: anything with ``block_kwargs()``, from which the
+            ``ResidualBlock`` is rebuilt. Any other module needs ``block`` (and, unless its blocks are
+            named ``blocks``, ``name``); its ``num_blocks``, if it has one, must equal the blocks found.
+        variables: the module's variables: ``'params'`` (required) and ``'batch_stats'`` (read when
+            present and non-empty, in the same layout as ``'params'``).
+        tau: the call-time tau of ``scaling='tau'`` blocks (may be traced); None: the block's own field.
+        block: the ``ResidualBlock`` (same fields) that every block of ``module`` is, for a module without
+            ``block_kwargs()``; it replaces the one rebuilt from ``block_kwargs()``.
+        name: the blocks' name in the parameter tree (default ``'blocks'``, as ``ResidualMLP`` and
+            ``resjax.nn.stack_blocks`` name them).
+
+    Accepted layouts of ``variables['params']``, K >= 1 blocks:
+
+    - scanned: ``params[name]`` is a dict holding ``'block'``, whose leaves have a leading axis of size K:
+      blocks applied with ``nn.scan`` under the name ``name``, the scanned module inside called ``block``
+      (``ResidualMLP(scan=True)``: ``blocks/block``). K is read from the first leaf's leading axis;
+    - unrolled: top-level entries ``{name}_0`` ... ``{name}_{K-1}`` (``blocks_0`` ...), numbered from 0
+      without gaps; they are stacked into the scanned layout (``stack_unrolled``).
+
+    The error messages say the same: a module without ``block_kwargs()`` and no ``block`` is refused
+    ("pass a ResidualMLP (or block=ResidualBlock(...) ...)"), and parameters holding neither
+    ``'{name}_<k>'`` nor ``'{name}/block'`` are "no residual blocks (K = 0)". So a module of resjax
+    residual blocks under another name, or scanned with an inner module not called ``block``, needs
+    ``block=`` and ``name=`` (and, for the latter, renaming its inner module to ``block``).
+
+    Returns:
+        A ``BranchStack`` of the K blocks; ``thetas`` holds ``{'params', 'batch_stats'}`` per block.
+
+    Raises:
+        ValueError: ``module`` has no ``block_kwargs()`` and no ``block`` is given; the block is not of the
+            form ``x + f(x)``: ``order='post'`` (an activation after the sum) or ``scaling='rescale'`` (the
+            sum times 1/sqrt(2)); ``variables`` has no ``'params'``; unrolled indices that do not run
+            0 ... K-1; no blocks found (K = 0); ``module.num_blocks`` differs from the blocks found.
     """
     if block is None:
         if not hasattr(module, "block_kwargs"):
@@ -131,8 +170,13 @@ def residual_stack_of(module, variables: dict, *, tau=None, block: ResidualBlock
     return BranchStack(branch, thetas, num)
 
 
-def stream_input(module, variables: dict, inputs: jnp.ndarray, *, tau=None) -> jnp.ndarray:
-    """``x_0``, the stream before the first block (a ``ResidualMLP``'s stem output), for a batch of inputs."""
+def stream_input(module: nn.Module, variables: dict, inputs: jnp.ndarray, *,
+                 tau: float | jax.Array | None = None) -> jnp.ndarray:
+    """``x_0``, the stream before the first block (a ``ResidualMLP``'s stem output), for a batch of inputs.
+
+    Runs ``module`` once in evaluation mode (``train=False``) and reads its sown ``'stem_out'``: shape
+    ``(B, D)`` for inputs ``(B, in_features)``. ``ValueError`` if the module sows no ``'stem_out'``.
+    """
     kwargs = {} if tau is None else {"tau": tau}
     _, state = module.apply(variables, inputs, train=False, mutable=["intermediates"], **kwargs)
     sown = state["intermediates"].get("stem_out")
@@ -260,15 +304,32 @@ def expand_vjp(stack: BranchStack, x0: jnp.ndarray, u: jnp.ndarray) -> jnp.ndarr
 
 
 class PathExpansion(NamedTuple):
+    """``path_expansion``'s result for a batch of B inputs: a stack of K blocks on a stream of width D.
+
+    Attributes:
+        terms: ``(B, K + 1, D, D)``. ``terms[b, m]`` = E_m(K) at example b: the sum of the products of the
+            block Jacobians along all C(K, m) paths through exactly m branches (``expand_by_length``).
+            Summed over m (``terms[b].sum(0)``) it is the full stream Jacobian
+            d x_K / d x_0 = (I + J_K) ... (I + J_1) at example b.
+        jacobians: ``(B, K, D, D)``. ``jacobians[b, k - 1]`` = J_k = d f_k / d x at x_{k-1}, block k's
+            branch Jacobian at example b (rows index outputs), k = 1..K (``block_jacobians``).
+        stream: ``(B, K + 1, D)``. ``stream[b, k]`` = x_k at example b: x_0 (the stem's output) ... x_K.
+    """
+
     terms: jnp.ndarray  # (B, K + 1, D, D): E_m(K) per example
     jacobians: jnp.ndarray  # (B, K, D, D)
     stream: jnp.ndarray  # (B, K + 1, D): x_0 ... x_K
 
 
-def path_expansion(module, variables: dict, inputs: jnp.ndarray, *, tau=None) -> PathExpansion:
+def path_expansion(module: nn.Module, variables: dict, inputs: jnp.ndarray, *,
+                   tau: float | jax.Array | None = None) -> PathExpansion:
     """Dense block Jacobians and the expansion by length of a ``ResidualMLP`` at each of a batch of inputs.
 
-    ``inputs``: ``(B, in_features)``. BatchNorm in evaluation mode (each example on its own).
+    ``module``: a ``ResidualMLP`` (or ``ResidualStack``) with ``order='pre'`` and the stack's blocks named
+    ``blocks`` (``residual_stack_of`` with its defaults); ``inputs``: ``(B, in_features)``; ``tau``: the
+    call-time tau of ``scaling='tau'`` models. BatchNorm in evaluation mode (each example on its own).
+    Returns a ``PathExpansion`` (``terms`` ``(B, K + 1, D, D)``, ``jacobians`` ``(B, K, D, D)``, ``stream``
+    ``(B, K + 1, D)``); memory is about 2 B K D^2 values, for small widths.
     """
     inputs = jnp.asarray(inputs)
     if inputs.ndim != 2:
@@ -298,7 +359,7 @@ def expansion_rel_error(terms: jnp.ndarray, full: jnp.ndarray) -> jnp.ndarray:
     return jnp.linalg.norm((terms.sum(0) - full).ravel()) / jnp.sum(norms)
 
 
-def random_path_masks(key, num_blocks: int, num_samples: int) -> jnp.ndarray:
+def random_path_masks(key: jax.Array, num_blocks: int, num_samples: int) -> jnp.ndarray:
     """Random single paths of every length: ``(K + 1, num_samples, K)`` booleans, row ``[m, s]`` a uniformly
     random subset of exactly m of the K blocks (the blocks where the path takes the branch)."""
     num = _check_k(num_blocks)
@@ -340,7 +401,7 @@ def path_magnitudes(jacobians: jnp.ndarray, vector: jnp.ndarray, masks: jnp.ndar
     return jnp.mean(jnp.linalg.norm(r, axis=-1), axis=1)
 
 
-def sampled_path_magnitudes(jacobians: jnp.ndarray, vector: jnp.ndarray, key, num_samples: int = 64,
+def sampled_path_magnitudes(jacobians: jnp.ndarray, vector: jnp.ndarray, key: jax.Array, num_samples: int = 64,
                             transpose: bool = False) -> jnp.ndarray:
     """Mean ``|P v|`` over ``num_samples`` random single paths of each length m = 0..K: ``(K + 1,)``.
 

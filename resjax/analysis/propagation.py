@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -66,6 +66,14 @@ import numpy as np
 
 from resjax.nn.init import get_initializer
 
+__all__ = [
+    "KINDS", "branch_ratio_of_stream", "branch_variance_ratio", "doubling_guide", "expected_sq_norm_guide",
+    "gradient_scale", "linear_guide", "log2_growth_per_block", "percentile_bands", "product_norms",
+    "random_relu_jacobian", "ratio_guide", "stream_activations", "sum_scale", "variance_through_depth",
+    "variances_of_stream",
+]
+
+#: The products a gradient passes back through: ``J``, ``I + J`` and ``I + J / sqrt(K)``.
 KINDS = ("plain", "residual", "residual_scaled")
 
 
@@ -100,12 +108,13 @@ def _collect(tree, key: str, out: list) -> None:
 
 
 def stream_activations(module: nn.Module, variables: dict, inputs: jnp.ndarray, *, train: bool | None = None,
-                       block_key: str = "block_out", stem_key: str = "stem_out", **apply_kwargs) -> jnp.ndarray:
+                       block_key: str = "block_out", stem_key: str = "stem_out", **apply_kwargs: Any) -> jnp.ndarray:
     """The residual stream at depths 0..K, shape ``(K + 1, batch, width)``; see the module docstring.
 
     ``train`` is passed to the module (BatchNorm: ``True`` uses the batch's statistics, as at the first
-    training step; ``False`` the running estimates). Nothing is returned but the activations: the
-    updated ``batch_stats`` are discarded (a pure function).
+    training step; ``False`` the running estimates). A model with BatchNorm applied without ``train``
+    (``None``) raises ``ValueError`` naming ``train``; models without BatchNorm ignore it. Nothing is
+    returned but the activations: the updated ``batch_stats`` are discarded (a pure function).
     """
     if jnp.ndim(inputs) < 2:
         raise ValueError(f"inputs: need a batch axis and a feature axis, got shape {tuple(jnp.shape(inputs))}")
@@ -145,7 +154,7 @@ def variances_of_stream(stream: jnp.ndarray) -> dict:
 
 
 def variance_through_depth(module: nn.Module, variables: dict, inputs: jnp.ndarray, *, train: bool | None = None,
-                           **apply_kwargs) -> dict:
+                           **apply_kwargs: Any) -> dict:
     """Activation variance after each depth k = 0..K: ``{'variance', 'per_unit_variance'}``, each ``(K + 1,)``.
 
     ``variance``: over all entries of the ``(batch, width)`` activation; ``per_unit_variance``: each
@@ -164,7 +173,7 @@ def sum_scale(module: nn.Module) -> float:
 
 
 def branch_variance_ratio(module: nn.Module, variables: dict, inputs: jnp.ndarray, *, train: bool | None = None,
-                          **apply_kwargs) -> jnp.ndarray:
+                          **apply_kwargs: Any) -> jnp.ndarray:
     """For block j = 1..K: Var(what block j adds) / Var(h_{j-1}), variances over all entries; ``(K,)``.
 
     Compare with ``ratio_guide(K)`` = 1/(k + 1), k = j - 1 (BatchNorm at the branch input).
@@ -308,7 +317,7 @@ def expected_sq_norm_guide(kind: str, depth: int, num_blocks: int | None = None)
     return (1.0 + 1.0 / K) ** k
 
 
-def percentile_bands(norms: jnp.ndarray, percentiles=(10, 50, 90)) -> dict:
+def percentile_bands(norms: jnp.ndarray, percentiles: Sequence[float] = (10, 50, 90)) -> dict:
     """``{'p10': ..., 'median': ..., 'p90': ...}`` over draws (axis 0) of a ``(draws, depth + 1)`` array."""
     out = {}
     for p in percentiles:

@@ -30,8 +30,11 @@ import re
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from resjax.nn.resnet import ResNet
+
+__all__ = ["block_output_norms", "block_outputs", "mean_log10_norm"]
 
 
 def _stage_outputs(inter: dict, stage: int) -> jnp.ndarray:
@@ -49,8 +52,9 @@ def _stage_outputs(inter: dict, stage: int) -> jnp.ndarray:
     return jnp.concatenate([first_out] + [inter[key]["block_out"][0][None] for _, key in unrolled], axis=0)
 
 
-def block_outputs(model: ResNet, variables: dict, x: jnp.ndarray, *, train: bool = True, tau=None,
-                  return_output: bool = False):
+def block_outputs(model: ResNet, variables: dict, x: jnp.ndarray, *, train: bool = True,
+                  tau: float | jax.Array | None = None,
+                  return_output: bool = False) -> list[jnp.ndarray] | tuple[list[jnp.ndarray], jnp.ndarray]:
     """The block outputs of a ``resjax.nn.ResNet``, one stacked array per stage (see the module docstring);
     ``return_output=True``: ``(block outputs, the network's output (logits))`` from the same pass."""
     if not isinstance(model, ResNet):
@@ -76,8 +80,9 @@ def _log10_norm(h: jnp.ndarray) -> jnp.ndarray:
     return jnp.where(finite, out, jnp.inf)
 
 
-def block_output_norms(model: ResNet, variables: dict, x: jnp.ndarray, *, train: bool = True, tau=None,
-                       log10: bool = False, return_output: bool = False):
+def block_output_norms(model: ResNet, variables: dict, x: jnp.ndarray, *, train: bool = True,
+                       tau: float | jax.Array | None = None, log10: bool = False,
+                       return_output: bool = False) -> jnp.ndarray | tuple[jnp.ndarray, jnp.ndarray]:
     """Per-example L2 norms ``(L, B)`` of the L block outputs (``log10=True``: their log10); ``inf`` where a
     block output overflowed. ``return_output=True``: ``(norms, the network's output)`` from the same pass.
     See the module docstring."""
@@ -87,7 +92,7 @@ def block_output_norms(model: ResNet, variables: dict, x: jnp.ndarray, *, train:
     return (norms, logits) if return_output else norms
 
 
-def mean_log10_norm(log10_norms, axis: int = -1):
+def mean_log10_norm(log10_norms: ArrayLike, axis: int = -1) -> jnp.ndarray:
     """``log10(mean over axis of 10**log10_norms)`` without overflow (``inf`` stays ``inf``)."""
     v = jnp.asarray(log10_norms) * jnp.log(10.0)
     top = jnp.max(v, axis=axis, keepdims=True)

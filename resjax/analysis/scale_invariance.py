@@ -54,14 +54,19 @@ batch of one example in training mode (no batch variance).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.typing import ArrayLike
 
+if TYPE_CHECKING:
+    import flax.linen as nn
+
+#: The collections a weight ``path`` may start with (otherwise it is inside ``'params'``).
 COLLECTIONS = ("params", "batch_stats")
 
 
@@ -83,7 +88,7 @@ def parse_path(path: str | Sequence[str]) -> tuple[str, ...]:
     return parts
 
 
-def get_weight(variables: dict, path) -> jnp.ndarray:
+def get_weight(variables: dict, path: str | Sequence[str]) -> jnp.ndarray:
     """The array at ``path`` in ``variables`` (``ValueError`` naming the path if there is none)."""
     parts = parse_path(path)
     node: Any = variables
@@ -98,7 +103,7 @@ def get_weight(variables: dict, path) -> jnp.ndarray:
     return node
 
 
-def replace_weight(variables: dict, path, weight) -> dict:
+def replace_weight(variables: dict, path: str | Sequence[str], weight: ArrayLike) -> dict:
     """A copy of ``variables`` with the array at ``path`` replaced (same shape required)."""
     parts = parse_path(path)
     old = get_weight(variables, path)
@@ -125,15 +130,21 @@ def _check_batch(inputs) -> None:
                          "mode; need >= 2")
 
 
-def cross_entropy(logits, labels) -> jnp.ndarray:
+def cross_entropy(logits: jax.Array, labels: ArrayLike) -> jnp.ndarray:
+    """Mean softmax cross-entropy of ``logits`` ``(B, classes)`` with integer ``labels`` ``(B,)``: a scalar."""
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
-def weight_loss_fn(module, variables: dict, inputs, labels, path, *, loss: Callable | None = None,
-                   train: bool = True, **apply_kwargs) -> Callable[[jnp.ndarray], jnp.ndarray]:
+def weight_loss_fn(module: nn.Module, variables: dict, inputs: ArrayLike, labels: ArrayLike | None,
+                   path: str | Sequence[str], *, loss: Callable | None = None, train: bool = True,
+                   **apply_kwargs: Any) -> Callable[[jnp.ndarray], jnp.ndarray]:
     """``loss(W)``: the module's loss with the weight at ``path`` replaced by W; see the module docstring.
 
-    Training mode by default (batch statistics; the running estimates are neither used nor changed).
+    Training mode by default (``train=True``: batch statistics; ``batch_stats`` is made mutable and its
+    updates discarded, so the running estimates are neither used nor changed); ``train=False`` uses the
+    running estimates. ``loss(outputs, labels)`` defaults to ``cross_entropy`` (then ``labels`` is needed);
+    ``apply_kwargs`` go to ``module.apply`` (e.g. ``tau=...``). ``ValueError`` for a path that names no array,
+    missing labels, or a batch of one in training mode.
     """
     get_weight(variables, path)  # validates the path
     if train:
@@ -157,18 +168,21 @@ def weight_loss_fn(module, variables: dict, inputs, labels, path, *, loss: Calla
 # ---- the identities --------------------------------------------------------------------------------
 
 
-def check_scale(a) -> float:
+def check_scale(a: ArrayLike) -> ArrayLike:
+    """``a`` itself when every value is finite and > 0; else ``ValueError`` naming ``a``."""
     if not np.all(np.isfinite(a)) or np.any(np.asarray(a) <= 0):
         raise ValueError(f"a: the scale factor must be finite and > 0, got {a!r}")
     return a
 
 
-def check_learning_rate(alpha, setting: str = "alpha") -> None:
+def check_learning_rate(alpha: ArrayLike, setting: str = "alpha") -> None:
+    """Raise ``ValueError`` naming ``setting`` unless every value of the learning rate is finite and >= 0."""
     if not np.all(np.isfinite(alpha)) or np.any(np.asarray(alpha) < 0):
         raise ValueError(f"{setting}: the learning rate must be finite and >= 0, got {alpha!r}")
 
 
-def check_weight_decay(weight_decay) -> None:
+def check_weight_decay(weight_decay: ArrayLike) -> None:
+    """Raise ``ValueError`` naming ``weight_decay`` unless every value is finite and >= 0."""
     if not np.all(np.isfinite(weight_decay)) or np.any(np.asarray(weight_decay) < 0):
         raise ValueError(f"weight_decay: must be finite and >= 0, got {weight_decay!r}")
 
@@ -180,7 +194,7 @@ def _check_weights(weight) -> None:
         raise ValueError("weights: zero length; scale invariance needs a direction")
 
 
-def scale_identities(loss_fn: Callable, weight, a: float, alpha: float) -> dict:
+def scale_identities(loss_fn: Callable, weight: ArrayLike, a: float, alpha: float) -> dict:
     """Relative deviations from the four identities at ``weight``, scale ``a`` and learning rate ``alpha``.
 
     Returns floats: ``loss``, ``grad``, ``cosine``, ``step`` (see the module docstring), plus the raw values
@@ -198,7 +212,8 @@ def scale_identities(loss_fn: Callable, weight, a: float, alpha: float) -> dict:
     return identity_deviations(weight, a, alpha, l_w, g_w, l_aw, g_aw)
 
 
-def identity_deviations(weight, a: float, alpha: float, l_w, g_w, l_aw, g_aw) -> dict:
+def identity_deviations(weight: ArrayLike, a: float, alpha: float, l_w: ArrayLike, g_w: ArrayLike, l_aw: ArrayLike,
+                        g_aw: ArrayLike) -> dict:
     """``scale_identities`` from values already computed: the loss and gradient at W and at aW."""
     check_scale(a)
     check_learning_rate(alpha)
@@ -227,7 +242,7 @@ def identity_deviations(weight, a: float, alpha: float, l_w, g_w, l_aw, g_aw) ->
 # ---- one step's geometry (jnp; jit/vmap) ---------------------------------------------------------
 
 
-def angle_between(u, v) -> jnp.ndarray:
+def angle_between(u: ArrayLike, v: ArrayLike) -> jnp.ndarray:
     """The angle between two arrays (flattened), in radians: ``2 atan2(|u^ - v^|, |u^ + v^|)``.
 
     Accurate for tiny angles, where ``arccos`` of the cosine loses everything below ~3e-4 rad in float32.
@@ -237,18 +252,18 @@ def angle_between(u, v) -> jnp.ndarray:
     return 2.0 * jnp.arctan2(jnp.linalg.norm(u - v), jnp.linalg.norm(u + v))
 
 
-def effective_learning_rate(alpha, weight) -> jnp.ndarray:
+def effective_learning_rate(alpha: ArrayLike, weight: ArrayLike) -> jnp.ndarray:
     """``alpha / |W|^2``: the rate at which SGD turns a scale-invariant weight, per unit gradient at |W| = 1."""
     return alpha / jnp.sum(jnp.square(weight))
 
 
-def equivalent_learning_rate(alpha, a):
+def equivalent_learning_rate(alpha: ArrayLike, a: ArrayLike) -> ArrayLike:
     """The learning rate at W whose step points where a step at learning rate ``alpha`` from ``aW`` points."""
     check_scale(a)
     return alpha / a ** 2
 
 
-def sgd_step_geometry(weight, grad, alpha, weight_decay=0.0) -> dict:
+def sgd_step_geometry(weight: jax.Array, grad: jax.Array, alpha: ArrayLike, weight_decay: ArrayLike = 0.0) -> dict:
     """One SGD step ``W' = W - alpha (g + weight_decay W)``, described; see the module docstring.
 
     Returns jnp scalars: ``norm_before``, ``norm_after``, ``angle`` (radians between W and W'),
@@ -279,7 +294,8 @@ def sgd_step_geometry(weight, grad, alpha, weight_decay=0.0) -> dict:
     }
 
 
-def step_geometry_from_update(before, after, alpha, weight_decay=0.0) -> dict:
+def step_geometry_from_update(before: jax.Array, after: jax.Array, alpha: ArrayLike,
+                              weight_decay: ArrayLike = 0.0) -> dict:
     """``sgd_step_geometry`` recovered from the weights before and after one SGD step (the gradient is
     ``g = -(after - before) / alpha - weight_decay * before``); for recording inside a training loop."""
     grad = -(after - before) / alpha - weight_decay * before
@@ -287,6 +303,7 @@ def step_geometry_from_update(before, after, alpha, weight_decay=0.0) -> dict:
 
 
 __all__ = [
+    "COLLECTIONS",
     "angle_between",
     "check_learning_rate",
     "check_scale",

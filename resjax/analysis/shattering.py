@@ -45,12 +45,22 @@ estimator, a module whose output is not a single number) raise ``ValueError`` na
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
+if TYPE_CHECKING:
+    import flax.linen as nn
+
+__all__ = [
+    "ESTIMATORS", "autocorrelation", "check_estimator", "half_correlation_distance", "init_many", "input_gradients",
+    "input_gradients_many", "make_grid", "scalar_function", "shattering_statistics",
+]
+
+#: The autocorrelation estimators ``autocorrelation`` knows (see the module docstring).
 ESTIMATORS = ("raw", "notebook", "mean_subtracted", "pearson")
 
 
@@ -74,7 +84,7 @@ def _check_grid(grid) -> jnp.ndarray:
     return grid
 
 
-def init_many(module, key, num_networks: int, input_size: int = 1, **init_kwargs) -> Any:
+def init_many(module: nn.Module, key: jax.Array, num_networks: int, input_size: int = 1, **init_kwargs: Any) -> Any:
     """``num_networks`` independent initialisations of ``module`` (vmapped ``module.init``); every leaf
     of the returned variables has a leading axis of size ``num_networks``."""
     if not isinstance(num_networks, (int, np.integer)) or isinstance(num_networks, bool) or num_networks < 1:
@@ -85,8 +95,11 @@ def init_many(module, key, num_networks: int, input_size: int = 1, **init_kwargs
     return jax.vmap(lambda k: module.init(k, x, **init_kwargs))(keys)
 
 
-def scalar_function(module, variables, **apply_kwargs):
-    """``x -> y`` for a module mapping a ``(1, 1)`` input to a single output, as a function of a scalar."""
+def scalar_function(module: nn.Module, variables: dict, **apply_kwargs: Any) -> Callable[[ArrayLike], jax.Array]:
+    """``x -> y`` for a module mapping a ``(1, 1)`` input to a single output, as a function of a scalar.
+
+    The returned function raises ``ValueError`` when the module's output is not a single number.
+    """
 
     def f(x):
         y = module.apply(variables, jnp.reshape(x, (1, 1)), **apply_kwargs)
@@ -97,14 +110,14 @@ def scalar_function(module, variables, **apply_kwargs):
     return f
 
 
-def input_gradients(module, variables, grid, **apply_kwargs) -> jnp.ndarray:
+def input_gradients(module: nn.Module, variables: dict, grid: ArrayLike, **apply_kwargs: Any) -> jnp.ndarray:
     """``dy/dx`` of a scalar-input, scalar-output module at every point of ``grid`` (shape ``(n,)``), by
     ``jax.grad`` vmapped over the grid. ``apply_kwargs`` go to ``module.apply`` (e.g. ``tau=...``)."""
     grid = _check_grid(grid)
     return jax.vmap(jax.grad(scalar_function(module, variables, **apply_kwargs)))(grid)
 
 
-def input_gradients_many(module, variables, grid, **apply_kwargs) -> jnp.ndarray:
+def input_gradients_many(module: nn.Module, variables: dict, grid: ArrayLike, **apply_kwargs: Any) -> jnp.ndarray:
     """``input_gradients`` for stacked variables (leading network axis, e.g. from ``init_many``):
     shape ``(networks, n)``, one jitted program vmapped over networks and grid points."""
     grid = _check_grid(grid)
@@ -116,6 +129,7 @@ def input_gradients_many(module, variables, grid, **apply_kwargs) -> jnp.ndarray
 
 
 def check_estimator(estimator: str) -> None:
+    """Raise ``ValueError`` naming ``estimator`` unless it is one of ``ESTIMATORS``."""
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator: unknown autocorrelation estimator {estimator!r}; choose one of {ESTIMATORS}")
 
@@ -129,7 +143,7 @@ def _pairs(n: int, max_lag: int):
     return np.minimum(idx, n - 1), valid
 
 
-def autocorrelation(signal, max_lag: int | None = None, estimator: str = "pearson") -> jnp.ndarray:
+def autocorrelation(signal: ArrayLike, max_lag: int | None = None, estimator: str = "pearson") -> jnp.ndarray:
     """Autocorrelation of ``signal`` (shape ``(..., n)``, along the last axis) at lags ``0..max_lag``
     (default ``n // 2``); shape ``(..., max_lag + 1)``. See the module docstring for the estimators."""
     check_estimator(estimator)
@@ -174,7 +188,7 @@ def _autocorrelation(a, max_lag: int, estimator: str):
     return jnp.where(ok, cov / jnp.sqrt(jnp.where(ok, vx * vy, 1.0)), jnp.nan)
 
 
-def half_correlation_distance(curve, spacing: float, level: float = 0.5) -> jnp.ndarray:
+def half_correlation_distance(curve: ArrayLike, spacing: float, level: float = 0.5) -> jnp.ndarray:
     """Distance at which ``curve`` (lags ``0, 1, ...`` times ``spacing``; shape ``(..., L)``) first falls
     below ``level``, linearly interpolated between the neighbouring lags. 0 if ``curve[0] < level``;
     NaN if it never falls below ``level`` or is NaN before it does."""
@@ -196,7 +210,7 @@ def half_correlation_distance(curve, spacing: float, level: float = 0.5) -> jnp.
     return jnp.where(crossed & ~nan_before, dist, jnp.nan)
 
 
-def shattering_statistics(grads, spacing: float, max_lag: int | None = None, estimator: str = "pearson",
+def shattering_statistics(grads: ArrayLike, spacing: float, max_lag: int | None = None, estimator: str = "pearson",
                           level: float = 0.5) -> dict:
     """Autocorrelation of each network's ``dy/dx`` (rows of ``grads``, shape ``(networks, n)``), their mean
     over networks (networks whose curve is undefined, e.g. a constant gradient under ``pearson``, are

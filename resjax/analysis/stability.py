@@ -48,14 +48,19 @@ its stream would change its output.
 
 from __future__ import annotations
 
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from resjax.analysis.propagation import stream_activations
 from resjax.nn.mlp import PlainLayer, PlainMLP, ResidualMLP, ResidualStack
 from resjax.nn.residual import ResidualBlock, stack_unrolled
+
+__all__ = ["direct_norms", "layer_and_params", "log_log_slope", "log_space_propagation"]
 
 _RELUS = (nn.relu, jax.nn.relu)
 
@@ -73,7 +78,7 @@ def _check_homogeneous(module) -> None:
         raise ValueError("activation: log-space tracking needs ReLU (a positively homogeneous activation)")
 
 
-def layer_and_params(module, variables: dict):
+def layer_and_params(module: nn.Module, variables: dict) -> tuple[nn.Module, dict, Any]:
     """``(layer, call_kwargs, params)``: the module's own repeated layer (an unbound Flax module), the keyword
     arguments it is called with, and its parameters stacked on a leading layer axis of size K."""
     params = variables["params"]
@@ -106,8 +111,9 @@ def _unit(x):
     return x / jnp.where(n > 0, n, 1.0)[..., None], jnp.log(n)
 
 
-def log_space_propagation(module, variables: dict, inputs: jnp.ndarray, *, cotangent: jnp.ndarray | None = None,
-                          tau=None, backward: bool = True) -> dict:
+def log_space_propagation(module: nn.Module, variables: dict, inputs: jnp.ndarray, *,
+                          cotangent: jnp.ndarray | None = None, tau: float | jax.Array | None = None,
+                          backward: bool = True) -> dict:
     """Forward (and backward) norms through every layer, in log space; see the module docstring.
 
     ``inputs``: ``(B, features)``. ``cotangent``: ``(B, num_classes)`` or ``(num_classes,)`` output
@@ -171,7 +177,8 @@ def log_space_propagation(module, variables: dict, inputs: jnp.ndarray, *, cotan
     return out
 
 
-def direct_norms(module, variables: dict, inputs: jnp.ndarray, *, tau=None) -> jnp.ndarray:
+def direct_norms(module: nn.Module, variables: dict, inputs: jnp.ndarray, *,
+                 tau: float | jax.Array | None = None) -> jnp.ndarray:
     """``|h_l|`` per example, l = 0..K, ``(K + 1, B)``, by the ordinary forward pass (overflows where it does)."""
     kwargs = {"tau": tau} if tau is not None else {}
     if isinstance(module, PlainMLP):
@@ -188,7 +195,7 @@ def direct_norms(module, variables: dict, inputs: jnp.ndarray, *, tau=None) -> j
     return jnp.linalg.norm(stream, axis=-1)
 
 
-def log_log_slope(values, start: int = 1) -> float:
+def log_log_slope(values: ArrayLike, start: int = 1) -> float:
     """Least-squares slope of ``log values[l]`` against ``log l`` for l = start..len(values)-1 (index = l)."""
     values = np.asarray(values, float)
     if values.ndim != 1 or len(values) < start + 2:

@@ -89,25 +89,35 @@ float32), ``scale_kernels``, ``mean_over_draws``,
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from resjax.nn.init import get_initializer
 from resjax.nn.mlp import ResidualStack
 from resjax.nn.residual import ResidualBlock, stack_unrolled
 
+__all__ = [
+    "ACTIVATIONS", "MOMENTS", "NORMS", "backprop_deltas", "bn_curve", "bn_growth_power", "delta_variance",
+    "gradient_variance", "growth_exponent", "he_curve", "identity", "log10_mean_square", "make_stack",
+    "mean_over_draws", "scale_kernels", "scaled_fan_in", "seed_bn_curve", "taki_bound", "taki_curve",
+    "weight_grad_variance",
+]
+
+#: The normalisations of Taki's model: none, or BatchNorm at the branch input.
 NORMS = ("none", "batch")
 
 
-def identity(x):
+def identity(x: jax.Array) -> jax.Array:
     """The identity activation (the seed's simplifying assumption)."""
     return x
 
 
+#: The activations of Taki's model by name.
 ACTIVATIONS: dict[str, Callable] = {"linear": identity, "identity": identity, "relu": nn.relu}
 
 # a = E[f'(z)^2], v = Var[f(z)], m2 = E[f(z)^2] for z ~ N(0, 1).
@@ -229,7 +239,7 @@ def weight_grad_variance(num_blocks: int, n_var_w: float, activation: str = "lin
     return mom["m2"] * input_variance * (1.0 + n_var_w * mom["m2"]) ** j * delta[1:]
 
 
-def growth_exponent(curve, l_min: int, l_max: int) -> float:
+def growth_exponent(curve: ArrayLike, l_min: int, l_max: int) -> float:
     """p in curve_l ~ l^(-p): least-squares slope of -log(curve) on log(l) over l_min <= l <= l_max.
 
     ``curve`` is indexed by l = 0..L (positive values); 1: the seed's L/l.
@@ -317,7 +327,7 @@ def backprop_deltas(module: ResidualStack, variables: dict, inputs: jnp.ndarray,
     }
 
 
-def log10_mean_square(a: jnp.ndarray, axis) -> jnp.ndarray:
+def log10_mean_square(a: jnp.ndarray, axis: int | tuple[int, ...]) -> jnp.ndarray:
     """log10 mean(a^2) over ``axis``, without squaring large values (3^50-sized entries square past float32)."""
     m = jnp.max(jnp.abs(a), axis=axis, keepdims=True)
     m = jnp.where(m > 0, m, 1.0)
@@ -325,7 +335,7 @@ def log10_mean_square(a: jnp.ndarray, axis) -> jnp.ndarray:
     return 2.0 * jnp.log10(jnp.squeeze(m, axis=axis)) + jnp.log10(ms)
 
 
-def scale_kernels(params, gain):
+def scale_kernels(params: Any, gain: ArrayLike) -> Any:
     """Every ``kernel`` leaf of a parameter tree times ``gain`` (a traced scalar is fine)."""
     def f(path, leaf):
         name = getattr(path[-1], "key", None)
@@ -335,7 +345,8 @@ def scale_kernels(params, gain):
 
 
 def gradient_variance(module: ResidualStack, key: jax.Array, *, batch_size: int, num_draws: int,
-                      input_variance: float = 1.0, kernel_gains=None, train: bool = True) -> dict:
+                      input_variance: float = 1.0, kernel_gains: Sequence[float] | None = None,
+                      train: bool = True) -> dict:
     """Per-layer gradient second moments at initialisation over ``num_draws`` draws (vmapped, jitted).
 
     Draw d (``keys = split(key, num_draws)``; ``kp, kx, kg = split(keys[d], 3)``): the network
@@ -384,7 +395,7 @@ def gradient_variance(module: ResidualStack, key: jax.Array, *, batch_size: int,
     return {k: np.asarray(v, dtype=np.float64) for k, v in out.items()}
 
 
-def mean_over_draws(log10_values) -> np.ndarray:
+def mean_over_draws(log10_values: ArrayLike) -> np.ndarray:
     """log10 of the arithmetic mean over draws (axis 0) of 10^values: the expectation the curves give."""
     x = np.asarray(log10_values, dtype=np.float64) * math.log(10.0)
     top = np.max(x, axis=0)
