@@ -26,9 +26,10 @@ choice). Call every module as ``module(x, train)``.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import flax.linen as nn
+import jax
 
 from resjax.nn.init import get_initializer
 from resjax.nn.norms import check_norm, make_norm
@@ -37,7 +38,7 @@ from resjax.nn.residual import check_positive, concat_merge, residual_add
 DEFAULT_KERNEL_INIT = "he_normal_fan_out"
 
 
-def _conv(module: nn.Module, features: int, size: int, name: str, use_bias: bool):
+def _conv(module: nn.Module, features: int, size: int, name: str, use_bias: bool) -> nn.Conv:
     return nn.Conv(features, (size, size), padding="SAME", use_bias=use_bias,
                    kernel_init=get_initializer(module.kernel_init), name=name)
 
@@ -48,7 +49,16 @@ def _check(module: nn.Module) -> None:
 
 
 class BasicBranch(nn.Module):
-    """3x3 conv -> norm -> relu -> 3x3 conv -> norm at constant width ``features``."""
+    """3x3 conv -> norm -> relu -> 3x3 conv -> norm at constant width ``features``.
+
+    Attributes:
+        features: the output channels of both convs; an integer >= 1. Required.
+        norm: a name in ``NORMS`` (``'batch'``, the default, ``'none'``, ``'layer'``, ``'group'``, ``'instance'``)
+            or a callable for ``make_norm``. Convolutions have a bias only with ``'none'``.
+        kernel_init: the convs' initialiser (a ``resjax.nn.init`` name or a function). Default
+            ``'he_normal_fan_out'``.
+        activation: the activation function. Default ``flax.linen.relu``.
+    """
 
     features: int
     norm: str | Callable = "batch"
@@ -61,7 +71,23 @@ class BasicBranch(nn.Module):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool | None = None):
+    def __call__(self, x: jax.Array, train: bool | None = None) -> jax.Array:
+        """Apply the branch (no skip: ``ConvResidualBlock`` adds it).
+
+        Args:
+            x: the feature maps, channels-last ``(batch, height, width, channels)``.
+            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
+                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
+                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
+                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+
+        Returns:
+            ``(batch, height, width, features)`` (stride 1, 'SAME' padding).
+
+        Collections:
+            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
+            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``). Nothing is sown.
+        """
         bias = self.norm == "none"
         h = _conv(self, self.features, 3, "conv3x3_0", bias)(x)
         h = self.activation(make_norm(self.norm, train=train, name="norm_0")(h))
@@ -71,7 +97,17 @@ class BasicBranch(nn.Module):
 
 class BottleneckBranch(nn.Module):
     """1x1 (features -> bottleneck) -> 3x3 (bottleneck) -> 1x1 (bottleneck -> features), each followed by
-    a norm, with relu between them."""
+    a norm, with relu between them.
+
+    Attributes:
+        features: the output channels (of the restoring 1x1 conv); an integer >= 1. Required.
+        bottleneck: the channels of the reducing 1x1 and the 3x3 conv; an integer >= 1. Required.
+        norm: a name in ``NORMS`` (``'batch'``, the default, ``'none'``, ``'layer'``, ``'group'``, ``'instance'``)
+            or a callable for ``make_norm``. Convolutions have a bias only with ``'none'``.
+        kernel_init: the convs' initialiser (a ``resjax.nn.init`` name or a function). Default
+            ``'he_normal_fan_out'``.
+        activation: the activation function. Default ``flax.linen.relu``.
+    """
 
     features: int
     bottleneck: int
@@ -86,7 +122,23 @@ class BottleneckBranch(nn.Module):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool | None = None):
+    def __call__(self, x: jax.Array, train: bool | None = None) -> jax.Array:
+        """Apply the branch (no skip: ``ConvResidualBlock`` adds it).
+
+        Args:
+            x: the feature maps, channels-last ``(batch, height, width, channels)``.
+            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
+                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
+                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
+                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+
+        Returns:
+            ``(batch, height, width, features)`` (stride 1, 'SAME' padding).
+
+        Collections:
+            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
+            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``). Nothing is sown.
+        """
         bias = self.norm == "none"
         h = _conv(self, self.bottleneck, 1, "conv1x1_reduce", bias)(x)
         h = self.activation(make_norm(self.norm, train=train, name="norm_0")(h))
@@ -100,6 +152,13 @@ class ConvResidualBlock(nn.Module):
     """``act(x + branch(x))`` (``post_activation=True``) or ``x + branch(x)``, identity skip only.
 
     ``branch`` is an unbound module (e.g. ``BottleneckBranch(256, 64)``), called as ``branch(x, train)``.
+
+    Attributes:
+        branch: the residual branch, an unbound module called as ``branch(x, train)`` that returns the shape
+            of ``x``; its parameters live under this block's ``branch``. Required.
+        post_activation: ``True`` (default): ``activation(x + branch(x))``, the original ResNet; ``False``:
+            ``x + branch(x)``.
+        activation: the activation after the sum. Default ``flax.linen.relu``.
     """
 
     branch: Any
@@ -107,7 +166,28 @@ class ConvResidualBlock(nn.Module):
     activation: Callable = nn.relu
 
     @nn.compact
-    def __call__(self, x, train: bool | None = None):
+    def __call__(self, x: jax.Array, train: bool | None = None) -> jax.Array:
+        """Apply the block: ``activation(x + branch(x, train))`` or ``x + branch(x, train)``.
+
+        Args:
+            x: the input, e.g. channels-last ``(batch, height, width, channels)``; the branch must keep its
+                shape.
+            train: passed on to the branch. ``True``: training mode (BatchNorm normalises with the minibatch's
+                statistics and updates ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates).
+                With BatchNorm in the branch, ``apply`` without it (``None``, the default) raises ``ValueError``
+                naming ``train``; ``init`` may omit it (it only needs shapes). Without BatchNorm it is ignored.
+
+        Returns:
+            The block's output, the shape of ``x``.
+
+        Raises:
+            ValueError: the branch's output shape differs from ``x`` (``residual_add``); ``train`` missing
+                when the branch has BatchNorm.
+
+        Collections:
+            The branch's: ``batch_stats`` when its norm is BatchNorm and ``train=True`` (``apply`` then needs
+            ``mutable=['batch_stats']``), and whatever it sows.
+        """
         # re-parent the branch here, so its parameters live under this block's ``branch`` whether it was
         # built inside another module's compact method or outside any module
         branch = self.branch if self.branch.parent is self else self.branch.clone(parent=self, name="branch")
@@ -119,6 +199,17 @@ class DenseLayer(nn.Module):
     """norm -> relu -> [1x1 conv to ``4 * growth_rate`` -> norm -> relu] -> 3x3 conv to ``growth_rate``.
 
     Returns only the ``growth_rate`` new channels; ``DenseBlock`` concatenates them to the input.
+
+    Attributes:
+        growth_rate: g, the new channels (the 3x3 conv's output); an integer >= 1. Required.
+        bottleneck: ``True``: the 1x1 conv to ``bottleneck_factor * growth_rate`` channels first (DenseNet-B).
+            Default ``False``.
+        bottleneck_factor: the 1x1 conv's width in units of ``growth_rate``; an integer >= 1. Default 4.
+        norm: a name in ``NORMS`` (``'batch'``, the default, ``'none'``, ``'layer'``, ``'group'``, ``'instance'``)
+            or a callable for ``make_norm``. Convolutions have a bias only with ``'none'``.
+        kernel_init: the convs' initialiser (a ``resjax.nn.init`` name or a function). Default
+            ``'he_normal_fan_out'``.
+        activation: the activation function. Default ``flax.linen.relu``.
     """
 
     growth_rate: int
@@ -135,7 +226,23 @@ class DenseLayer(nn.Module):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool | None = None):
+    def __call__(self, x: jax.Array, train: bool | None = None) -> jax.Array:
+        """Compute the new channels: norm -> act -> [1x1 conv -> norm -> act] -> 3x3 conv.
+
+        Args:
+            x: the feature maps, channels-last ``(batch, height, width, channels)``.
+            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
+                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
+                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
+                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+
+        Returns:
+            The new channels, ``(batch, height, width, growth_rate)``.
+
+        Collections:
+            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
+            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``). Nothing is sown.
+        """
         bias = self.norm == "none"
         h = self.activation(make_norm(self.norm, train=train, name="norm_0")(x))
         if self.bottleneck:
@@ -148,7 +255,17 @@ class DenseLayer(nn.Module):
 
 class DenseBlock(nn.Module):
     """``num_layers`` dense layers; layer k sees ``C_0 + (k-1) * growth_rate`` channels; the output has
-    ``C_0 + num_layers * growth_rate``. Layers are named ``layer_0`` ... ``layer_{n-1}``."""
+    ``C_0 + num_layers * growth_rate``. Layers are named ``layer_0`` ... ``layer_{n-1}``.
+
+    Attributes:
+        num_layers: the dense layers; an integer >= 1. Required.
+        growth_rate: the channels each layer adds; an integer >= 1. Required.
+        bottleneck: whether every layer has DenseNet-B's 1x1 bottleneck conv. Default ``False``.
+        norm: a name in ``NORMS`` (``'batch'``, the default, ``'none'``, ``'layer'``, ``'group'``, ``'instance'``)
+            or a callable for ``make_norm``. Convolutions have a bias only with ``'none'``.
+        kernel_init: the convs' initialiser (a ``resjax.nn.init`` name or a function). Default
+            ``'he_normal_fan_out'``.
+    """
 
     num_layers: int
     growth_rate: int
@@ -163,7 +280,23 @@ class DenseBlock(nn.Module):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool | None = None):
+    def __call__(self, x: jax.Array, train: bool | None = None) -> jax.Array:
+        """Apply the layers, concatenating each one's new channels to the stream (``concat_merge``).
+
+        Args:
+            x: the feature maps, channels-last ``(batch, height, width, channels)``.
+            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
+                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
+                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
+                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+
+        Returns:
+            ``(batch, height, width, channels + num_layers * growth_rate)``.
+
+        Collections:
+            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
+            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``). Nothing is sown.
+        """
         h = x
         for k in range(self.num_layers):
             new = DenseLayer(self.growth_rate, self.bottleneck, norm=self.norm, kernel_init=self.kernel_init,
@@ -173,7 +306,17 @@ class DenseBlock(nn.Module):
 
 
 class Transition(nn.Module):
-    """norm -> relu -> 1x1 conv to ``floor(compression * C)`` channels -> 2x2 average pool (stride 2)."""
+    """norm -> relu -> 1x1 conv to ``floor(compression * C)`` channels -> 2x2 average pool (stride 2).
+
+    Attributes:
+        compression: the fraction of the channels kept, in (0, 1]: ``max(1, floor(compression * C))``.
+            Default 0.5.
+        norm: a name in ``NORMS`` (``'batch'``, the default, ``'none'``, ``'layer'``, ``'group'``, ``'instance'``)
+            or a callable for ``make_norm``. Convolutions have a bias only with ``'none'``.
+        kernel_init: the convs' initialiser (a ``resjax.nn.init`` name or a function). Default
+            ``'he_normal_fan_out'``.
+        activation: the activation function. Default ``flax.linen.relu``.
+    """
 
     compression: float = 0.5
     norm: str | Callable = "batch"
@@ -187,14 +330,30 @@ class Transition(nn.Module):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool | None = None):
+    def __call__(self, x: jax.Array, train: bool | None = None) -> jax.Array:
+        """Compress the channels and halve the spatial size.
+
+        Args:
+            x: the feature maps, channels-last ``(batch, height, width, channels)``.
+            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
+                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
+                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
+                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+
+        Returns:
+            ``(batch, height // 2, width // 2, max(1, floor(compression * channels)))``.
+
+        Collections:
+            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
+            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``). Nothing is sown.
+        """
         out_channels = max(1, int(self.compression * x.shape[-1]))
         h = self.activation(make_norm(self.norm, train=train, name="norm")(x))
         h = _conv(self, out_channels, 1, "conv1x1", self.norm == "none")(h)
         return nn.avg_pool(h, (2, 2), strides=(2, 2))
 
 
-def conv_kernel_weights(params) -> dict[str, int]:
+def conv_kernel_weights(params: Mapping[str, Any]) -> dict[str, int]:
     """Weights (biases excluded) of every conv kernel in a parameter tree (or a tree of
     ``jax.ShapeDtypeStruct`` from ``jax.eval_shape``), keyed by the '/'-joined path of the kernel.
 

@@ -19,9 +19,10 @@ Call as ``model(x, train)``.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from resjax.nn.conv_blocks import DEFAULT_KERNEL_INIT, DenseBlock, Transition, _check
@@ -33,7 +34,26 @@ STEMS = ("imagenet", "cifar")
 
 
 class DenseNet(nn.Module):
-    """DenseNet classifier; see the module docstring."""
+    """DenseNet classifier; see the module docstring.
+
+    Every field is checked at construction (``ValueError`` naming the setting).
+
+    Attributes:
+        block_layers: the dense layers of each block, a non-empty sequence of integers >= 1 (stored as a
+            tuple). Default ``(6, 12, 24, 16)``, DenseNet-121.
+        growth_rate: the channels each dense layer adds; an integer >= 1. Default 32.
+        init_features: the stem's output channels; an integer >= 1. Default 64.
+        compression: the fraction of channels the transitions keep, in (0, 1]. Default 0.5.
+        bottleneck: whether the dense layers have the 1x1 bottleneck conv (DenseNet-B); ``True`` (default)
+            or ``False``.
+        num_classes: the classifier's outputs (logits); an integer >= 1. Default 1000.
+        stem: ``'imagenet'`` (default; 7x7/2 conv -> norm -> relu -> 3x3/2 max pool) or ``'cifar'`` (one 3x3
+            conv); ``STEMS``.
+        norm: a name in ``NORMS`` (``'batch'``, the default, ``'none'``, ``'layer'``, ``'group'``, ``'instance'``)
+            or a callable for ``make_norm``. Convolutions have a bias only with ``'none'``.
+        kernel_init: the convs' initialiser (a ``resjax.nn.init`` name or a function). Default
+            ``'he_normal_fan_out'``.
+    """
 
     block_layers: Sequence[int] = (6, 12, 24, 16)
     growth_rate: int = 32
@@ -66,7 +86,23 @@ class DenseNet(nn.Module):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool | None = None):
+    def __call__(self, x: jax.Array, train: bool | None = None) -> jax.Array:
+        """Classify images: stem, dense blocks and transitions, final norm -> relu, global average pool, dense.
+
+        Args:
+            x: the images, channels-last ``(batch, height, width, channels)``.
+            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
+                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
+                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
+                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+
+        Returns:
+            The logits, ``(batch, num_classes)``.
+
+        Collections:
+            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
+            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``). Nothing is sown.
+        """
         bias = self.norm == "none"
         init = get_initializer(self.kernel_init)
         if self.stem == "imagenet":
@@ -89,13 +125,13 @@ class DenseNet(nn.Module):
         return nn.Dense(self.num_classes, name="classifier")(h)
 
 
-def densenet121(num_classes: int = 1000, **kwargs) -> DenseNet:
+def densenet121(num_classes: int = 1000, **kwargs: Any) -> DenseNet:
     """DenseNet-121: blocks (6, 12, 24, 16), growth 32, 64 stem features, compression 0.5, bottlenecks."""
     return DenseNet((6, 12, 24, 16), growth_rate=32, init_features=64, compression=0.5, bottleneck=True,
                     num_classes=num_classes, stem="imagenet", **kwargs)
 
 
-def densenet_bc_cifar(depth: int = 100, growth_rate: int = 12, num_classes: int = 10, **kwargs) -> DenseNet:
+def densenet_bc_cifar(depth: int = 100, growth_rate: int = 12, num_classes: int = 10, **kwargs: Any) -> DenseNet:
     """DenseNet-BC for CIFAR: 3 blocks of ``(depth - 4) / 6`` bottleneck layers, a 3x3 stem conv to
     ``2 * growth_rate`` channels, compression 0.5, no max pool."""
     check_positive("depth", depth)
