@@ -29,13 +29,22 @@ from resjax.nn.residual import check_positive, residual_add
 from resjax.nn.unet import ConvBlock, check_spatial
 
 
-def _upsample2(x):
+def _upsample2(x: jax.Array) -> jax.Array:
     b, h, w, c = x.shape
     return jax.image.resize(x, (b, 2 * h, 2 * w, c), method="nearest")
 
 
 class Hourglass(nn.Module):
-    """One hourglass of ``depth`` levels at constant width ``features``; see the module docstring."""
+    """One hourglass of ``depth`` levels at constant width ``features``; see the module docstring.
+
+    Every field is checked at construction (``ValueError`` naming the setting).
+
+    Attributes:
+        depth: the levels (poolings); an integer >= 1. Required.
+        features: the channels of every ``ConvBlock``; an integer >= 1. Required.
+        norm: a name in ``NORMS`` (``'batch'``, the default, ``'none'``, ``'layer'``, ``'group'``, ``'instance'``)
+            or a callable for ``make_norm``. Convolutions have a bias only with ``'none'``.
+    """
 
     depth: int
     features: int
@@ -48,7 +57,30 @@ class Hourglass(nn.Module):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool | None = None):
+    def __call__(self, x: jax.Array, train: bool | None = None) -> jax.Array:
+        """Apply the hourglass: the processed skip plus the upsampled low branch, at every level.
+
+        Args:
+            x: the feature maps, channels-last ``(batch, height, width, channels)``; height and width
+                divisible by ``2**depth``.
+            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
+                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
+                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
+                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+
+        Returns:
+            ``(batch, height, width, features)``.
+
+        Raises:
+            ValueError: ``x`` without 4 axes, or a height or width not divisible by ``2**depth`` (names
+                ``input`` and ``depth``); ``train`` missing with BatchNorm.
+
+        Collections:
+            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
+            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
+            ``intermediates``: sows ``skip`` (this level's processed skip; the deeper levels' under ``inner``)
+            when the caller makes it mutable.
+        """
         check_spatial(x, self.depth, "depth")
         block = lambda name: ConvBlock(self.features, num_convs=1, norm=self.norm, name=name)
         skip = block("skip_block")(x, train)
@@ -63,7 +95,18 @@ class Hourglass(nn.Module):
 
 
 class StackedHourglass(nn.Module):
-    """``num_stacks`` hourglasses with a heatmap head after each; returns a list of ``(B, H, W, num_heatmaps)``."""
+    """``num_stacks`` hourglasses with a heatmap head after each; returns a list of ``(B, H, W, num_heatmaps)``.
+
+    Every field is checked at construction (``ValueError`` naming the setting).
+
+    Attributes:
+        num_stacks: the hourglasses; an integer >= 1. Required.
+        depth: the levels of each hourglass; an integer >= 1. Required.
+        features: the stream's channels (stem, hourglasses, remapping convs); an integer >= 1. Required.
+        num_heatmaps: the heatmaps of each head (its output channels); an integer >= 1. Required.
+        norm: a name in ``NORMS`` (``'batch'``, the default, ``'none'``, ``'layer'``, ``'group'``, ``'instance'``)
+            or a callable for ``make_norm``. Convolutions have a bias only with ``'none'``.
+    """
 
     num_stacks: int
     depth: int
@@ -78,7 +121,30 @@ class StackedHourglass(nn.Module):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool | None = None):
+    def __call__(self, x: jax.Array, train: bool | None = None) -> list[jax.Array]:
+        """Apply the stem and the stacks; every stack's heatmaps are returned (intermediate supervision).
+
+        Args:
+            x: the images, channels-last ``(batch, height, width, channels)``; height and width divisible by
+                ``2**depth``.
+            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
+                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
+                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
+                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+
+        Returns:
+            A list of ``num_stacks`` arrays ``(batch, height, width, num_heatmaps)``; the last is the prediction.
+
+        Raises:
+            ValueError: ``x`` without 4 axes, or a height or width not divisible by ``2**depth`` (names
+                ``input`` and ``depth``); ``train`` missing with BatchNorm.
+
+        Collections:
+            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
+            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
+            ``intermediates``: every hourglass sows its ``skip``s (under ``hourglass_s``) when the caller
+            makes it mutable.
+        """
         check_spatial(x, self.depth, "depth")
         x = ConvBlock(self.features, num_convs=1, norm=self.norm, name="stem")(x, train)
         heatmaps = []

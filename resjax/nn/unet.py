@@ -16,13 +16,23 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import flax.linen as nn
+import jax
 
 from resjax.nn.norms import check_norm, make_norm
 from resjax.nn.residual import check_positive, concat_merge
 
 
 class ConvBlock(nn.Module):
-    """``num_convs`` x (3x3 conv -> norm -> relu) at ``features`` channels, spatial size kept."""
+    """``num_convs`` x (3x3 conv -> norm -> relu) at ``features`` channels, spatial size kept.
+
+    Every field is checked at construction (``ValueError`` naming the setting).
+
+    Attributes:
+        features: the output channels of every conv; an integer >= 1. Required.
+        num_convs: the conv -> norm -> relu layers; an integer >= 1. Default 2.
+        norm: a name in ``NORMS`` (``'batch'``, the default, ``'none'``, ``'layer'``, ``'group'``, ``'instance'``)
+            or a callable for ``make_norm``. Convolutions have a bias only with ``'none'``.
+    """
 
     features: int
     num_convs: int = 2
@@ -35,7 +45,23 @@ class ConvBlock(nn.Module):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x, train: bool | None = None):
+    def __call__(self, x: jax.Array, train: bool | None = None) -> jax.Array:
+        """Apply the ``num_convs`` layers.
+
+        Args:
+            x: the feature maps, channels-last ``(batch, height, width, channels)``.
+            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
+                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
+                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
+                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+
+        Returns:
+            ``(batch, height, width, features)``.
+
+        Collections:
+            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
+            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``). Nothing is sown.
+        """
         for i in range(self.num_convs):
             x = nn.Conv(self.features, (3, 3), padding="SAME", use_bias=self.norm == "none", name=f"conv_{i}")(x)
             x = nn.relu(make_norm(self.norm, train=train, name=f"norm_{i}")(x))
@@ -43,15 +69,16 @@ class ConvBlock(nn.Module):
 
 
 def check_features(features: Sequence[int]) -> None:
-    """``features`` must be a non-empty sequence of integers >= 1."""
+    """``features`` must be a non-empty sequence of integers >= 1 (else ``ValueError`` naming ``features``)."""
     if isinstance(features, (int, str)) or len(features) == 0:
         raise ValueError(f"features: need a non-empty sequence of widths, got {features!r}")
     for f in features:
         check_positive("features", f)
 
 
-def check_spatial(x, depth: int, setting: str = "depth") -> None:
-    """Height and width of the NHWC input ``x`` must be divisible by ``2**depth``."""
+def check_spatial(x: jax.Array, depth: int, setting: str = "depth") -> None:
+    """Height and width of the NHWC input ``x`` must be divisible by ``2**depth``: else ``ValueError`` naming
+    ``input`` and ``setting`` (also for an ``x`` without 4 axes)."""
     if x.ndim != 4:
         raise ValueError(f"input: expected NHWC (4 axes), got shape {tuple(x.shape)}")
     h, w = x.shape[1:3]
@@ -60,7 +87,17 @@ def check_spatial(x, depth: int, setting: str = "depth") -> None:
 
 
 class UNet(nn.Module):
-    """U-Net on NHWC images; see the module docstring. Call as ``unet(x, train)``."""
+    """U-Net on NHWC images; see the module docstring. Call as ``unet(x, train)``.
+
+    Every field is checked at construction (``ValueError`` naming the setting).
+
+    Attributes:
+        features: the encoder's widths, one per scale, the last the bottleneck's: a non-empty sequence of
+            integers >= 1; ``len(features) - 1`` poolings. Default ``(64, 128, 256, 512)``.
+        out_channels: the final 1x1 conv's output channels; an integer >= 1. Default 1.
+        norm: a name in ``NORMS`` (``'batch'``, the default, ``'none'``, ``'layer'``, ``'group'``, ``'instance'``)
+            or a callable for ``make_norm``. Convolutions have a bias only with ``'none'``.
+    """
 
     features: Sequence[int] = (64, 128, 256, 512)
     out_channels: int = 1
@@ -78,7 +115,30 @@ class UNet(nn.Module):
         return len(self.features) - 1
 
     @nn.compact
-    def __call__(self, x, train: bool | None = None):
+    def __call__(self, x: jax.Array, train: bool | None = None) -> jax.Array:
+        """Apply the encoder, the bottleneck, the decoder (with concatenated skips) and the 1x1 head.
+
+        Args:
+            x: the images, channels-last ``(batch, height, width, channels)``; height and width divisible by
+                ``2**depth``.
+            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
+                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
+                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
+                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+
+        Returns:
+            ``(batch, height, width, out_channels)``.
+
+        Raises:
+            ValueError: ``x`` without 4 axes, or a height or width not divisible by ``2**depth`` (names
+                ``input`` and ``depth``); ``train`` missing with BatchNorm.
+
+        Collections:
+            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
+            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
+            ``intermediates``: sows ``skip_i`` (the encoder's output at scale i, i = 0 at full resolution)
+            when the caller makes it mutable.
+        """
         check_spatial(x, self.depth, "depth")
         skips = []
         for i, f in enumerate(self.features[:-1]):
