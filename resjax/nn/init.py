@@ -43,7 +43,7 @@ torch_default       U(+-1/sqrt(fan_in)): PyTorch's ``nn.Linear`` bias default
 from __future__ import annotations
 
 import re
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -111,11 +111,12 @@ def _parse_taki(name: str, params: dict) -> Initializer:
     return taki_init(**kwargs)
 
 
-def get_initializer(name: str | Initializer, gain: float = 1.0, **params) -> Initializer:
+def get_initializer(name: str | Initializer, gain: float = 1.0, **params: Any) -> Initializer:
     """The initialiser called ``name`` (or ``name`` itself if it is already a function), times ``gain``.
 
     ``params`` are the parameters of a parametrised initialiser (``'taki'``: ``c``, ``num_blocks``/``L``);
-    the parameter-free names take none.
+    the parameter-free names take none. Unknown names and bad parameters raise ``ValueError`` naming
+    ``kernel_init``. The result is called as ``init(key, shape, dtype)``.
     """
     if callable(name):
         if params:
@@ -134,7 +135,7 @@ def get_initializer(name: str | Initializer, gain: float = 1.0, **params) -> Ini
     if gain == 1.0:
         return base
 
-    def scaled(key, shape, dtype=jnp.float32):
+    def scaled(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
         return gain * base(key, shape, dtype)
 
     return scaled
@@ -143,7 +144,7 @@ def get_initializer(name: str | Initializer, gain: float = 1.0, **params) -> Ini
 def _torch_bias(fan_in: int) -> Initializer:
     bound = fan_in ** -0.5
 
-    def init(key, shape, dtype=jnp.float32):
+    def init(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
         return jax.random.uniform(key, shape, dtype, -bound, bound)
 
     return init

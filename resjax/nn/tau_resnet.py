@@ -53,7 +53,8 @@ Choices where the seed is silent or ambiguous:
 
 from __future__ import annotations
 
-import flax.linen as nn
+from typing import Any
+
 from jax.nn import initializers
 
 from resjax.nn.mlp import PlainMLP, ResidualMLP
@@ -85,7 +86,7 @@ def tau_value(tau: float | str, depth: int) -> float:
 
 
 def tau_resnet(kind: str, width: int, depth: int, num_classes: int = 10, *, tau: float | str = "1/sqrt(L)",
-               seed_indexing: bool = False, scan: bool = True) -> nn.Module:
+               seed_indexing: bool = False, scan: bool = True) -> PlainMLP | ResidualMLP:
     """The seed's fully connected network of ``kind`` in ``KINDS``; see the module docstring.
 
     ``depth`` = L; ``tau`` is used by ``kind='tau'`` only (a number or a rule of L, resolved at L =
@@ -109,7 +110,7 @@ def tau_resnet(kind: str, width: int, depth: int, num_classes: int = 10, *, tau:
     return ResidualMLP(**common, scaling="none", kernel_init="zeros")  # fixup: W_l = 0
 
 
-def tau_resnet_config(kind: str, width: int, depth: int, **kwargs) -> dict:
+def tau_resnet_config(kind: str, width: int, depth: int, **kwargs: Any) -> dict[str, Any]:
     """``config.model`` for ``resjax.train.make_train``: ``{'kind': 'tau_resnet', 'variant': kind, ...}``.
 
     ``resjax.nn.build_model(**config)`` calls ``tau_resnet(variant, ...)``; all values are plain numbers
@@ -118,7 +119,7 @@ def tau_resnet_config(kind: str, width: int, depth: int, **kwargs) -> dict:
     return {"kind": "tau_resnet", "variant": kind, "width": width, "depth": depth, **kwargs}
 
 
-def plain_params_from_residual(params: dict) -> dict:
+def plain_params_from_residual(params: dict[str, Any]) -> dict[str, Any]:
     """The parameters of the ``'plain'`` network with the same A, W_l and B as a scanned residual one.
 
     ``tau``/``fixup`` (``ResidualMLP``, ``scan=True``) -> ``plain`` (``PlainMLP``, ``scan=True``): the same
