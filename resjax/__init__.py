@@ -7,9 +7,17 @@ Subpackages:
   data      data sets (MNIST-1D generated offline; TFDS loaders)
   analysis  pure functions of (module, variables, inputs)
   interop   weights from and to the peers' PyTorch models (torchvision, tau-ResNet, Fixup)
+
+``resjax.analysis``, ``resjax.train`` and ``resjax.data`` (and each of their modules) list their public
+names in ``__all__``, the packages re-exporting the main ones of their submodules. Importing ``resjax``
+itself imports no subpackage (and no JAX).
 """
 
+from __future__ import annotations
+
 import os
+
+__all__ = ["use_every_cpu_core"]
 
 __version__ = "0.1.0"
 

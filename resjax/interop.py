@@ -67,9 +67,14 @@ import functools
 import math
 import os
 import re
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
+
+    from resjax.nn.resnet import ResNet
 
 __all__ = ["bn_counts", "from_torch_state_dict", "load_state_dict", "to_torch_state_dict", "torch_layout"]
 
@@ -223,7 +228,7 @@ def _torch_order(name: str):
     return (rank, _natural(name))
 
 
-def torch_layout(model, in_channels: int = 3) -> dict[str, tuple[int, ...]]:
+def torch_layout(model: ResNet, in_channels: int = 3) -> dict[str, tuple[int, ...]]:
     """The PyTorch ``state_dict`` names and shapes of ``model``'s peer (buffers included), in torch's order."""
     _check_model(model)
     plan, unnamed = _cached_plan(model, in_channels)
@@ -238,7 +243,7 @@ def torch_layout(model, in_channels: int = 3) -> dict[str, tuple[int, ...]]:
 # ----------------------------------------------------------------------------------------------- bn counts
 
 
-def bn_counts(model, input_shape) -> dict[str, int]:
+def bn_counts(model: ResNet, input_shape: Sequence[int]) -> dict[str, int]:
     """``{torch BN name: n}``: the values per channel each BatchNorm of ``model`` normalises for an NHWC
     batch of ``input_shape`` (batch x height x width at that layer), for ``bn_count=``."""
     import flax.linen as nn
@@ -285,7 +290,7 @@ def _var_factor(bn_count, module: str) -> float | None:
 # ----------------------------------------------------------------------------------------------- conversion
 
 
-def load_state_dict(source) -> dict[str, np.ndarray]:
+def load_state_dict(source: Mapping[str, Any] | str | os.PathLike) -> dict[str, np.ndarray]:
     """A state_dict as ``{name: numpy array}`` from a mapping, an ``.npz`` or a ``.safetensors`` file (a
     ``module.`` prefix on every name, as ``nn.DataParallel`` saves, is removed)."""
     out = _read_state_dict(source)
@@ -326,7 +331,8 @@ def _cast(a: np.ndarray, dtype):
     return a.astype(dtype)
 
 
-def from_torch_state_dict(model, state_dict, *, bn_count=None, dtype=None) -> dict:
+def from_torch_state_dict(model: ResNet, state_dict: Mapping[str, Any] | str | os.PathLike, *,
+                          bn_count: int | Mapping[str, int] | None = None, dtype: DTypeLike | None = None) -> dict:
     """Flax variables of ``model`` (a resjax ``ResNet``) from a PyTorch ``state_dict`` of its peer (see the
     module docstring: names, layouts, ``bn_count``). Returns ``{'params': ..., 'batch_stats': ...}`` (the
     latter only when the model has BatchNorm), nested dicts of numpy arrays in ``model``'s layout
@@ -376,7 +382,8 @@ def from_torch_state_dict(model, state_dict, *, bn_count=None, dtype=None) -> di
     return variables
 
 
-def to_torch_state_dict(variables, model, *, bn_count=None, dtype=None, num_batches_tracked: int = 0) -> dict:
+def to_torch_state_dict(variables: Mapping[str, Any], model: ResNet, *, bn_count: int | Mapping[str, int] | None = None,
+                        dtype: DTypeLike | None = None, num_batches_tracked: int = 0) -> dict:
     """The PyTorch ``state_dict`` (``{name: numpy array}``, torch's order) of ``model``'s peer from flax
     ``variables`` (``'params'`` and, with BatchNorm, ``'batch_stats'``; scanned when ``model.scan``).
     ``torch.nn.Module.load_state_dict({k: torch.from_numpy(v) ...})`` takes it with ``strict=True``."""

@@ -1,10 +1,20 @@
 """Data sets: MNIST-1D generated offline (the default everywhere it can serve); MNIST, CIFAR-10/100 and
-ImageNet through ``tfds.data_source`` (:mod:`resjax.data.tfds`), with a synthetic stand-in."""
+ImageNet through ``tfds.data_source`` (:mod:`resjax.data.tfds`), with a synthetic stand-in.
+
+Exported here: ``load_dataset`` (by name, ``DATASETS``), ``Dataset``, ``load_mnist1d``, ``check_finite``;
+``load_image_dataset``, ``synthetic_image_dataset``, ``ImageSource``, ``ImageSpec``, ``IMAGE_DATASETS``,
+``DataNotPreparedError``, ``prepared_num_examples`` and ``tfds_data_dir``. The image transforms
+(``normalise``, ``random_crop_flip``, ...) stay in :mod:`resjax.data.tfds`. Importing this package does not
+import TensorFlow Datasets: ``load_image_dataset`` does, once the data are known to exist.
+"""
+
+from __future__ import annotations
 
 from resjax.data.mnist1d import Dataset, check_finite, load_mnist1d
-from resjax.data.tfds import (IMAGE_DATASETS, DataNotPreparedError, ImageSource, load_image_dataset,
-                              synthetic_image_dataset)
+from resjax.data.tfds import (IMAGE_DATASETS, DataNotPreparedError, ImageSource, ImageSpec, load_image_dataset,
+                              prepared_num_examples, synthetic_image_dataset, tfds_data_dir)
 
+#: The data set names ``load_dataset`` knows.
 DATASETS = ("mnist1d",)
 
 
@@ -16,5 +26,6 @@ def load_dataset(name: str) -> Dataset:
     raise ValueError(f"data.name: unknown data set {name!r}; choose one of {DATASETS}")
 
 
-__all__ = ["DATASETS", "IMAGE_DATASETS", "DataNotPreparedError", "Dataset", "ImageSource", "check_finite", "load_dataset",
-           "load_image_dataset", "load_mnist1d", "synthetic_image_dataset"]
+__all__ = ["DATASETS", "IMAGE_DATASETS", "DataNotPreparedError", "Dataset", "ImageSource", "ImageSpec", "check_finite",
+           "load_dataset", "load_image_dataset", "load_mnist1d", "prepared_num_examples", "synthetic_image_dataset",
+           "tfds_data_dir"]

@@ -21,8 +21,19 @@ from typing import NamedTuple
 
 import numpy as np
 
+__all__ = ["Dataset", "cache_dir", "check_finite", "load_mnist1d"]
+
 
 class Dataset(NamedTuple):
+    """A classification data set held in numpy arrays (what the on-device feeder trains on).
+
+    Attributes:
+        x_train: ``(N, ...)`` float32 training inputs (MNIST-1D: ``(4000, 40)``).
+        y_train: ``(N,)`` int32 training labels.
+        x_test: ``(M, ...)`` float32 test inputs (MNIST-1D: ``(1000, 40)``).
+        y_test: ``(M,)`` int32 test labels.
+    """
+
     x_train: np.ndarray  # (N, length) float32
     y_train: np.ndarray  # (N,) int32
     x_test: np.ndarray
@@ -30,10 +41,12 @@ class Dataset(NamedTuple):
 
     @property
     def num_classes(self) -> int:
+        """One more than the largest label in either split."""
         return int(max(self.y_train.max(), self.y_test.max())) + 1
 
 
 def cache_dir() -> pathlib.Path:
+    """Where generated data are cached: ``$RESJAX_CACHE``, else ``~/.cache/resjax``."""
     return pathlib.Path(os.environ.get("RESJAX_CACHE", pathlib.Path.home() / ".cache" / "resjax"))
 
 
@@ -69,6 +82,13 @@ def _read_cache(path: pathlib.Path) -> Dataset | None:
 
 
 def load_mnist1d(cache: bool = True) -> Dataset:
+    """MNIST-1D with the ``mnist1d`` package's default arguments (see the module docstring).
+
+    With ``cache`` it is read from ``cache_dir() / 'mnist1d_default.npz'`` when that file exists and is
+    readable (else a ``RuntimeWarning`` naming the file, and the data are generated again), and written
+    there after generating; ``cache=False`` always generates and writes nothing. Every value is checked
+    finite (``check_finite``).
+    """
     path = cache_dir() / "mnist1d_default.npz"
     if cache and path.exists():
         data = _read_cache(path)

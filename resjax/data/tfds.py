@@ -48,18 +48,25 @@ import os
 import pathlib
 import re
 import shlex
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 __all__ = [
+    "CIFAR_PADDING",
+    "IMAGENET_RATIO",
+    "IMAGENET_RESIZE",
+    "IMAGENET_SCALE",
     "IMAGE_DATASETS",
     "DataNotPreparedError",
     "ImageSource",
     "ImageSpec",
+    "Reader",
     "centre_crop",
     "load_image_dataset",
     "normalise",
+    "prepare_command",
+    "prepared_num_examples",
     "random_crop_flip",
     "random_resized_crop",
     "synthetic_image_dataset",
@@ -82,6 +89,7 @@ class ImageSpec:
 
     @property
     def splits(self) -> tuple[str, str]:
+        """``(train_split, test_split)``."""
         return (self.train_split, self.test_split)
 
 
@@ -275,6 +283,8 @@ def centre_crop(image: np.ndarray, size: int = 224, resize: int = IMAGENET_RESIZ
 
 # ---------------------------------------------------------------------------------------------- sources
 
+#: ``read(indices) -> (images, labels)``: what an ``ImageSource`` reads its records with (uint8 HWC images,
+#: a sequence or an array, and their int labels).
 Reader = Callable[[np.ndarray], tuple[Sequence[np.ndarray], np.ndarray]]
 
 
@@ -286,7 +296,8 @@ class ImageSource:
     Built by :func:`load_image_dataset`, :func:`synthetic_image_dataset` or :meth:`from_arrays`.
     """
 
-    def __init__(self, name: str, split: str, num_examples: int, read: Reader, *, spec: ImageSpec | None = None):
+    def __init__(self, name: str, split: str, num_examples: int, read: Reader, *,
+                 spec: ImageSpec | None = None) -> None:
         self.spec = spec if spec is not None else _spec(name)
         for setting in ("mean", "std"):
             values = np.asarray(getattr(self.spec, setting), np.float64)
@@ -319,7 +330,7 @@ class ImageSource:
         return (f"ImageSource({self.name!r}, split={self.split!r}, num_examples={self.num_examples}, "
                 f"image_shape={self.image_shape}, num_classes={self.num_classes})")
 
-    def read(self, indices) -> tuple[list[np.ndarray] | np.ndarray, np.ndarray]:
+    def read(self, indices: Sequence[int] | np.ndarray) -> tuple[list[np.ndarray] | np.ndarray, np.ndarray]:
         """The stored uint8 images (HWC; a list when their sizes differ) and int32 labels at ``indices``."""
         indices = np.asarray(indices, np.int64).reshape(-1)
         if indices.size and (indices.min() < 0 or indices.max() >= self.num_examples):
@@ -342,7 +353,8 @@ class ImageSource:
             return np.arange(self.num_examples)
         return np.random.default_rng([seed, epoch, 0]).permutation(self.num_examples)
 
-    def preprocess(self, images, rng: np.random.Generator | None, augment: bool) -> np.ndarray:
+    def preprocess(self, images: Sequence[np.ndarray] | np.ndarray, rng: np.random.Generator | None,
+                   augment: bool) -> np.ndarray:
         """Stored uint8 images -> normalised float32 ``[B, *image_shape]`` (augmented when ``augment``)."""
         kind = self.spec.augmentation
         if kind == "inception":
@@ -363,7 +375,8 @@ class ImageSource:
             raise ValueError(f"{self.name}: images of shape {batch.shape[1:]}, want {self.image_shape}")
         return normalise(batch, self.spec.mean, self.spec.std)
 
-    def check_finite(self, batch: np.ndarray, indices, epoch: int, batch_index: int) -> None:
+    def check_finite(self, batch: np.ndarray, indices: Sequence[int] | np.ndarray, epoch: int,
+                     batch_index: int) -> None:
         """Refuse a batch with a NaN or infinite value, naming the split, epoch, batch and example index."""
         bad = ~np.isfinite(batch.reshape(len(batch), -1)).all(axis=1)
         if bad.any():
@@ -404,7 +417,7 @@ class ImageSource:
         return batches()
 
     def stacked_epoch(self, epoch: int, batch_size: int, seeds: Sequence[int],
-                      **kw) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+                      **kw: Any) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Same, for several seeds at once: yields (images [S,B,H,W,C], labels [S,B]) where row s is
         exactly what ``epoch(..., seed=seeds[s])`` would yield. Used for seed-vmapped training."""
         seeds = list(seeds)

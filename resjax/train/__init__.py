@@ -5,17 +5,30 @@ seeds) and ``make_image_train(config, train_source, test_source)`` (host: batche
 the same run config (``run_config``: ``model``, ``train`` = ``train_config()``, ``data``), build the same
 optimiser, step the same ``RunState`` with the same ``train_step``, record the same metrics and write the
 same checkpoints.
+
+Exported here: the feeders and their builders (``Trainer``, ``make_train``, ``shard_over_seeds``;
+``ImageTrainer``, ``make_image_train``, ``seed_axis_mode``), the configs (``run_config``, ``train_config``,
+``image_train_config``, ``check_train_config``), the state (``RunState``, ``TrainState``), the core
+(``Core``, ``METRICS``), the optimiser and schedule builders, checkpoints (``Checkpoints``,
+``CheckpointError``), the stop-signal exit (``Preempted``) and data parallelism (``make_data_mesh``,
+``initialize_if_needed``). Everything else stays in its submodule (``resjax.train.checkpoint.save`` ...),
+each of which lists its public names in ``__all__``.
 """
 
-from resjax.train.config import image_train_config, train_config
+from __future__ import annotations
+
+from resjax.train.checkpoint import CheckpointError, Checkpoints
+from resjax.train.config import check_train_config, image_train_config, train_config
 from resjax.train.core import METRICS, Core, run_config
 from resjax.train.distributed import initialize_if_needed, make_data_mesh
 from resjax.train.host import ImageTrainer, make_image_train, seed_axis_mode
 from resjax.train.ondevice import Trainer, make_train, shard_over_seeds
 from resjax.train.optim import make_optimizer
+from resjax.train.preemption import Preempted
 from resjax.train.schedules import make_schedule
 from resjax.train.state import RunState, TrainState
 
-__all__ = ["METRICS", "Core", "ImageTrainer", "RunState", "TrainState", "Trainer", "image_train_config",
-           "initialize_if_needed", "make_data_mesh", "make_image_train", "make_optimizer", "make_schedule",
-           "make_train", "run_config", "seed_axis_mode", "shard_over_seeds", "train_config"]
+__all__ = ["METRICS", "CheckpointError", "Checkpoints", "Core", "ImageTrainer", "Preempted", "RunState", "TrainState",
+           "Trainer", "check_train_config", "image_train_config", "initialize_if_needed", "make_data_mesh",
+           "make_image_train", "make_optimizer", "make_schedule", "make_train", "run_config", "seed_axis_mode",
+           "shard_over_seeds", "train_config"]

@@ -35,11 +35,16 @@ import json
 import os
 import re
 import shutil
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+if TYPE_CHECKING:
+    import flax.linen as nn
+
+__all__ = ["CheckpointError", "Checkpoints", "array_checksums", "describe_model", "latest", "restore", "save"]
 
 
 def _is_key(x) -> bool:
@@ -74,7 +79,7 @@ def _from_savable(restored, template):
 class CheckpointError(ValueError):
     """A checkpoint step that cannot be used: ``directory``, ``step`` and ``problem`` (what is wrong)."""
 
-    def __init__(self, directory: str, step, problem: str):
+    def __init__(self, directory: str, step: int | str, problem: str) -> None:
         self.directory, self.step, self.problem = directory, step, problem
         super().__init__(f"checkpoint_dir: {directory}, step {step}: {problem}")
 
@@ -83,7 +88,7 @@ def _sha256(x: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()
 
 
-def array_checksums(tree) -> dict:
+def array_checksums(tree: Any) -> dict:
     """``{path: {"sha256", "shape", "dtype"}}`` for every array of the savable form of ``tree``
     (``"sha256": None`` for an array this process cannot see whole)."""
     out = {}
@@ -108,7 +113,7 @@ def _describe(error: BaseException) -> str:
 class Checkpoints:
     """A checkpoint directory (see the module docstring); ``keep`` newest checkpoints are kept."""
 
-    def __init__(self, directory: str | os.PathLike, keep: int | None = 2):
+    def __init__(self, directory: str | os.PathLike, keep: int | None = 2) -> None:
         if keep is not None and (not isinstance(keep, int) or keep < 1):
             raise ValueError(f"checkpoint_keep: must be an integer >= 1 or None, got {keep!r}")
         self.directory = os.path.abspath(os.fspath(directory))
@@ -121,6 +126,7 @@ class Checkpoints:
         return steps[0] if steps else None
 
     def all(self) -> list[int]:
+        """Every step folder on disk, oldest first (``steps`` in increasing order)."""
         return sorted(self.steps())
 
     def steps(self) -> list[int]:
@@ -130,7 +136,7 @@ class Checkpoints:
         return sorted((int(n) for n in names if n.isdigit() and os.path.isdir(os.path.join(self.directory, n))),
                       reverse=True)
 
-    def save(self, step: int, state, meta: dict | None = None) -> None:
+    def save(self, step: int, state: Any, meta: dict | None = None) -> None:
         """Save ``state`` as ``step`` with ``meta`` and the checksums (an existing step is left as it is)."""
         step = int(step)
         if step in self.steps():
@@ -165,7 +171,7 @@ class Checkpoints:
             raise CheckpointError(self.directory, step, "its meta JSON does not match the checksum saved with it")
         return meta
 
-    def restore(self, template, step: int | None = None) -> Any:
+    def restore(self, template: Any, step: int | None = None) -> Any:
         """The state saved at ``step`` (default: the newest), shaped, typed and sharded like ``template``,
         verified against the checksums saved with it (``CheckpointError`` naming the first array that differs,
         or saying why the step cannot be read). Checkpoints written without checksums are restored unverified."""
@@ -202,16 +208,17 @@ class Checkpoints:
         return target
 
     def close(self) -> None:
+        """Close the Orbax checkpoint manager (done on leaving a ``with`` block)."""
         self._manager.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Checkpoints:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def describe_model(model) -> str:
+def describe_model(model: nn.Module) -> str:
     """The module's fields as text (its ``repr`` without memory addresses), for comparing checkpoints."""
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(model))
 
@@ -233,7 +240,7 @@ def _json(value):
     return value
 
 
-def latest(directory) -> int | None:
+def latest(directory: str | os.PathLike) -> int | None:
     """The newest step saved in ``directory``, or None (also when the directory does not exist)."""
     if not os.path.isdir(directory):
         return None
@@ -241,13 +248,13 @@ def latest(directory) -> int | None:
         return ckpt.latest()
 
 
-def save(directory, step: int, state, meta: dict | None = None, keep: int | None = 2) -> None:
+def save(directory: str | os.PathLike, step: int, state: Any, meta: dict | None = None, keep: int | None = 2) -> None:
     """Save ``state`` as ``step`` in ``directory`` (see ``Checkpoints.save``)."""
     with Checkpoints(directory, keep=keep) as ckpt:
         ckpt.save(step, state, meta)
 
 
-def restore(directory, template, step: int | None = None):
+def restore(directory: str | os.PathLike, template: Any, step: int | None = None) -> Any:
     """The state saved in ``directory`` at ``step`` (default: the newest); see ``Checkpoints.restore``."""
     with Checkpoints(directory) as ckpt:
         return ckpt.restore(template, step)

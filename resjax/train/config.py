@@ -34,16 +34,21 @@ naming ``train.<setting>``) before any range check, since NaN passes every ``< 0
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import ml_collections
 import numpy as np
 
 from resjax.train.optim import check_optimizer
 
+__all__ = ["FLOAT_SETTINGS", "SEED_AXIS_MODES", "check_finite_settings", "check_train_config", "image_train_config",
+           "is_int", "is_number", "train_config"]
+
+#: The values of ``train.seed_axis``: how the host feeder steps several seeds (``seed_axis_mode``).
 SEED_AXIS_MODES = ("auto", "vmap", "unroll", "loop")
 
 
-def train_config(**overrides) -> ml_collections.ConfigDict:
+def train_config(**overrides: Any) -> ml_collections.ConfigDict:
     """The training settings (see the module docstring); defaults: the lecture's MNIST-1D setup."""
     c = ml_collections.ConfigDict()
     c.optimizer = "sgd"
@@ -77,7 +82,7 @@ def train_config(**overrides) -> ml_collections.ConfigDict:
     return c
 
 
-def image_train_config(**overrides) -> ml_collections.ConfigDict:
+def image_train_config(**overrides: Any) -> ml_collections.ConfigDict:
     """The CIFAR ResNet recipe of He et al. as the tau-ResNet repository runs it: SGD with momentum 0.9,
     batch 128, learning rate 0.1 divided by 10 at epochs 100 and 150 of 200, weight decay 1e-4 on every
     parameter, flips and crops."""
@@ -86,7 +91,8 @@ def image_train_config(**overrides) -> ml_collections.ConfigDict:
     return train_config(**{**base, **overrides})
 
 
-def is_int(v) -> bool:
+def is_int(v: Any) -> bool:
+    """Whether ``v`` is an integer (Python or numpy), not a bool."""
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
@@ -95,11 +101,12 @@ FLOAT_SETTINGS = ("learning_rate", "momentum", "adam_b1", "adam_b2", "adam_eps",
                   "grad_clip_norm", "decay_factor", "warmup_epochs")
 
 
-def is_number(v) -> bool:
+def is_number(v: Any) -> bool:
+    """Whether ``v`` is a real number (Python or numpy int or float), not a bool."""
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
 
 
-def check_finite_settings(c) -> None:
+def check_finite_settings(c: ml_collections.ConfigDict) -> None:
     """Raise ``ValueError`` naming ``train.<setting>`` when a float setting (``FLOAT_SETTINGS``) or a
     milestone is not a finite number: NaN passes every ``< 0`` test, so this runs before the range checks."""
     for name in FLOAT_SETTINGS:
@@ -117,7 +124,7 @@ def check_finite_settings(c) -> None:
             raise ValueError(f"train.milestones: must be finite numbers (epochs), got {milestones!r}")
 
 
-def check_train_config(c) -> None:
+def check_train_config(c: ml_collections.ConfigDict) -> None:
     """Raise ``ValueError`` naming the first bad setting of a ``train_config``: every float setting must be
     finite (``train.learning_rate: must be a finite number, got nan``), then each setting's range."""
     check_finite_settings(c)

@@ -33,8 +33,9 @@ fractions. The on-device feeder's ``train_error`` is what the lecture calls trai
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -42,20 +43,29 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+from jax.typing import ArrayLike
 
 from resjax.train.checkpoint import CheckpointError, Checkpoints, _json, describe_model
 from resjax.train.config import check_train_config, is_int
 from resjax.train.schedules import make_schedule
 from resjax.train.state import RunState, TrainState, guarded_step
 
+__all__ = ["HPARAMS", "METRICS", "RESUME_FREE", "Core", "Progress", "check_run_config", "config_dict", "divergence",
+           "progress_bar", "resume_config", "run_config", "seed_handles", "with_hyperparams"]
+
+#: The per-epoch metrics of a run's history (see the module docstring).
 METRICS = ("train_loss", "batch_error", "train_error", "test_loss", "test_error", "lr")
+#: The values ``hparams`` may vary inside one program (``tau`` only for models with ``scaling='tau'``).
 HPARAMS = ("learning_rate", "weight_decay", "tau")
 RESUME_FREE = ("train.checkpoint_every", "train.checkpoint_keep")  # settings a resumed run may change
 _DATA_SEED_TAG = 0x64617461  # fold_in tag for drawing a data seed from a key
 
 
-def run_config(model=None, train=None, data=None) -> ml_collections.ConfigDict:
-    """A run config: ``model`` (for ``build_model``), ``train`` (``train_config()``) and ``data``."""
+def run_config(model: Any = None, train: ml_collections.ConfigDict | None = None,
+               data: Any = None) -> ml_collections.ConfigDict:
+    """A run config: ``model`` (a mapping of ``build_model`` settings, e.g. ``dict(kind='residual_mlp', ...)``),
+    ``train`` (default ``train_config()``) and ``data`` (the on-device feeder's data set name, for
+    ``resjax.data.load_dataset``). ``model`` and ``data`` are left out when None."""
     from resjax.train.config import train_config
 
     c = ml_collections.ConfigDict()
@@ -67,7 +77,8 @@ def run_config(model=None, train=None, data=None) -> ml_collections.ConfigDict:
     return c
 
 
-def config_dict(config) -> dict:
+def config_dict(config: Any) -> dict:
+    """``config`` as a plain dict (``ConfigDict.to_dict()``, or ``dict(config)``)."""
     return config.to_dict() if hasattr(config, "to_dict") else dict(config)
 
 
@@ -85,10 +96,12 @@ class Core:
     # ---- hyper-parameters ---------------------------------------------------------------------------
 
     def default_hparams(self) -> dict:
+        """The config's ``learning_rate`` and ``weight_decay`` as float32 scalars: the ``hparams`` of a run
+        given none."""
         t = self.config.train
         return {"learning_rate": jnp.float32(t.learning_rate), "weight_decay": jnp.float32(t.get("weight_decay", 0.0))}
 
-    def check_hparams(self, hparams, num: int | None = None) -> dict:
+    def check_hparams(self, hparams: dict | None, num: int | None = None) -> dict:
         """``hparams`` merged over the defaults, validated (``ValueError`` naming the entry), as float32
         arrays; with ``num``, broadcast to ``(num,)``."""
         allowed = {"learning_rate", "weight_decay"} | ({"tau"} if self.uses_tau else set())
@@ -108,12 +121,21 @@ class Core:
             return {k: jnp.asarray(v, jnp.float32) for k, v in hp.items()}
         return {k: jnp.broadcast_to(jnp.asarray(v, jnp.float32), (num,)) for k, v in hp.items()}
 
-    def model_kwargs(self, hparams) -> dict:
+    def model_kwargs(self, hparams: dict | None) -> dict:
+        """The extra keyword arguments of ``model.apply``: ``{'tau': hparams['tau']}`` for a model with
+        ``scaling='tau'`` when ``hparams`` holds a tau, else ``{}``."""
         return {"tau": hparams["tau"]} if self.uses_tau and hparams and "tau" in hparams else {}
 
     # ---- pure per-run functions ---------------------------------------------------------------------
 
-    def init_run(self, key, data_seed=0, hparams=None) -> RunState:
+    def init_run(self, key: jax.Array, data_seed: ArrayLike = 0, hparams: dict | None = None) -> RunState:
+        """A fresh ``RunState`` from one typed PRNG key (see the module docstring).
+
+        Parameters and ``batch_stats`` come from ``model.init`` with ``split(key)[0]`` (``train=False``, two
+        zero examples), the run's key is ``split(key)[1]``; the optimiser state holds ``hparams``' learning
+        rate and weight decay (default: the config's); epoch 0, not diverged, every history entry NaN.
+        ``data_seed``: the host data source's seed, kept in the state.
+        """
         hparams = {**self.default_hparams(), **(hparams or {})}
         init_key, run_key = jax.random.split(key)
         x = jnp.zeros((2, *self.example_shape), jnp.float32)
@@ -126,7 +148,8 @@ class Core:
         history = {name: jnp.full((self.config.train.epochs,), jnp.nan, jnp.float32) for name in METRICS}
         return RunState(state, run_key, jnp.asarray(data_seed, jnp.int32), jnp.int32(0), jnp.int32(-1), history)
 
-    def train_step(self, run: RunState, batch, hparams=None):
+    def train_step(self, run: RunState, batch: tuple[jax.Array, jax.Array],
+                   hparams: dict | None = None) -> tuple[RunState, tuple[jax.Array, jax.Array]]:
         """One minibatch ``(x, y)``: ``(run, (loss, batch_error))`` (see the module docstring)."""
         x, y = batch
         ts = run.state
@@ -145,7 +168,8 @@ class Core:
         error = jnp.mean(jnp.argmax(logits, -1) != y)
         return run._replace(state=ts, diverged_epoch=diverged_epoch), (loss, error)
 
-    def eval_sums(self, run: RunState, x, y, mask=None, hparams=None):
+    def eval_sums(self, run: RunState, x: jax.Array, y: jax.Array, mask: jax.Array | None = None,
+                  hparams: dict | None = None) -> tuple[jax.Array, jax.Array]:
         """Summed loss and summed wrong predictions over the examples of ``x`` where ``mask`` (evaluation mode)."""
         logits = self.model.apply(run.state.variables(), x, train=False, **self.model_kwargs(hparams))
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, y)
@@ -154,7 +178,7 @@ class Core:
             return jnp.sum(loss), jnp.sum(wrong)
         return jnp.sum(jnp.where(mask, loss, 0.0)), jnp.sum(jnp.where(mask, wrong, 0.0))
 
-    def epoch_learning_rate(self, run: RunState):
+    def epoch_learning_rate(self, run: RunState) -> jax.Array:
         """The learning rate of the first step of the run's current epoch (its own base rate)."""
         base = run.state.opt_state.hyperparams["learning_rate"]
         return make_schedule(self.config.train, self.steps_per_epoch, base)(run.epoch * self.steps_per_epoch)
@@ -187,7 +211,7 @@ class Core:
         """The checkpoint step number of ``batch`` minibatches into epoch ``epoch`` (training steps done)."""
         return int(epoch) * self.steps_per_epoch + int(batch)
 
-    def check_checkpoint(self, ckpt: Checkpoints, step: int, meta: dict, num_seeds) -> None:
+    def check_checkpoint(self, ckpt: Checkpoints, step: int, meta: dict, num_seeds: int | None) -> None:
         """``ValueError`` naming the directory, the step and what differs when the checkpoint ``step`` (intact)
         was made by another run: other settings, another model or another number of seeds."""
         where = f"checkpoint_dir: {ckpt.directory}, step {step}"
@@ -205,7 +229,7 @@ class Core:
         if meta.get("num_seeds") != num_seeds:
             raise ValueError(f"{where}: has num_seeds={meta.get('num_seeds')}, this run {num_seeds}")
 
-    def resume(self, ckpt: Checkpoints, run: RunState, num_seeds) -> tuple[RunState, dict | None]:
+    def resume(self, ckpt: Checkpoints, run: RunState, num_seeds: int | None) -> tuple[RunState, dict | None]:
         """``(run, meta)`` from the newest good checkpoint in ``ckpt`` when it is further along than ``run``
         (``meta`` None when ``run`` is kept).
 
@@ -248,7 +272,7 @@ class Core:
             print(f"resjax: {doing} in {ckpt.directory}; the damaged steps were moved to {', '.join(moved)}",
                   file=sys.stderr, flush=True)
 
-    def save(self, ckpt: Checkpoints, run: RunState, done: int, num_seeds, batch: int = 0,
+    def save(self, ckpt: Checkpoints, run: RunState, done: int, num_seeds: int | None, batch: int = 0,
              partial: dict | None = None) -> int:
         """Checkpoint ``run``: ``done`` epochs completed and ``batch`` minibatches of the next (with the
         epoch's ``partial`` per-batch metrics so far). Returns the step number written."""
@@ -261,7 +285,8 @@ class Core:
         ckpt.save(step, run, meta)
         return step
 
-    def open_checkpoints(self, checkpoint_dir, run: RunState, num_seeds, resume: bool):
+    def open_checkpoints(self, checkpoint_dir: str | os.PathLike | None, run: RunState, num_seeds: int | None,
+                         resume: bool) -> tuple[Checkpoints | None, RunState, dict | None]:
         """``(Checkpoints or None, run, meta)``: the directory opened and, with ``resume``, the run resumed
         (``meta``: the checkpoint's, None when nothing was resumed)."""
         if checkpoint_dir is None:
@@ -276,7 +301,7 @@ class Core:
         return ckpt, run, meta
 
 
-def with_hyperparams(opt_state, hparams: dict):
+def with_hyperparams(opt_state: Any, hparams: dict) -> Any:
     """``opt_state`` with its injected ``learning_rate`` / ``weight_decay`` set from ``hparams``."""
     for name in ("learning_rate", "weight_decay"):
         if name in hparams:
@@ -284,7 +309,7 @@ def with_hyperparams(opt_state, hparams: dict):
     return opt_state
 
 
-def divergence(diverged_epoch, step) -> dict:
+def divergence(diverged_epoch: ArrayLike, step: ArrayLike) -> dict:
     """``diverged_epoch`` and ``diverged_step`` (1-based; -1 if the run never diverged). A diverged state
     is frozen, so its step counter stopped at the last good step."""
     xp = jnp if isinstance(diverged_epoch, jax.Array) else np
@@ -307,7 +332,8 @@ def resume_config(config: dict) -> dict:
     return {k: v for k, v in flat.items() if k not in RESUME_FREE}
 
 
-def seed_handles(key, num_seeds: int | None, default_seed: int = 0):
+def seed_handles(key: int | Sequence[int] | np.ndarray | jax.Array | None, num_seeds: int | None,
+                 default_seed: int = 0) -> tuple[jax.Array, np.ndarray | np.integer, bool]:
     """``(keys, data_seeds, seeded)`` from a seed integer, a list of them, a typed PRNG key or keys of
     shape ``(S,)`` (see ``ImageTrainer.init``). Seed integer ``s`` gives ``jax.random.key(s)`` and data seed
     ``s``; a key gives a data seed drawn from it."""
@@ -346,7 +372,7 @@ class Progress:
     """One progress display for both feeders: a tqdm bar (``progress`` True or a label; silent when not a
     terminal) or ``progress(epochs_done, summary)`` called with the last epoch's metrics (numpy, per seed)."""
 
-    def __init__(self, total: int, done: int, progress: bool | str | Callable[[int, dict], None]):
+    def __init__(self, total: int, done: int, progress: bool | str | Callable[[int, dict], None]) -> None:
         self.callback = progress if callable(progress) else None
         self.bar = None
         if self.callback is None:
@@ -356,6 +382,9 @@ class Progress:
             self.bar = tqdm(total=total, initial=done, desc=desc, unit="epoch", leave=False, disable=None)
 
     def update(self, done: int, last: int, summary: dict) -> None:
+        """Report ``done`` epochs complete (``last`` at the previous report): the callback gets ``(done,
+        summary)``; the bar advances by ``done - last`` and shows the mean over seeds of ``summary``'s
+        ``train_loss`` and ``test_error``."""
         if self.callback is not None:
             self.callback(done, summary)
             return
@@ -367,15 +396,20 @@ class Progress:
         self.bar.set_postfix(**post)
 
     def close(self) -> None:
+        """Close the bar (nothing to do for a callback)."""
         if self.bar is not None:
             self.bar.close()
 
 
-def progress_bar(total: int, done: int, progress) -> Progress | None:
+def progress_bar(total: int, done: int, progress: bool | str | Callable[[int, dict], None] | None) -> Progress | None:
+    """A ``Progress`` for ``progress`` (True, a label or a callback) over ``total`` epochs, ``done`` already
+    done; None when ``progress`` is false or None (no display)."""
     return Progress(total, done, progress) if progress else None
 
 
-def check_run_config(config) -> None:
+def check_run_config(config: ml_collections.ConfigDict) -> None:
+    """Raise ``ValueError`` when ``config`` has no nested ``train`` config or a setting of it is bad
+    (``check_train_config``)."""
     if "train" not in config:
         raise ValueError("config.train: a run config needs a nested train config (resjax.train.train_config())")
     check_train_config(config.train)

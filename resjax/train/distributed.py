@@ -19,12 +19,17 @@ been run here.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+__all__ = ["DATA_AXIS", "batch_sharding", "data_size", "global_batch", "host_block", "initialize_if_needed",
+           "make_data_mesh", "replicated"]
+
+#: The name of the mesh's one axis, over which the example axis of a batch is sharded.
 DATA_AXIS = "data"
 
 
@@ -53,7 +58,7 @@ def initialize_if_needed() -> bool:
     return True
 
 
-def make_data_mesh(devices=None) -> Mesh:
+def make_data_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A one-axis mesh ``('data',)`` over ``devices`` (default: every device, ``jax.devices()``; on one
     host these are the local devices)."""
     devices = jax.devices() if devices is None else list(devices)
@@ -68,6 +73,7 @@ def data_size(mesh: Mesh | None) -> int:
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
+    """The sharding that keeps a whole copy on every device of ``mesh`` (``P()``: the training state)."""
     return NamedSharding(mesh, P())
 
 
@@ -85,6 +91,6 @@ def host_block(x: np.ndarray, axis: int) -> np.ndarray:
     return np.take(x, np.arange(index * size, (index + 1) * size), axis=axis)
 
 
-def global_batch(local: np.ndarray, sharding: NamedSharding, global_shape) -> jax.Array:
+def global_batch(local: np.ndarray, sharding: NamedSharding, global_shape: Sequence[int]) -> jax.Array:
     """The global array from this process's block (``jax.make_array_from_process_local_data``)."""
     return jax.make_array_from_process_local_data(sharding, np.asarray(local), tuple(global_shape))

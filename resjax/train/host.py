@@ -48,12 +48,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
-from typing import Any
+import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
+from jax.sharding import Mesh
 
 from resjax.train import distributed
 from resjax.train.config import SEED_AXIS_MODES, image_train_config, is_int
@@ -62,6 +65,9 @@ from resjax.train.distributed import make_data_mesh
 from resjax.train.optim import make_optimizer
 from resjax.train.preemption import StopSignals
 from resjax.train.state import RunState
+
+if TYPE_CHECKING:
+    import flax.linen as nn
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -126,18 +132,18 @@ class ImageTrainer(Core):
 
     # ---- public API -------------------------------------------------------------------------------
 
-    def init(self, key=None, num_seeds: int | None = None) -> RunState:
+    def init(self, key: int | Sequence[int] | jax.Array | None = None, num_seeds: int | None = None) -> RunState:
         """A fresh state. ``key``: a seed integer (default ``config.seed``), a list of seed integers, a
         PRNG key or PRNG keys of shape ``(S,)``. With ``num_seeds`` (or a list / ``(S,)`` keys) every leaf
         has a leading seed axis: seed integers ``key, key+1, ...``, or ``jax.random.split(key, num_seeds)``."""
         keys, data_seeds, seeded = seed_handles(key, num_seeds, self.config.train.get("seed", 0))
         return self._compiled("init", seeded)(keys, jnp.asarray(data_seeds, jnp.int32))
 
-    def step(self, run: RunState, images, labels):
+    def step(self, run: RunState, images: jax.Array, labels: jax.Array) -> tuple[RunState, tuple[jax.Array, jax.Array]]:
         """One donated, jitted step on a placed batch; returns ``(run, (loss, batch_error))``."""
         return self._compiled("step", _seeded(run))(run, images, labels)
 
-    def evaluate(self, state: RunState, source=None, batch_size: int | None = None) -> dict:
+    def evaluate(self, state: RunState, source: Any = None, batch_size: int | None = None) -> dict:
         """``{'loss', 'error'}`` over the whole of ``source`` (default: ``test_source``) in evaluation mode
         (running BatchNorm statistics, no augmentation); one value per seed. The last partial batch is
         padded to ``batch_size`` (default ``config.eval_batch_size``) and masked, so one program serves."""
@@ -164,8 +170,9 @@ class ImageTrainer(Core):
             raise ValueError("source: the evaluation source yielded no examples")
         return {"loss": loss_sum / count, "error": wrong / count}
 
-    def fit(self, keys_or_state=None, *, epochs: int | None = None, checkpoint_dir=None, resume: bool = True,
-            progress: bool | str | Callable[[int, dict], None] | None = None):
+    def fit(self, keys_or_state: RunState | int | Sequence[int] | jax.Array | None = None, *, epochs: int | None = None,
+            checkpoint_dir: str | os.PathLike | None = None, resume: bool = True,
+            progress: bool | str | Callable[[int, dict], None] | None = None) -> tuple[RunState, dict]:
         """Train until ``epochs`` (default ``config.train.epochs``) epochs are done; returns ``(run, history)``.
 
         ``keys_or_state``: what ``init`` takes, or a ``RunState`` to continue. ``checkpoint_dir``: save
@@ -274,7 +281,7 @@ def _unpack_partial(partial: dict) -> tuple[list, list]:
     return tuple([jnp.asarray(row) for row in np.array(partial[name], dtype=np.float32)] for name in ("losses", "errors"))
 
 
-def seed_axis_mode(config) -> str:
+def seed_axis_mode(config: ml_collections.ConfigDict) -> str:
     """How a seed axis runs the training and evaluation steps: ``config.train.seed_axis`` 'vmap', 'unroll',
     'loop' or 'auto' = 'loop' on the CPU, 'vmap' elsewhere (see ``ImageTrainer._over_seeds``).
 
@@ -317,7 +324,8 @@ def _check_divides(name: str, value: int, mesh) -> None:
         raise ValueError(f"{name}: {value} does not split evenly over the {n} devices of the mesh's 'data' axis")
 
 
-def make_image_train(config, train_source, test_source=None, *, model=None, mesh=None) -> ImageTrainer:
+def make_image_train(config: ml_collections.ConfigDict, train_source: Any, test_source: Any = None, *,
+                     model: nn.Module | None = None, mesh: Mesh | None = None) -> ImageTrainer:
     """An ``ImageTrainer`` for the run config ``config`` (``config.train``, and ``config.model`` unless
     ``model``, a module, is given) on ``train_source`` (see the module docstring). ``mesh``: a
     ``jax.sharding.Mesh`` with axis ``'data'`` (``make_data_mesh()``) for data parallelism, or None for one

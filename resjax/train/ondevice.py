@@ -36,10 +36,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from resjax.data import Dataset, check_finite, load_dataset
@@ -48,6 +51,11 @@ from resjax.train.core import Core, check_run_config, divergence, progress_bar, 
 from resjax.train.optim import make_optimizer
 from resjax.train.preemption import StopSignals
 from resjax.train.state import RunState
+
+if TYPE_CHECKING:
+    import flax.linen as nn
+
+__all__ = ["Trainer", "make_train", "shard_over_seeds"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -60,16 +68,21 @@ class Trainer(Core):
 
     # ---- pure functions (jit/vmap them) ------------------------------------------------------------
 
-    def init(self, key, hparams=None) -> RunState:
+    def init(self, key: jax.Array, hparams: dict | None = None) -> RunState:
         """A fresh run from ``key`` (one typed PRNG key)."""
         return self.init_run(key, 0, hparams)
 
-    def evaluate(self, run: RunState, x, y, hparams=None):
+    def evaluate(self, run: RunState, x: jax.Array, y: jax.Array,
+                 hparams: dict | None = None) -> tuple[jax.Array, jax.Array]:
         """``(loss, error)`` over the arrays ``x, y`` in evaluation mode."""
         loss, wrong = self.eval_sums(run, x, y, None, hparams)
         return loss / len(y), wrong / len(y)
 
-    def train_epoch(self, run: RunState, hparams):
+    def train_epoch(self, run: RunState, hparams: dict | None) -> tuple[RunState, dict]:
+        """One epoch: ``train_step`` (``lax.scan``) over the minibatches of a fresh permutation (``fold_in(run.key,
+        run.epoch)``; the last partial batch dropped), then the whole training and test sets in evaluation
+        mode. Returns ``(run, records)``: the run with the epoch's metrics in its history and ``epoch + 1``,
+        and the hooks' values (``step_records``, ``epoch_records``; empty without hooks)."""
         n, b = len(self.data.y_train), self.config.train.batch_size
         steps = n // b
         perm = jax.random.permutation(jax.random.fold_in(run.key, run.epoch), n)
@@ -97,11 +110,11 @@ class Trainer(Core):
             records["epoch_records"] = self.epoch_hook(run, hparams)
         return run, records
 
-    def run_epochs(self, run: RunState, hparams, num_epochs: int):
+    def run_epochs(self, run: RunState, hparams: dict | None, num_epochs: int) -> tuple[RunState, dict]:
         """``num_epochs`` epochs as one ``lax.scan``; the hooks' records have a leading epoch axis."""
         return jax.lax.scan(lambda r, _: self.train_epoch(r, hparams), run, None, length=num_epochs)
 
-    def __call__(self, key, hparams=None):
+    def __call__(self, key: jax.Array, hparams: dict | None = None) -> tuple[RunState, dict]:
         """The whole run as one pure function: ``(run, metrics)``; metrics are the history arrays
         (``(epochs,)`` each), ``diverged_epoch``, ``diverged_step`` and the hooks' records."""
         hparams = self.default_hparams() if hparams is None else hparams
@@ -110,8 +123,9 @@ class Trainer(Core):
 
     # ---- host loop -----------------------------------------------------------------------------------
 
-    def sweep(self, keys, hparams=None, chunk_epochs: int | None = None, progress: bool | str = False,
-              callback: Callable[[int, dict], None] | None = None, checkpoint_dir=None, resume: bool = True):
+    def sweep(self, keys: jax.Array | Sequence[int], hparams: dict | None = None, chunk_epochs: int | None = None,
+              progress: bool | str = False, callback: Callable[[int, dict], None] | None = None,
+              checkpoint_dir: str | os.PathLike | None = None, resume: bool = True) -> tuple[RunState, dict]:
         """Every seed (and hparam setting) in one vmapped program, run in jitted chunks of epochs.
 
         ``keys``: ``(S,)`` PRNG keys (or a list of seed integers). ``hparams``: dict of scalars or ``(S,)``
@@ -182,7 +196,7 @@ class Trainer(Core):
         return jax.jit(run, donate_argnums=0)
 
 
-def shard_over_seeds(tree):
+def shard_over_seeds(tree: Any) -> Any:
     """Place arrays whose leading axis is the seed axis across all devices (replicated on one device).
 
     Only when the number of seeds divides evenly over the devices; otherwise the tree is returned as is.
@@ -196,7 +210,8 @@ def shard_over_seeds(tree):
     return jax.device_put(tree, sharding)
 
 
-def make_train(config, data: Dataset | None = None, *, model=None, step_hook=None, epoch_hook=None) -> Trainer:
+def make_train(config: ml_collections.ConfigDict, data: Dataset | None = None, *, model: nn.Module | None = None,
+               step_hook: Callable | None = None, epoch_hook: Callable | None = None) -> Trainer:
     """A ``Trainer`` for the run config ``config`` (``config.data``, ``config.model``, ``config.train``;
     ``resjax.train.run_config``). ``data`` overrides ``config.data``; ``model`` (a module) overrides
     ``build_model(config.model)``. Validates every setting (``ValueError`` naming it) before anything is

@@ -22,28 +22,34 @@ same transformation works inside ``jax.vmap`` over seeds. For plain SGD one step
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import optax
 
 from resjax.train.schedules import _get, check_schedule, make_schedule
 
+__all__ = ["OPTIMIZERS", "WEIGHT_DECAY_ON", "check_optimizer", "kernel_mask", "make_optimizer", "scalar_mask"]
+
+#: The values of ``train.optimizer``.
 OPTIMIZERS = ("sgd", "adam")
+#: The values of ``train.weight_decay_on``.
 WEIGHT_DECAY_ON = ("all", "kernels")
 
 
-def kernel_mask(params):
+def kernel_mask(params: Any) -> Any:
     """True for leaves named ``kernel`` (Dense and Conv weights)."""
     return jax.tree_util.tree_map_with_path(lambda path, _: getattr(path[-1], "key", None) == "kernel", params)
 
 
-def scalar_mask(params):
+def scalar_mask(params: Any) -> Any:
     """True for 0-d leaves (Fixup scalars, SkipInit alpha, learnable tau)."""
     return jax.tree_util.tree_map(lambda p: p.ndim == 0, params)
 
 
-def check_optimizer(config) -> None:
-    """Raise ``ValueError`` naming the first bad optimiser setting."""
+def check_optimizer(config: Any) -> None:
+    """Raise ``ValueError`` naming the first bad optimiser setting of ``config`` (a ``train_config``, or any
+    mapping or object with its fields)."""
     name = _get(config, "optimizer", "sgd")
     if name not in OPTIMIZERS:
         raise ValueError(f"optimizer: unknown optimizer {name!r}; choose one of {OPTIMIZERS}")
@@ -71,7 +77,7 @@ def check_optimizer(config) -> None:
             raise ValueError(f"adam_eps: must be > 0, got {_get(config, 'adam_eps', 1e-8)!r}")
 
 
-def make_optimizer(config, params=None, steps_per_epoch: int = 1) -> optax.GradientTransformation:
+def make_optimizer(config: Any, params: Any = None, steps_per_epoch: int = 1) -> optax.GradientTransformation:
     """The optax transformation for ``config`` (see the module docstring).
 
     The learning rate and the weight decay are ``optax.inject_hyperparams`` values: they live in the

@@ -23,13 +23,16 @@ import signal
 import sys
 import threading
 
+__all__ = ["SIGNALS", "Preempted", "StopSignals", "resume_command"]
+
+#: The signals ``StopSignals`` handles: SIGTERM (preemption) and SIGINT (Ctrl-C).
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Preempted(SystemExit):
     """Raised after a stop signal once the run is checkpointed; ``code`` is 128 + the signal number."""
 
-    def __init__(self, signum: int, message: str, checkpoint_dir: str, step: int):
+    def __init__(self, signum: int, message: str, checkpoint_dir: str, step: int) -> None:
         super().__init__(128 + signum)
         self.signum, self.message, self.checkpoint_dir, self.step = signum, message, checkpoint_dir, step
 
@@ -47,13 +50,14 @@ class StopSignals:
     """Context manager: while open (and ``enabled``), SIGTERM and SIGINT set ``signum`` instead of
     stopping the process; the previous handlers come back on exit."""
 
-    def __init__(self, enabled: bool = True):
+    def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled and threading.current_thread() is threading.main_thread()
         self.signum: int | None = None
         self._previous: dict = {}
 
     @property
     def requested(self) -> bool:
+        """Whether a stop signal has arrived (``signum`` is set)."""
         return self.signum is not None
 
     def _handle(self, signum, frame) -> None:
@@ -71,7 +75,7 @@ class StopSignals:
                 self._previous[s] = signal.signal(s, self._handle)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
         self._previous.clear()

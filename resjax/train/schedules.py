@@ -22,10 +22,15 @@ half-period after the warm-up and reaches 0 at the run's last step boundary.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax.numpy as jnp
 import optax
+from jax.typing import ArrayLike
 
+__all__ = ["SCHEDULES", "check_schedule", "make_schedule"]
+
+#: The values of ``train.schedule``.
 SCHEDULES = ("constant", "step", "cosine")
 
 
@@ -33,8 +38,9 @@ def _get(config, name, default):
     return config.get(name, default) if hasattr(config, "get") else getattr(config, name, default)
 
 
-def check_schedule(config, steps_per_epoch: int) -> None:
-    """Raise ``ValueError`` naming the first bad schedule setting."""
+def check_schedule(config: Any, steps_per_epoch: int) -> None:
+    """Raise ``ValueError`` naming the first bad schedule setting of ``config`` (a ``train_config``, or any
+    mapping or object with its fields) or a bad ``steps_per_epoch``."""
     name = _get(config, "schedule", "constant")
     if name not in SCHEDULES:
         raise ValueError(f"schedule: unknown schedule {name!r}; choose one of {SCHEDULES}")
@@ -63,7 +69,7 @@ def check_schedule(config, steps_per_epoch: int) -> None:
             raise ValueError(f"warmup_epochs: {warmup} leaves no cosine phase in {epochs} epochs")
 
 
-def make_schedule(config, steps_per_epoch: int, learning_rate=None) -> optax.Schedule:
+def make_schedule(config: Any, steps_per_epoch: int, learning_rate: ArrayLike | None = None) -> optax.Schedule:
     """The learning rate as a function of the step (see the module docstring). ``learning_rate`` (default
     ``config.learning_rate``) may be a traced value: the optimiser passes the per-seed rate it holds in its
     state, so one program trains seeds at different rates on the same schedule."""

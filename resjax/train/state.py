@@ -16,8 +16,20 @@ import jax
 import jax.numpy as jnp
 import optax
 
+__all__ = ["RunState", "TrainState", "guarded_step"]
+
 
 class TrainState(flax.struct.PyTreeNode):
+    """One model's training state, a pytree.
+
+    Attributes:
+        step: int32, the optimiser steps taken.
+        params: the model's ``'params'``.
+        batch_stats: the model's ``'batch_stats'`` (``{}`` without BatchNorm).
+        opt_state: the optax state; ``opt_state.hyperparams`` holds the injected ``learning_rate`` and
+            ``weight_decay``.
+    """
+
     step: jnp.ndarray
     params: Any
     batch_stats: Any
@@ -41,8 +53,8 @@ class RunState(NamedTuple):
     history: dict  # metric name -> float32[epochs], NaN where not yet run (``resjax.train.core.METRICS``)
 
 
-def guarded_step(state: TrainState, tx: optax.GradientTransformation, grads, loss, batch_stats,
-                 diverged_epoch, epoch) -> tuple[TrainState, jnp.ndarray]:
+def guarded_step(state: TrainState, tx: optax.GradientTransformation, grads: Any, loss: jax.Array, batch_stats: Any,
+                 diverged_epoch: jax.Array, epoch: jax.Array) -> tuple[TrainState, jnp.ndarray]:
     """One optimiser step that records divergence instead of raising: when the loss or any gradient entry
     is non-finite, or the run had already diverged, the state is kept as it was (``jnp.where``, so it works
     per seed under ``vmap``), and a first divergence sets ``diverged_epoch`` to ``epoch + 1`` (1-based).
