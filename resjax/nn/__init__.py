@@ -1,7 +1,50 @@
-"""Flax linen modules for residual networks; see each file's docstring."""
+"""Flax linen modules for residual networks: the public API of ``resjax.nn`` (each file's docstring has the details).
+
+Every name below is importable from ``resjax.nn`` (``__all__`` lists them):
+
+- models (classifiers return logits ``(batch, num_classes)``): ``PlainMLP``, ``ResidualMLP``, ``ResidualStack``
+  (blocks only: returns the stream) and Zhang et al.'s ``tau_resnet`` (fully connected; ``tau_resnet_config``,
+  ``plain_params_from_residual``, ``tau_value``, ``num_blocks_for``); the convolutional ``ResNet`` with
+  ``cifar_resnet``, ``imagenet_resnet``, ``imagenet_tau``, ``REPOSITORY_MODELS`` (the peers' CIFAR models) and
+  Taki's ``taki_resnet`` (``TakiResNet``, ``TakiBlock``); ``DenseNet``, ``densenet121``, ``densenet_bc_cifar``;
+  ``UNet``; ``Hourglass``, ``StackedHourglass``. ``build_model`` builds any of them from a config
+  (``CLASSIFIERS``: the kinds that take ``num_classes``; ``check_model_fields`` checks a config's fields);
+- blocks: ``ResidualBlock`` (fully connected), ``ResNetBlock`` (convolutional), ``ConvResidualBlock`` with
+  ``BasicBranch`` / ``BottleneckBranch``, ``DenseLayer``, ``DenseBlock``, ``Transition``, ``ConvBlock``,
+  ``PlainLayer``;
+- the residual contract: ``residual_add`` (the one shape-checked addition), ``concat_merge``; stacks of blocks
+  (``residual_stack``, ``stack_blocks``, ``stack_unrolled`` / ``unstack_scanned`` between the unrolled and
+  scanned parameter layouts); the settings ``ORDERS``, ``SCALINGS``, ``BLOCK_KINDS``, ``SHORTCUTS``,
+  ``OPTION_A_INPUTS``, ``CIFAR_DEPTHS``, ``IMAGENET_STAGES``, ``TAU_CONVENTIONS``; tau (``resolve_tau``,
+  ``check_tau_field``, ``check_tau_value``, ``check_call_tau``); and the pieces every residual block shares,
+  for writing new ones (``scale_branch``, ``close_block``, ``fixup_kernel_init``);
+- normalisation: ``make_norm`` (every norm by name, ``NORMS``), ``BatchNorm`` (PyTorch's defaults,
+  ``BATCHNORM_DEFAULTS``), ``GroupNorm``, ``is_batch_norm``, ``check_norm``;
+- initialisers: ``get_initializer`` (``INITIALIZERS``, ``PARAMETRISED_INITIALIZERS``), ``taki_init``,
+  ``get_bias_initializer`` (``BIAS_INITIALIZERS``); ``conv_kernel_weights`` counts conv weights.
+
+Conventions shared by every module:
+
+- shapes: flax's channels-last layout, ``(batch, features)`` for the MLPs and ``(batch, height, width,
+  channels)`` for the convolutional models;
+- ``train: bool | None = None`` at call time: ``True`` = training mode (BatchNorm normalises with the
+  minibatch's statistics and updates its running estimates in the ``batch_stats`` collection, so ``apply``
+  needs ``mutable=['batch_stats']`` and returns ``(output, updates)``), ``False`` = evaluation (BatchNorm uses
+  the running estimates). A model with BatchNorm applied without ``train`` raises ``ValueError`` naming
+  ``train``; ``init`` without it is allowed (it only needs shapes). Models without BatchNorm ignore it;
+- ``tau`` at call time (residual models with ``scaling='tau'`` only): a number or a traced scalar that
+  replaces the ``tau`` field, so a sweep over tau is a ``vmap``;
+- the residual models sow every block's output (``block_out``) and their stem's into ``'intermediates'``
+  when ``apply`` is given ``mutable=['intermediates']``;
+- every setting is checked at construction: a bad one raises ``ValueError`` naming it.
+"""
+
+from __future__ import annotations
 
 import math
+from typing import Any, Callable, Iterator, Mapping
 
+import flax.linen as nn
 import numpy as np
 
 from resjax.nn.conv_blocks import (
@@ -11,50 +54,84 @@ from resjax.nn.conv_blocks import (
     DenseBlock,
     DenseLayer,
     Transition,
+    conv_kernel_weights,
 )
 from resjax.nn.densenet import DenseNet, densenet121, densenet_bc_cifar
 from resjax.nn.hourglass import Hourglass, StackedHourglass
 from resjax.nn.init import (
     BIAS_INITIALIZERS,
     INITIALIZERS,
+    PARAMETRISED_INITIALIZERS,
     get_bias_initializer,
     get_initializer,
+    taki_init,
 )
 from resjax.nn.mlp import PlainLayer, PlainMLP, ResidualMLP, ResidualStack
-from resjax.nn.norms import NORMS, make_norm
+from resjax.nn.norms import BATCHNORM_DEFAULTS, NORMS, BatchNorm, GroupNorm, check_norm, is_batch_norm, make_norm
 from resjax.nn.residual import (
     ORDERS,
     SCALINGS,
     ResidualBlock,
+    check_call_tau,
     check_tau_field,
+    check_tau_value,
+    close_block,
     concat_merge,
+    fixup_kernel_init,
     residual_add,
     residual_stack,
-    stack_blocks,
     resolve_tau,
+    scale_branch,
+    stack_blocks,
     stack_unrolled,
     unstack_scanned,
 )
-from resjax.nn.tau_resnet import tau_resnet
-from resjax.nn.unet import UNet
+from resjax.nn.resnet import (  # after init, norms and residual, which it imports
+    BLOCK_KINDS,
+    CIFAR_DEPTHS,
+    IMAGENET_STAGES,
+    OPTION_A_INPUTS,
+    REPOSITORY_MODELS,
+    SHORTCUTS,
+    TAU_CONVENTIONS,
+    ResNet,
+    ResNetBlock,
+    TakiBlock,
+    TakiResNet,
+    cifar_resnet,
+    imagenet_resnet,
+    imagenet_tau,
+    taki_resnet,
+)
+from resjax.nn.tau_resnet import num_blocks_for, plain_params_from_residual, tau_resnet, tau_resnet_config, tau_value
+from resjax.nn.unet import ConvBlock, UNet
 
 __all__ = [
-    "BasicBranch", "BottleneckBranch", "ConvResidualBlock", "DenseBlock", "DenseLayer", "Hourglass",
-    "StackedHourglass", "Transition", "UNet", "DenseNet", "densenet121", "densenet_bc_cifar",
-    "BIAS_INITIALIZERS", "INITIALIZERS", "NORMS", "ORDERS", "SCALINGS", "PlainLayer", "PlainMLP", "ResidualBlock", "ResidualMLP", "ResidualStack",
-    "concat_merge", "get_bias_initializer", "get_initializer", "make_norm", "residual_add", "residual_stack", "resolve_tau", "stack_blocks", "stack_unrolled",
-    "unstack_scanned", "build_model", "tau_resnet", "CLASSIFIERS",
+    # constants: the allowed values of settings, and defaults
+    "BATCHNORM_DEFAULTS", "BIAS_INITIALIZERS", "BLOCK_KINDS", "CIFAR_DEPTHS", "CLASSIFIERS", "IMAGENET_STAGES",
+    "INITIALIZERS", "NORMS", "OPTION_A_INPUTS", "ORDERS", "PARAMETRISED_INITIALIZERS", "REPOSITORY_MODELS",
+    "SCALINGS", "SHORTCUTS", "TAU_CONVENTIONS",
+    # modules (flax.linen)
+    "BasicBranch", "BatchNorm", "BottleneckBranch", "ConvBlock", "ConvResidualBlock", "DenseBlock", "DenseLayer",
+    "DenseNet", "GroupNorm", "Hourglass", "PlainLayer", "PlainMLP", "ResNet", "ResNetBlock", "ResidualBlock",
+    "ResidualMLP", "ResidualStack", "StackedHourglass", "TakiBlock", "TakiResNet", "Transition", "UNet",
+    # functions
+    "build_model", "check_call_tau", "check_model_fields", "check_norm", "check_tau_field", "check_tau_value",
+    "cifar_resnet", "close_block", "concat_merge", "conv_kernel_weights", "densenet121", "densenet_bc_cifar",
+    "fixup_kernel_init", "get_bias_initializer", "get_initializer", "imagenet_resnet", "imagenet_tau",
+    "is_batch_norm", "make_norm", "num_blocks_for", "plain_params_from_residual", "residual_add", "residual_stack",
+    "resolve_tau", "scale_branch", "stack_blocks", "stack_unrolled", "taki_init", "taki_resnet", "tau_resnet",
+    "tau_resnet_config", "tau_value", "unstack_scanned",
 ]
 
 
-def _families() -> dict:
-    from resjax.nn import resnet
-
+def _families() -> dict[str, Callable[..., nn.Module] | None]:
+    """The model kinds of ``build_model``: kind -> the class or function that builds it."""
     return {
         "plain_mlp": PlainMLP, "residual_mlp": ResidualMLP, "residual_stack": ResidualStack,
         "tau_resnet": None,  # variant -> tau_resnet(variant, ...)
-        "resnet": resnet.ResNet, "cifar_resnet": resnet.cifar_resnet, "imagenet_resnet": resnet.imagenet_resnet,
-        "taki_resnet": resnet.taki_resnet,
+        "resnet": ResNet, "cifar_resnet": cifar_resnet, "imagenet_resnet": imagenet_resnet,
+        "taki_resnet": taki_resnet,
         "densenet": DenseNet, "densenet121": densenet121, "densenet_bc_cifar": densenet_bc_cifar,
         "unet": UNet, "hourglass": StackedHourglass,
     }
@@ -64,7 +141,7 @@ CLASSIFIERS = ("plain_mlp", "residual_mlp", "tau_resnet", "resnet", "cifar_resne
                "densenet", "densenet121", "densenet_bc_cifar")
 
 
-def _floats(value):
+def _floats(value: Any) -> Iterator[float]:
     """The floats in a field value: the value itself, or the floats of a (nested) tuple or list."""
     if isinstance(value, (float, np.floating)):
         yield float(value)
@@ -73,7 +150,7 @@ def _floats(value):
             yield from _floats(v)
 
 
-def check_model_fields(fields: dict) -> None:
+def check_model_fields(fields: Mapping[str, Any]) -> None:
     """Raise ``ValueError`` naming ``model.<field>`` for a non-finite float field and for a ``tau`` that is
     not a finite number > 0 or a known rule (a rule is checked for its form; its K is the model's)."""
     for name, value in fields.items():
@@ -86,7 +163,8 @@ def check_model_fields(fields: dict) -> None:
             raise ValueError(f"model.{err}") from None
 
 
-def build_model(config=None, /, num_classes: int | None = None, **kwargs):
+def build_model(config: Mapping[str, Any] | str | None = None, /, num_classes: int | None = None,
+                **kwargs: Any) -> nn.Module:
     """A model from its config: ``config`` is a mapping (``ConfigDict`` or dict) with ``kind`` and the
     model's fields, or ``kind`` as a string with the fields as keyword arguments.
 
@@ -98,7 +176,8 @@ def build_model(config=None, /, num_classes: int | None = None, **kwargs):
     ``num_classes``: the data's class count, used for classifiers whose config does not set it.
     Unknown kinds and bad fields raise ``ValueError`` naming the setting: every float field (and every
     float in a tuple field) must be finite (``model.<field>: must be a finite number, got nan``), and
-    ``tau`` a finite number > 0 or a known rule (``model.tau: ...``)."""
+    ``tau`` a finite number > 0 or a known rule (``model.tau: ...``). Returns the unbound module (call
+    ``init``/``apply`` on it; see the package docstring for ``train``)."""
     fields = dict(config) if config is not None and not isinstance(config, str) else {}
     if isinstance(config, str):
         fields["kind"] = config
