@@ -21,6 +21,23 @@ def test_residual_add_refuses_to_broadcast(branch_shape):
         residual_add(jnp.ones((4, 8)), jnp.ones(branch_shape))
 
 
+def test_residual_add_under_vmap_says_its_shapes_are_per_example():
+    """Under ``jax.vmap`` the shapes that reach ``residual_add`` lack the mapped axes; the message says so and
+    gives the shapes the caller passed (through nested vmaps too)."""
+    skip, branch = jnp.ones((2, 3, 4)), jnp.ones((2, 3, 5))
+    with pytest.raises(ValueError) as plain:
+        residual_add(skip, branch)
+    assert "per example" not in str(plain.value)
+    for f, inner in ((jax.vmap(residual_add), "(3, 4)"), (jax.vmap(jax.vmap(residual_add)), "(4,)")):
+        with pytest.raises(ValueError) as err:
+            f(skip, branch)
+        assert f"skip shape {inner}" in str(err.value)
+        assert "shapes per example: this call is inside jax.vmap" in str(err.value)
+        assert "with them the mapped arguments have shapes (2, 3, 4) and (2, 3, 5)" in str(err.value)
+    with pytest.raises(ValueError, match="if this runs inside jax.vmap, these are per-example shapes"):
+        jax.vmap(jax.jit(residual_add))(skip, branch)  # jit inside vmap traces per-example shapes
+
+
 def test_residual_add_checks_under_jit():
     with pytest.raises(ValueError, match="residual_add"):
         jax.jit(residual_add)(jnp.ones((4, 8)), jnp.ones((4, 1)))

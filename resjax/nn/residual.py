@@ -65,15 +65,47 @@ def residual_add(skip: jnp.ndarray, branch: jnp.ndarray) -> jnp.ndarray:
     the ``ValueError``'s cause) and, since ``chex.disable_asserts()`` turns chex's checks off, again in
     plain Python, so the check holds either way (shapes are static: no cost at run time)."""
     skip_shape, branch_shape = tuple(jnp.shape(skip)), tuple(jnp.shape(branch))
-    message = (f"residual_add: skip shape {skip_shape} and branch shape {branch_shape} differ; project the skip "
-               "or fix the branch (resjax never broadcasts a residual addition)")
+
+    def error() -> ValueError:
+        return ValueError(f"residual_add: skip shape {skip_shape} and branch shape {branch_shape} differ"
+                          f"{_vmap_note(skip, branch)}; project the skip or fix the branch (resjax never "
+                          "broadcasts a residual addition)")
+
     try:
         chex.assert_equal_shape([skip, branch])
     except AssertionError as err:
-        raise ValueError(message) from err
+        raise error() from err
     if skip_shape != branch_shape:  # chex asserts disabled
-        raise ValueError(message)
+        raise error()
     return skip + branch
+
+
+def _vmap_note(*arrays: Any) -> str:
+    """A remark for shape errors raised inside ``jax.vmap``, where shapes are per example.
+
+    A ``jax.vmap``-ed function sees its arguments without the mapped axes, so the shapes in the message
+    are not the ones the caller passed. The mapped axes are added back where the tracer shows them; a
+    ``jax.jit`` inside the ``vmap`` traces per-example shapes too and cannot be told apart from a plain
+    ``jit``, so any traced array gets the general remark."""
+    tracers = [a for a in arrays if isinstance(a, jax.core.Tracer)]
+    # vmap's tracer (jax's BatchTracer, not public) holds the full array as ``val`` and the mapped axis as an
+    # integer ``batch_dim`` (not an integer for an unmapped argument).
+    def mapped(a: Any) -> bool:
+        return isinstance(getattr(a, "batch_dim", None), int) and hasattr(a, "val")
+
+    def outermost(a: Any) -> tuple:
+        while mapped(a):  # nested vmaps: each level's ``val`` carries one more mapped axis
+            a = a.val
+        return tuple(jnp.shape(a))
+
+    batched = [a for a in tracers if mapped(a)]
+    if batched:
+        full = " and ".join(str(outermost(a)) for a in batched)
+        return (f" (shapes per example: this call is inside jax.vmap, which hides the mapped axes; with them "
+                f"the mapped arguments have shapes {full})")
+    if tracers:
+        return " (if this runs inside jax.vmap, these are per-example shapes, without the mapped axes)"
+    return ""
 
 
 def concat_merge(*tensors: jnp.ndarray, axis: int = -1) -> jnp.ndarray:
