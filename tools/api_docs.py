@@ -3,9 +3,9 @@
     python tools/api_docs.py [--out DIR] [--no-check]
 
 Writes the reference into ``DIR`` (default ``docs/api/``, which git ignores: generated HTML is never
-committed; open ``DIR/index.html``). The reference covers what pdoc treats as public: the modules it walks
-from ``resjax`` (a package's ``__all__`` decides which submodules and names it shows) and, in them, every
-name not starting with an underscore (or named in ``__all__``).
+committed; open ``DIR/index.html``). The reference covers every module of ``resjax`` (each subpackage and
+each file) and, in each, what pdoc treats as public: the names in its ``__all__`` (every name not starting
+with an underscore where it has none).
 
 Exit status 1 when pdoc emitted any warning while building (each is printed) or, unless ``--no-check``,
 when ``undocumented()`` is not empty (the names are printed); 0 otherwise.
@@ -41,10 +41,33 @@ def _in_package(modulename: str, package: str) -> bool:
 
 
 def _module_names(package: str) -> list[str]:
-    """The modules pdoc documents for ``package`` (``pdoc.pdoc`` renders exactly these)."""
+    """Every module of ``package`` on disk, the package first: each gets a page and is checked.
+
+    pdoc's own walk follows a package's ``__all__``, which lists names for ``from package import *`` and
+    not the submodules, so it would leave out ``resjax.nn.residual``, ``resjax.train.core`` and the rest;
+    the reference lists them explicitly instead (``build`` passes these names to ``pdoc.pdoc``)."""
+    import pkgutil
+
+    root = importlib.import_module(package)
+    names = [package]
+    for info in pkgutil.walk_packages(root.__path__, prefix=package + "."):
+        if not info.name.rsplit(".", 1)[-1].startswith("_"):
+            names.append(info.name)
+    return names
+
+
+def _specs(package: str) -> list[str]:
+    """``_module_names`` less those pdoc already reaches by walking an earlier one (naming a module twice
+    makes pdoc warn)."""
     import pdoc.extract
 
-    return list(pdoc.extract.walk_specs([package]))
+    specs: list[str] = []
+    covered: set[str] = set()
+    for name in _module_names(package):
+        if name not in covered:
+            specs.append(name)
+            covered.update(pdoc.extract.walk_specs([name]))
+    return specs
 
 
 def _resolve_generated_signatures(package: str) -> None:
@@ -99,7 +122,7 @@ def build(out: Path | str = DEFAULT_OUT, package: str = PACKAGE) -> list[str]:
         importlib.import_module(package)
         _resolve_generated_signatures(package)
         pdoc.render.configure(docformat="restructuredtext")
-        pdoc.pdoc(package, output_directory=out)
+        pdoc.pdoc(*_specs(package), output_directory=out)
     return [f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in caught]
 
 

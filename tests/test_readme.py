@@ -1,0 +1,172 @@
+"""Every Python block of the README runs here, and what the README states about its results is asserted.
+
+The blocks run as they are written, each in a module of its own, in a temporary working directory (they
+write checkpoints under ``runs/``), except for the sizes that ``SMALL`` shrinks (shapes and sizes, with the
+stated shapes that follow from them) so that the file runs in about a minute on a 2-core CPU. Three comment forms on a line are checked:
+
+- ``expression  # -> value``: the expression equals the Python literal ``value`` (a remark may follow
+  after ``;``);
+- ``statement  # raises ValueError: text``: the statement raises that exception, with ``text`` in its
+  message;
+- ``name = ...  # 25,557,032 parameters``: the model ``name`` has that many parameters (counted from
+  ``jax.eval_shape`` of its ``init`` on the input shape ``INPUT_SHAPES[name]``).
+
+The interoperability block starts from a torchvision ResNet-50 ``state_dict`` saved as ``resnet50.npz``
+where torch is installed; torch is not a test dependency, so the test writes that file from resjax's own
+export of a randomly initialised ResNet-50, whose names and shapes are torchvision's
+(``tests/test_interop.py`` checks them against torchvision's layouts).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import pathlib
+import re
+import sys
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+
+# The input shape on which a model named in a "# N parameters" comment is counted.
+INPUT_SHAPES = {"resnet50": (1, 224, 224, 3), "net": (1, 224, 224, 3), "taki": (1, 32, 32, 3)}
+
+# Smaller settings for the test (the README's own sizes take minutes on a 2-core CPU): (what the README
+# says, what the test runs). Each stated result still holds at these sizes; every entry must match.
+SMALL = [
+    ("logits = net.apply(net.init(key, jnp.ones((1, 224, 224, 3))), jnp.ones((1, 224, 224, 3)), False)",
+     "logits = jax.eval_shape(lambda: net.apply(net.init(key, jnp.ones((1, 64, 64, 3))), jnp.ones((1, 64, 64, 3)),"
+     " False))"),  # DenseNet-121 traced, not run: its 120 eager initialisers alone take a minute here
+    ("num_blocks=1000", "num_blocks=12"),
+    ('dict(kind="residual_mlp", width=64, num_blocks=8, norm="batch")',
+     'dict(kind="residual_mlp", width=16, num_blocks=2, norm="batch")'),
+    ("cifar_resnet(20,", "cifar_resnet(8,"),
+    ('synthetic_image_dataset("cifar10", 256)', 'synthetic_image_dataset("cifar10", 64)'),
+    ('synthetic_image_dataset("cifar10", 128, split="test")', 'synthetic_image_dataset("cifar10", 32, split="test")'),
+    ("epochs=2, milestones=(1,), scalar_lr_factor=0.1)",
+     "epochs=2, milestones=(1,), scalar_lr_factor=0.1, batch_size=32, eval_batch_size=32)"),
+    ("size=(2, 3, 224, 224)", "size=(2, 3, 64, 64)"),
+    ("jnp.ones((1, 224, 224, 3))", "jnp.ones((1, 64, 64, 3))"),
+    ("jnp.ones((2, 32, 32, 256))", "jnp.ones((2, 16, 16, 256))"),
+    ("# -> (2, 32, 32, 256)", "# -> (2, 16, 16, 256)"),
+    ("# -> (2, 32, 32, 448)", "# -> (2, 16, 16, 448)"),
+    ("# -> (2, 32, 32, 2)", "# -> (2, 16, 16, 2)"),
+    ("# -> [(2, 32, 32, 16), (2, 32, 32, 16)]", "# -> [(2, 16, 16, 16), (2, 16, 16, 16)]"),
+]
+
+EXPECT = re.compile(r"^(?P<code>[^#].*?)\s+# -> (?P<value>[^;]+?)\s*(?:;.*)?$")
+RAISES = re.compile(r"^(?P<code>[^#].*?)\s+# raises (?P<exc>\w+): (?P<text>.+?)\s*$")
+PARAMS = re.compile(r"^(?P<name>\w+) = .*#\s*(?P<count>\d{1,3}(?:,\d{3})+) parameters\b")
+
+
+def shrink(source: str) -> str:
+    for readme, small in SMALL:
+        source = source.replace(readme, small)
+    return source
+
+
+def python_blocks(text: str) -> list[tuple[int, str]]:
+    """The README's fenced ``python`` blocks as (line number of the fence, source)."""
+    blocks, lines, start = [], text.splitlines(), None
+    for i, line in enumerate(lines, 1):
+        if start is None and line.strip() == "```python":
+            start = i
+        elif start is not None and line.strip() == "```":
+            blocks.append((start, "\n".join(lines[start:i - 1])))
+            start = None
+    assert start is None, f"README.md:{start}: a python block is not closed"
+    return blocks
+
+
+BLOCKS = python_blocks(README.read_text())
+
+
+def parameter_count(model, shape) -> int:
+    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.ones(shape)))
+    return sum(math.prod(leaf.shape) for leaf in jax.tree_util.tree_leaves(shapes["params"]))
+
+
+def instrument(source: str, where: str) -> tuple[str, int]:
+    """The block with its stated results turned into checks, and how many checks it has."""
+    out, checks = [], 0
+    for number, line in enumerate(source.splitlines(), 1):
+        here = f"{where}+{number}"
+        indent = line[: len(line) - len(line.lstrip())]
+        body = line.strip()
+        if m := RAISES.match(body):
+            out.append(f"{indent}with __raises__({m['exc']}, {m['text']!r}, {here!r}):")
+            out.append(f"{indent}    {m['code']}")
+            checks += 1
+        elif m := EXPECT.match(body):
+            ast.literal_eval(m["value"])  # a README typo fails here, naming the line
+            out.append(f"{indent}__expect__(({m['code']}), {m['value']}, {here!r})")
+            checks += 1
+        elif m := PARAMS.match(body):
+            out.append(line)
+            out.append(f"{indent}__params__({m['name']}, {m['name']!r}, {int(m['count'].replace(',', ''))}, {here!r})")
+            checks += 1
+        else:
+            out.append(line)
+    return "\n".join(out), checks
+
+
+def _expect(value, expected, where):
+    assert value == expected, f"README.md:{where}: the README states {expected!r}, the code gives {value!r}"
+
+
+class _Raises:
+    def __init__(self, exc, text, where):
+        self.exc, self.text, self.where = exc, text, where
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, err, tb):
+        assert kind is not None, f"README.md:{self.where}: the README says this raises {self.exc.__name__}; it did not"
+        assert issubclass(kind, self.exc) and self.text in str(err), (
+            f"README.md:{self.where}: expected {self.exc.__name__} with {self.text!r}, got {kind.__name__}: {err}")
+        return True
+
+
+def _params(model, name, count, where):
+    assert name in INPUT_SHAPES, f"README.md:{where}: add the input shape of {name!r} to INPUT_SHAPES"
+    got = parameter_count(model, INPUT_SHAPES[name])
+    assert got == count, f"README.md:{where}: the README states {count:,} parameters for {name}, counted {got:,}"
+
+
+def test_the_readme_has_the_blocks_this_test_expects():
+    assert len(BLOCKS) >= 5, [line for line, _ in BLOCKS]
+    # Every block with a stated result has at least one check; the counts guard against a comment form
+    # that this test no longer recognises after an edit.
+    total = sum(instrument(source, f"{line}")[1] for line, source in BLOCKS)
+    assert total >= 10, total
+    unused = [readme for readme, _ in SMALL if not any(readme in source for _, source in BLOCKS)]
+    assert not unused, f"SMALL names README text that is no longer there: {unused}"
+
+
+@pytest.fixture
+def torchvision_npz(tmp_path):
+    """``resnet50.npz`` as torchvision's ``state_dict`` would be saved, from resjax's export of random weights."""
+    from resjax import interop
+    from resjax.nn import imagenet_resnet
+
+    model = imagenet_resnet(50)
+    variables = jax.jit(lambda k: model.init(k, jnp.ones((1, 64, 64, 3))))(jax.random.key(7))
+    np.savez(tmp_path / "resnet50.npz", **interop.to_torch_state_dict(variables, model))
+
+
+@pytest.mark.parametrize("line,source", BLOCKS, ids=[f"README.md:{line}" for line, _ in BLOCKS])
+def test_readme_block_runs_and_states_its_results(line, source, tmp_path, monkeypatch, request):
+    monkeypatch.chdir(tmp_path)
+    if "resnet50.npz" in source:
+        request.getfixturevalue("torchvision_npz")
+    code, _ = instrument(shrink(source), str(line))
+    module = types.ModuleType("readme_block")  # a real module: flax modules are dataclasses and look theirs up
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    module.__dict__.update(__expect__=_expect, __raises__=_Raises, __params__=_params)
+    exec(compile(code, f"README.md:{line}", "exec"), module.__dict__)
