@@ -61,8 +61,10 @@ def test_a_seed_in_the_vmapped_sweep_matches_the_seed_alone():
     _, together = trainer.sweep(keys)
     with jax.default_matmul_precision("highest"):
         _, alone = jax.jit(trainer)(keys[1])
+    # The README's measured statement: on a CPU (float32 matmuls in full precision at every setting) the
+    # per-epoch metrics agree to float32 rounding (measured up to 7.7e-8 relative; parameters bit-identical).
     for name in ("train_loss", "train_error", "test_error"):
-        np.testing.assert_allclose(together[name][1], alone[name], rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(together[name][1], alone[name], rtol=1e-6, atol=1e-7)
 
 
 def test_chunked_run_equals_one_program():
