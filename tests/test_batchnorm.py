@@ -261,3 +261,49 @@ def test_quick_experiment_writes_results(module, tmp_path):
         if module in (batchnorm_example, normalisation_axes, running_estimates):  # no sampling at stake
             assert held in (True, None), claim.text
     assert module.report_section(m)
+
+
+# ---- train has no default: forgetting it is an error, not a silent evaluation-mode run ----------------------
+
+
+def _bn_models():
+    from resjax.nn import DenseNet, PlainMLP, ResidualMLP, UNet, cifar_resnet, tau_resnet
+
+    mlp_x, img_x = jnp.ones((4, 40)), jnp.ones((2, 16, 16, 3))
+    return [
+        ("ResidualMLP", ResidualMLP(width=8, num_blocks=2, norm="batch"), mlp_x),
+        ("ResidualMLP scan", ResidualMLP(width=8, num_blocks=2, norm="batch", scan=True), mlp_x),
+        ("PlainMLP", PlainMLP(width=8, depth=2, norm="batch"), mlp_x),
+        ("tau_resnet bn", tau_resnet("bn", width=8, depth=3), mlp_x),
+        ("cifar_resnet", cifar_resnet(8), img_x),
+        ("DenseNet", DenseNet(block_layers=(2, 2), growth_rate=4, init_features=8, num_classes=10, stem="cifar"),
+         img_x),
+        ("UNet", UNet(features=(4, 8), out_channels=2), img_x),
+    ]
+
+
+@pytest.mark.parametrize("index", range(7), ids=lambda i: _bn_models()[i][0])
+def test_a_batchnorm_model_applied_without_train_raises(index):
+    """``init`` (shapes only) needs no ``train``; ``apply`` without it raises naming ``train`` and the layer,
+    directly, under jit and under vmap; with ``train`` given both modes run."""
+    _, model, x = _bn_models()[index]
+    variables = model.init(jax.random.key(0), x)
+    assert "batch_stats" in variables
+    for call in (lambda: model.apply(variables, x), lambda: jax.jit(lambda v: model.apply(v, x))(variables),
+                 lambda: jax.vmap(lambda xi: model.apply(variables, xi))(jnp.stack([x, x]))):
+        with pytest.raises(ValueError, match=r"^train: this model has BatchNorm \(layer [\w/]+\)"):
+            call()
+    out_eval = model.apply(variables, x, train=False)
+    out_train, updates = model.apply(variables, x, train=True, mutable=["batch_stats"])
+    assert out_eval.shape == out_train.shape
+    changed = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda a, b: bool(jnp.any(a != b)),
+                                                               updates["batch_stats"], variables["batch_stats"]))
+    assert any(changed)
+
+
+def test_a_model_without_batchnorm_needs_no_train():
+    from resjax.nn import ResidualMLP
+
+    model, x = ResidualMLP(width=8, num_blocks=2, norm="layer"), jnp.ones((4, 40))
+    variables = model.init(jax.random.key(0), x)
+    np.testing.assert_array_equal(model.apply(variables, x), model.apply(variables, x, train=True))

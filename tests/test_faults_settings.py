@@ -176,7 +176,7 @@ def test_tau_passed_to_a_model_without_tau_scaling_raises(name, make, x):
         jax.jit(lambda t: model.apply(v, x, tau=t))(jnp.float32(0.5))
     with pytest.raises(ValueError, match=message):  # traced, a vmapped sweep
         jax.vmap(lambda t: model.apply(v, x, tau=t))(jnp.array([0.25, 0.5]))
-    jax.eval_shape(lambda: model.apply(v, x))  # without tau it traces
+    jax.eval_shape(lambda: model.apply(v, x, train=False))  # without tau it traces
 
 
 def test_tau_passed_to_init_of_a_model_without_tau_scaling_raises():

@@ -85,7 +85,7 @@ def test_sum_over_lengths_equals_the_module_jacobian(norm, scan, scaling):
     v = _perturbed(model, x)
 
     def last_block(inp):
-        _, state = model.apply(v, inp[None], mutable=["intermediates"])
+        _, state = model.apply(v, inp[None], train=False, mutable=["intermediates"])
         sown = state["intermediates"]
         out = sown["blocks"]["block"]["block_out"][0][-1] if scan else sown[f"blocks_{k - 1}"]["block_out"][0]
         return out[0]

@@ -82,7 +82,7 @@ def test_option_a_shortcut_is_subsample_plus_zero_channels():
     block = ResNetBlock(features=8, strides=2, shortcut="A", scaling="skipinit")
     x = jnp.abs(jax.random.normal(jax.random.PRNGKey(0), (2, 6, 6, 4)))
     variables = block.init(jax.random.PRNGKey(1), x)
-    out = block.apply(variables, x)
+    out = block.apply(variables, x, train=False)
     assert out.shape == (2, 3, 3, 8)
     np.testing.assert_array_equal(out[..., :4], x[:, ::2, ::2, :])
     np.testing.assert_array_equal(out[..., 4:], 0.0)

@@ -66,7 +66,7 @@ def test_plain_mlp_scan_equals_unrolled(norm):
         vs["batch_stats"] = {"hidden_layers": {"layer": stack([{"norm": v["batch_stats"][f"norm_{k}"]}
                                                                 for k in range(depth)])}}
     with jax.default_matmul_precision("highest"):
-        np.testing.assert_allclose(unrolled.apply(v, X), scanned.apply(vs, X), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(unrolled.apply(v, X, train=False), scanned.apply(vs, X, train=False), rtol=1e-5, atol=1e-5)
         assert scanned.init(jax.random.key(3), X)["params"]["hidden_layers"]["layer"]["hidden"]["kernel"].shape == (depth, 8, 8)
     # the default is unchanged: unrolled, parameters named hidden_0 ...
     assert PlainMLP(width=8, depth=2).scan is False and "hidden_0" in p
