@@ -44,3 +44,48 @@ def test_reference_builds_without_warnings(tmp_path):
 def test_public_api_has_docstrings():
     names = _tool().undocumented("resjax")
     assert not names, f"{len(names)} public object(s) without a docstring of their own:\n  " + "\n  ".join(names)
+
+
+def _public_callables():
+    """(qualified name, function) for every public function of resjax, each public method of its classes and
+    each flax module's ``__call__``, where they are defined."""
+    import importlib
+    import inspect
+
+    import flax.linen as nn
+
+    tool = _tool()
+    for name in tool._module_names("resjax"):
+        module = importlib.import_module(name)
+        public = getattr(module, "__all__", None) or [n for n in vars(module) if not n.startswith("_")]
+        for attr in public:
+            obj = getattr(module, attr, None)
+            if getattr(obj, "__module__", None) != name:
+                continue  # re-exported: checked where it is defined
+            if inspect.isfunction(obj):
+                yield f"{name}.{attr}", obj
+            elif inspect.isclass(obj):
+                for meth_name, meth in vars(obj).items():
+                    wanted = meth_name == "__call__" and issubclass(obj, nn.Module)
+                    if (inspect.isfunction(meth) and meth.__module__ == name  # not flax.struct's replace
+                            and (wanted or not meth_name.startswith("_"))):
+                        yield f"{name}.{attr}.{meth_name}", meth
+
+
+def test_public_functions_and_calls_have_type_hints():
+    """Every parameter (but ``self``/``cls``) and the return of every public function, method and ``__call__``
+    is annotated (issue #15)."""
+    import inspect
+
+    missing, count = [], 0
+    for qualname, fn in _public_callables():
+        count += 1
+        sig = inspect.signature(fn)
+        bare = [p.name for i, p in enumerate(sig.parameters.values())
+                if p.annotation is inspect.Parameter.empty and not (i == 0 and p.name in ("self", "cls"))]
+        if sig.return_annotation is inspect.Signature.empty:
+            bare.append("return")
+        if bare:
+            missing.append(f"{qualname}: {', '.join(bare)}")
+    assert count > 200, count
+    assert not missing, f"{len(missing)} without type hints:\n  " + "\n  ".join(missing)
