@@ -156,22 +156,27 @@ def saved(tmp_path_factory):
     return d, run, history
 
 
-def _largest_data_file(step_dir):
-    return max(glob.glob(os.path.join(step_dir, "state", "**", "d", "*"), recursive=True), key=os.path.getsize)
+def _data_files(step_dir):
+    """Every Orbax (OCDBT) data file of a step. Which file holds which array depends on how the writer split
+    the save, and that varies from run to run: on a loaded machine the largest file was once one that
+    ``restore`` never reads (damaging it changed nothing). So the damage goes into every data file."""
+    files = glob.glob(os.path.join(step_dir, "state", "**", "d", "*"), recursive=True)
+    assert files, step_dir
+    return files
 
 
-def _flip(step_dir):  # 64 flipped bytes in the middle of the largest Orbax data file
-    f = _largest_data_file(step_dir)
-    b = bytearray(open(f, "rb").read())
-    for i in range(len(b) // 2 - 32, len(b) // 2 + 32):
-        b[i] ^= 0xFF
-    open(f, "wb").write(b)
+def _flip(step_dir):  # 64 flipped bytes in the middle of every Orbax data file (all of a shorter one)
+    for f in _data_files(step_dir):
+        b = bytearray(open(f, "rb").read())
+        for i in range(max(0, len(b) // 2 - 32), min(len(b), len(b) // 2 + 32)):
+            b[i] ^= 0xFF
+        open(f, "wb").write(b)
 
 
-def _truncate(step_dir):
-    f = _largest_data_file(step_dir)
-    b = open(f, "rb").read()
-    open(f, "wb").write(b[: len(b) // 2])
+def _truncate(step_dir):  # every data file cut to half its length
+    for f in _data_files(step_dir):
+        b = open(f, "rb").read()
+        open(f, "wb").write(b[: len(b) // 2])
 
 
 def _delete_manifests(step_dir):
