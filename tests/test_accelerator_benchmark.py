@@ -1,0 +1,63 @@
+"""``python -m benchmarks.accelerator --quick`` runs on the CPU and writes a complete, sensible JSON."""
+import json
+import math
+
+import pytest
+
+from benchmarks import accelerator
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory, fast_compiles):
+    out = tmp_path_factory.mktemp("acc") / "acc.json"
+    returned = accelerator.main(["--quick", "--out", str(out)])
+    loaded = json.loads(out.read_text())
+    assert loaded.keys() == returned.keys()
+    return loaded
+
+
+def _positive(x):
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def test_every_section_and_the_device_fields(result):
+    assert {"settings", "device", "matmul", "degradation", "resnets", "correctness", "wall_s"} <= result.keys()
+    d = result["device"]
+    assert d["device_kind"] and d["platform"] and d["device_count"] >= 1 and d["devices"]
+
+
+def test_the_three_peaks_are_positive_and_finite(result):
+    assert set(result["matmul"]) == {"highest", "default", "bfloat16"}
+    assert result["matmul"]["bfloat16"]["dtype"] == "bfloat16"
+    for m in result["matmul"].values():
+        assert _positive(m["peak_gflops"])
+        assert m["peak_gflops"] == max(r["gflops"] for r in m["sizes"].values())
+
+
+def test_throughputs_are_positive(result):
+    g = result["degradation"]
+    assert g["configs"]
+    for r in g["configs"].values():
+        assert _positive(r["examples_per_s"]) and _positive(r["gflops"])
+        assert set(r["fraction_of_peak"]) == {"highest", "default", "bfloat16"}
+        assert all(_positive(f) for f in r["fraction_of_peak"].values())
+    v = g["vmap_vs_sequential"]
+    assert _positive(v["vmapped"]["best_s"]) and _positive(v["sequential"]["best_s"])
+    rn = result["resnets"]
+    assert {(r["seeds"], r["scan"]) for r in rn.values()} == {(1, True), (1, False), (2, True), (2, False)}
+    for r in rn.values():
+        assert _positive(r["images_per_s"]) and _positive(r["compile_s"]) and _positive(r["flops_per_call"])
+        assert r["images"] == r["seeds"] * r["batch_size"]
+        assert 0 < r["fraction_of_peak"] < math.inf
+
+
+def test_the_three_correctness_checks_pass_within_their_tolerances(result):
+    c = result["correctness"]
+    assert set(c) == {"scan_vs_unrolled", "vmapped_sweep_vs_alone", "device_vs_cpu"}
+    for r in c.values():
+        assert r["passed"] is True
+        assert r["rtol"] > 0 and r["atol"] > 0
+        assert 0 <= r["max_abs_diff"] <= r["atol"] + r["rtol"] * 1e6  # finite and recorded
+    # on this CPU-only machine the default device is the CPU: the JSON says so
+    assert c["device_vs_cpu"]["same_device"] is True
+    assert c["device_vs_cpu"]["max_abs_diff"] == 0.0
