@@ -303,7 +303,7 @@ def run(quick: bool) -> dict:
 def main(argv=None) -> dict:
     resjax.use_every_cpu_core()  # on a CPU host every core is a device, as the other benchmarks run
     parser = argparse.ArgumentParser(prog="python -m benchmarks.accelerator", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (a CPU test run, well under a minute)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (the CPU test run: about 5 minutes here, 90 s in the tests)")
     parser.add_argument("--out", default="runs/benchmarks/accelerator.json", help="JSON output (default: %(default)s)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
