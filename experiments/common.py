@@ -190,6 +190,8 @@ def check_counts(config: ml_collections.ConfigDict) -> None:
 def check_out_dir(out_dir) -> None:
     """Create ``out_dir`` and write (then remove) a temporary file in it; ``ValueError`` naming ``out`` else."""
     path = pathlib.Path(out_dir)
+    if not is_main():  # process 0 writes every file of a multi-process run
+        return
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".preflight-"):
@@ -334,10 +336,14 @@ def describe_results(path, module=None) -> str:
 def run_experiment(module, config: ml_collections.ConfigDict, out_dir: pathlib.Path) -> dict:
     """Run ``module`` with ``config``, write ``results.json`` into ``out_dir`` and return its content.
 
-    An existing ``results.json`` there is replaced, and what it held is printed (``describe_results``)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    An existing ``results.json`` there is replaced, and what it held is printed (``describe_results``).
+    With several processes every process runs the experiment and returns the results; process 0 alone
+    writes them (and the figures, ``save_figure``)."""
+    main = is_main()
+    if main:
+        out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "results.json"
-    if path.exists():
+    if path.exists() and main:
         print(f"{module.NAME}: {path} exists and will be replaced when this run ends: "
               f"{describe_results(path, module)}", flush=True)
     start = time.time()
@@ -348,6 +354,8 @@ def run_experiment(module, config: ml_collections.ConfigDict, out_dir: pathlib.P
         "metrics": to_jsonable(metrics),
         "seconds": round(time.time() - start, 2),
     }
+    if not main:
+        return results
     if path.exists():
         print(f"{module.NAME}: replacing {describe_results(path, module)}", flush=True)
     tmp = path.with_name(f".results.{os.getpid()}.tmp")
@@ -367,11 +375,19 @@ def pyplot():
 
 
 def save_figure(fig, path, dpi: int = 110, tight: bool = True) -> None:
-    """Lay out (``tight_layout`` unless ``tight=False``), write and close ``fig``."""
-    if tight:
-        fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
+    """Lay out (``tight_layout`` unless ``tight=False``), write and close ``fig`` (written by process 0 only)."""
+    if is_main():
+        if tight:
+            fig.tight_layout()
+        fig.savefig(path, dpi=dpi)
     pyplot().close(fig)
+
+
+def is_main() -> bool:
+    """Whether this process writes files: always with one process, process 0 of several."""
+    from resjax.train.distributed import is_main_process
+
+    return is_main_process()
 
 
 def start() -> None:
@@ -395,6 +411,7 @@ def main(module, argv=None) -> dict:
         module = sys.modules[module]
     config, out_dir = parse_args(module, argv, check=True)
     results = run_experiment(module, config, out_dir)
-    print(f"{module.NAME}: wrote {out_dir / 'results.json'} and {out_dir / (module.NAME + '.png')} "
+    if is_main():
+        print(f"{module.NAME}: wrote {out_dir / 'results.json'} and {out_dir / (module.NAME + '.png')} "
           f"in {results['seconds']:.1f} s")
     return results

@@ -153,7 +153,8 @@ def main(argv=None) -> pathlib.Path:
     size_name = "quick" if args.quick else "full" if args.full else "default"
     out = pathlib.Path(args.out) if args.out else pathlib.Path("runs")
     suffix = "-quick" if size_name == "quick" and not args.out else ""  # common.default_out's rule
-    out.mkdir(parents=True, exist_ok=True)
+    if common.is_main():  # with several processes, process 0 writes every file
+        out.mkdir(parents=True, exist_ok=True)
 
     start = time.time()
     plan = []  # (module, config, label, missing, folder): every experiment preflighted before the first runs
@@ -193,8 +194,9 @@ def main(argv=None) -> pathlib.Path:
         LEGEND, "",
     ]
     path = out / f"REPORT{suffix}.md"
-    path.write_text("\n".join(header + sections))
-    print(f"reproduce: wrote {path}")
+    if common.is_main():
+        path.write_text("\n".join(header + sections))
+        print(f"reproduce: wrote {path}")
     return path
 
 

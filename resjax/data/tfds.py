@@ -208,16 +208,21 @@ def normalise(images: np.ndarray, mean: Sequence[float], std: Sequence[float]) -
     return ((np.asarray(images, np.float32) / np.float32(255) - mean) / std).astype(np.float32)
 
 
-def random_crop_flip(images: np.ndarray, rng: np.random.Generator, padding: int = CIFAR_PADDING) -> np.ndarray:
+def random_crop_flip(images: np.ndarray, rng: np.random.Generator, padding: int = CIFAR_PADDING, *,
+                     batch_length: int | None = None, rows: slice | None = None) -> np.ndarray:
     """Random ``H x W`` windows of ``images`` ``[B, H, W, C]`` zero-padded by ``padding`` on each side, each
     flipped left-right with probability 1/2; vectorised over the batch. Draws ``B`` row offsets, ``B`` column
-    offsets (uniform on ``0..2*padding``) and ``B`` flips from ``rng``, in that order."""
+    offsets (uniform on ``0..2*padding``) and ``B`` flips from ``rng``, in that order. When ``images`` are
+    rows ``rows`` of a batch of ``batch_length``, the draws are made for the whole batch and those rows'
+    used, so a block is augmented exactly as inside the whole batch."""
     images = np.asarray(images)
     b, h, w, _ = images.shape
+    n = b if batch_length is None else batch_length
+    rows = slice(0, b) if rows is None else rows
     padded = np.pad(images, ((0, 0), (padding, padding), (padding, padding), (0, 0)))
-    dy = rng.integers(0, 2 * padding + 1, size=b)
-    dx = rng.integers(0, 2 * padding + 1, size=b)
-    flip = rng.random(b) < 0.5
+    dy = rng.integers(0, 2 * padding + 1, size=n)[rows]
+    dx = rng.integers(0, 2 * padding + 1, size=n)[rows]
+    flip = (rng.random(n) < 0.5)[rows]
     rows = dy[:, None] + np.arange(h)  # [B, H]
     cols = dx[:, None] + np.arange(w)  # [B, W]
     cols = np.where(flip[:, None], cols[:, ::-1], cols)
@@ -354,23 +359,29 @@ class ImageSource:
         return np.random.default_rng([seed, epoch, 0]).permutation(self.num_examples)
 
     def preprocess(self, images: Sequence[np.ndarray] | np.ndarray, rng: np.random.Generator | None,
-                   augment: bool) -> np.ndarray:
-        """Stored uint8 images -> normalised float32 ``[B, *image_shape]`` (augmented when ``augment``)."""
+                   augment: bool, rows: slice | None = None, batch_length: int | None = None) -> np.ndarray:
+        """Stored uint8 images -> normalised float32 ``[B, *image_shape]`` (augmented when ``augment``).
+
+        ``rows``/``batch_length``: the images are rows ``rows`` of a batch of ``batch_length`` (one process's
+        block); the augmentation is then exactly what those rows get when the whole batch is preprocessed."""
         kind = self.spec.augmentation
+        rows = slice(0, len(images)) if rows is None else rows
         if kind == "inception":
             size = self.image_shape[0]
-            if augment:
+            if augment:  # one generator per example (spawned from rng), so a block's crops need no other rows
+                gens = rng.spawn(batch_length if batch_length is not None else len(images))[rows]
                 out = []
-                for image in images:
-                    crop = random_resized_crop(np.asarray(image), rng, size)
-                    out.append(crop[:, ::-1] if rng.random() < 0.5 else crop)
-                batch = np.stack(out)
+                for image, g in zip(images, gens):
+                    crop = random_resized_crop(np.asarray(image), g, size)
+                    out.append(crop[:, ::-1] if g.random() < 0.5 else crop)
+                batch = np.stack(out) if out else np.zeros((0, size, size, self.image_shape[2]), np.uint8)
             else:
-                batch = np.stack([centre_crop(np.asarray(image), size) for image in images])
+                batch = np.stack([centre_crop(np.asarray(image), size) for image in images]) if len(images) else \
+                    np.zeros((0, *self.image_shape), np.uint8)
         else:
             batch = np.stack(images) if isinstance(images, (list, tuple)) else np.asarray(images)
             if augment and kind == "crop_flip":
-                batch = random_crop_flip(batch, rng)
+                batch = random_crop_flip(batch, rng, batch_length=batch_length, rows=rows)
         if batch.shape[1:] != self.image_shape:
             raise ValueError(f"{self.name}: images of shape {batch.shape[1:]}, want {self.image_shape}")
         return normalise(batch, self.spec.mean, self.spec.std)
@@ -387,7 +398,8 @@ class ImageSource:
                              f"({value}); refusing to train on it")
 
     def epoch(self, epoch: int, batch_size: int, *, seed: int = 0, shuffle: bool = True, augment: bool = False,
-              drop_remainder: bool = True, start_batch: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+              drop_remainder: bool = True, start_batch: int = 0,
+              part: tuple[int, int] | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Iterator over (images float32 [B,H,W,C] normalised, labels int32 [B]).
 
         Deterministic: a pure function of (seed, epoch) -- the order is
@@ -397,8 +409,21 @@ class ImageSource:
         yielding exactly the rest of the full epoch. ``shuffle=False`` gives the split in order
         (evaluation); ``drop_remainder=False`` yields a final short batch. A batch with a NaN or infinite
         value (after normalisation) raises ``ValueError`` naming the split, epoch, batch and example.
+
+        ``part=(i, P)``: only process ``i``'s block of every batch, rows ``[i * B/P, (i+1) * B/P)`` (``B`` =
+        ``batch_size``, which ``P`` must divide; a final short batch gives the rows of the block it has,
+        perhaps none). Only those examples are read, and they are augmented exactly as in the whole batch,
+        so the blocks of ``P`` processes put together are the batch one process reads.
         """
         n_batches = self.num_batches(batch_size, drop_remainder)
+        block = slice(0, batch_size)
+        if part is not None:
+            index, count = part
+            if not (isinstance(count, (int, np.integer)) and count >= 1 and 0 <= index < count) or batch_size % count:
+                raise ValueError(f"part: want (index, count) with 0 <= index < count and count dividing "
+                                 f"batch_size={batch_size}, got {part!r}")
+            size = batch_size // count
+            block = slice(index * size, (index + 1) * size)
         if n_batches == 0:
             raise ValueError(f"batch_size: {batch_size} exceeds the {self.num_examples} examples of "
                              f"{self.name}/{self.split}, so an epoch with drop_remainder has no batch")
@@ -407,10 +432,15 @@ class ImageSource:
 
         def batches():
             for b in range(start_batch, n_batches):
-                indices = order[b * batch_size:(b + 1) * batch_size]
+                whole = order[b * batch_size:(b + 1) * batch_size]
+                rows = slice(*block.indices(len(whole)))
+                indices = whole[rows]
+                if not len(indices):  # this process's block lies past the end of a short final batch
+                    yield np.zeros((0, *self.image_shape), np.float32), np.zeros(0, np.int32)
+                    continue
                 images, labels = self.read(indices)
                 rng = np.random.default_rng([seed, epoch, 1, b]) if augment else None
-                batch = self.preprocess(images, rng, augment)
+                batch = self.preprocess(images, rng, augment, rows=rows, batch_length=len(whole))
                 self.check_finite(batch, indices, epoch, b)
                 yield batch, labels
 

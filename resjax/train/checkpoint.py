@@ -13,15 +13,17 @@ Layout of a checkpoint directory (``orbax.checkpoint.CheckpointManager``, one fo
 ``<step>`` is a number that grows with the run; the trainers use the number of training steps (batches)
 done. Saving is synchronous (no background thread, so the next jitted step may donate the buffers just
 written) and keeps the newest ``keep`` checkpoints. Typed PRNG keys are stored as their key data and
-wrapped again on restore (the template says which leaves are keys). With several hosts every process
-calls ``save``/``restore``; Orbax writes once.
+wrapped again on restore (the template says which leaves are keys). With several processes every process
+calls ``save``/``restore`` at the same point: Orbax writes every array once and the JSON from process 0;
+a checkpoint written by several processes restores in any number of them (the template's sharding says
+where the arrays go).
 
 Integrity. Orbax 0.12 writes no checksums of its own (TensorStore's OCDBT format has none for the array
 data, and a flipped byte in a data file can decode into wrong numbers without an error), so ``save``
 records a SHA-256 of every array's bytes as saved, and ``restore``/``meta`` recompute them. Any failure
 to read a step (a missing or truncated file, a manifest deleted, an empty step folder, a checksum that
-differs) is a ``CheckpointError`` naming the directory, the step and what is wrong. Arrays that are not
-fully addressable from this process (sharded over several hosts) are recorded as unchecked.
+differs) is a ``CheckpointError`` naming the directory, the step and what is wrong. Arrays sharded over
+several processes are gathered to compute their checksums.
 
     ckpt = Checkpoints(directory)       # or the one-shot helpers below
     ckpt.save(step, state, meta={...})
@@ -40,6 +42,8 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+from resjax.train.distributed import barrier, is_main_process, to_host
 
 if TYPE_CHECKING:
     import flax.linen as nn
@@ -89,13 +93,12 @@ def _sha256(x: np.ndarray) -> str:
 
 
 def array_checksums(tree: Any) -> dict:
-    """``{path: {"sha256", "shape", "dtype"}}`` for every array of the savable form of ``tree``
-    (``"sha256": None`` for an array this process cannot see whole)."""
+    """``{path: {"sha256", "shape", "dtype"}}`` for every array of the savable form of ``tree``. An array
+    sharded over several processes is gathered first (``distributed.to_host``), so with several processes
+    every one must call this at the same point; all of them get the same checksums."""
     out = {}
     for path, x in jax.tree_util.tree_flatten_with_path(_to_savable(tree))[0]:
-        whole = not isinstance(x, jax.Array) or x.is_fully_addressable
-        a = np.asarray(jax.device_get(x)) if whole else None
-        out[jax.tree_util.keystr(path)] = {"sha256": _sha256(a) if whole else None,
+        out[jax.tree_util.keystr(path)] = {"sha256": _sha256(np.asarray(to_host(x))),
                                            "shape": list(np.shape(x)), "dtype": str(x.dtype)}
     return out
 
@@ -202,8 +205,10 @@ class Checkpoints:
         n = 1
         while os.path.exists(target):
             target, n = os.path.join(self.directory, "damaged", f"{step}-{n}"), n + 1
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        shutil.move(os.path.join(self.directory, str(step)), target)
+        if is_main_process():  # one process moves it; the others wait until it is gone
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.move(os.path.join(self.directory, str(step)), target)
+        barrier(f"resjax_set_aside_{step}")
         self._manager.reload()
         return target
 

@@ -47,6 +47,7 @@ from jax.typing import ArrayLike
 
 from resjax.train.checkpoint import CheckpointError, Checkpoints, _json, describe_model
 from resjax.train.config import check_train_config, is_int
+from resjax.train.distributed import to_host
 from resjax.train.schedules import make_schedule
 from resjax.train.state import RunState, TrainState, guarded_step
 
@@ -196,7 +197,7 @@ class Core:
 
     def history(self, run: RunState) -> dict:
         """The run's history so far as numpy arrays (see the module docstring)."""
-        epoch, hist, diverged, step = jax.device_get((run.epoch, run.history, run.diverged_epoch, run.state.step))
+        epoch, hist, diverged, step = to_host((run.epoch, run.history, run.diverged_epoch, run.state.step))
         done = int(np.max(epoch))
         out = {name: np.asarray(v)[..., :done] for name, v in hist.items()}
         err = out["test_error"]
@@ -238,7 +239,7 @@ class Core:
         step is good the problems are raised together (``CheckpointError``) and nothing is moved. A good checkpoint made by other settings, another model or other seeds raises ``ValueError``
         naming what differs (it is not this run's, so no older step is tried)."""
         damaged = []
-        ours = (int(np.max(jax.device_get(run.epoch))), 0)
+        ours = (int(np.max(to_host(run.epoch))), 0)
         for step in ckpt.steps():
             try:
                 meta = ckpt.meta(step)
@@ -251,9 +252,8 @@ class Core:
                 print(f"resjax: {e}; trying the next older step", file=sys.stderr, flush=True)
                 damaged.append(e)
                 continue
-            same = (np.array_equal(jax.device_get(restored.data_seed), jax.device_get(run.data_seed))
-                    and np.array_equal(jax.device_get(jax.random.key_data(restored.key)),
-                                       jax.device_get(jax.random.key_data(run.key))))
+            same = (np.array_equal(to_host(restored.data_seed), to_host(run.data_seed))
+                    and np.array_equal(to_host(jax.random.key_data(restored.key)), to_host(jax.random.key_data(run.key))))
             if not same:
                 raise ValueError(f"checkpoint_dir: {ckpt.directory}, step {step}: made from other seeds; "
                                  "use another directory, or resume=False with an empty one")
@@ -278,7 +278,7 @@ class Core:
         epoch's ``partial`` per-batch metrics so far). Returns the step number written."""
         step = self.checkpoint_step(done, batch)
         meta = {"epoch": done, "batch": batch, "num_seeds": num_seeds,
-                "data_seeds": np.asarray(jax.device_get(run.data_seed)), "config": config_dict(self.config),
+                "data_seeds": to_host(run.data_seed), "config": config_dict(self.config),
                 "model": describe_model(self.model), "history": self.history(run)}
         if partial is not None:
             meta["partial"] = partial

@@ -6,28 +6,34 @@ inputs XLA (GSPMD) computes every reduction over the batch -- the loss mean, Bat
 variance -- over the GLOBAL batch, inserting the cross-device sums itself; no ``axis_name`` and no
 ``pmean`` appear anywhere, so the seed axis can never be pooled by accident.
 
-Several hosts (processes): call ``initialize_if_needed()`` first thing in the entry point. Every process
-then builds the same mesh over all devices (``jax.devices()`` is ordered process by process, so process
-``p`` owns the contiguous block ``[p * B/P, (p+1) * B/P)`` of each global batch of ``B`` examples) and
-passes only its block to ``global_batch``, which assembles the global ``jax.Array`` with
-``jax.make_array_from_process_local_data``. The image trainer iterates the same deterministic epoch on
-every host and keeps its block (``host_block``). Only the single-host path (one process, one or more
-devices) is tested in this repository; the multi-host path follows JAX's documented recipe but has not
-been run here.
+Several hosts (processes): call ``initialize_if_needed()`` first thing in the entry point (the experiment
+entry points do; ``resjax.launch`` starts several local processes with the environment it reads). Every
+process then builds the same mesh over all devices (``jax.devices()`` is ordered process by process, so
+process ``p`` owns the contiguous block ``[p * B/P, (p+1) * B/P)`` of each global batch of ``B`` examples:
+``process_block``) and passes only its block to ``global_batch``, which assembles the global ``jax.Array``
+with ``jax.make_array_from_process_local_data``. The image trainer asks its source for that block only
+(``ImageSource.epoch(..., part=process_part())``), so no process reads another's examples. A seed sweep
+shards its seed axis over all devices of all processes. Values the host needs (histories, checkpoint
+checksums) come back through ``to_host``, which gathers a sharded array from every process; every
+process must therefore run the same sequence of programs. Files (results, figures, checkpoint metadata)
+are written by process 0 only (``is_main_process``); Orbax writes each checkpoint once, every process
+taking part. ``tests/test_multiprocess.py`` runs all of this with 2 local CPU processes (gloo collectives).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["DATA_AXIS", "batch_sharding", "data_size", "global_batch", "host_block", "initialize_if_needed",
-           "make_data_mesh", "replicated"]
+__all__ = ["DATA_AXIS", "barrier", "batch_sharding", "data_size", "global_batch", "host_block",
+           "initialize_if_needed", "is_main_process", "make_data_mesh", "process_block", "process_part", "replicated",
+           "to_host"]
 
 #: The name of the mesh's one axis, over which the example axis of a batch is sharded.
 DATA_AXIS = "data"
@@ -41,6 +47,12 @@ def initialize_if_needed() -> bool:
     ``1``/``true`` (JAX detects SLURM, Open MPI or a Cloud TPU pod by itself). Otherwise, and when JAX's
     distributed runtime is already up, it does nothing. Returns whether it initialised. Must run before
     any other JAX call that touches devices.
+
+    CPU processes exchange data through gloo (``jax_cpu_collectives_implementation``, unless already set).
+    A process that dies is noticed through the coordination service's heartbeats: after
+    ``RESJAX_HEARTBEAT_TIMEOUT`` seconds without one (default 100, JAX's) every other process is stopped
+    with an error instead of waiting for it forever; ``RESJAX_INIT_TIMEOUT`` (default 300) bounds the wait
+    for all processes to join at start-up.
     """
     flag = os.environ.get("RESJAX_DISTRIBUTED", "").strip().lower() in ("1", "true", "yes")
     address = os.environ.get("JAX_COORDINATOR_ADDRESS")
@@ -48,7 +60,10 @@ def initialize_if_needed() -> bool:
         return False
     if jax.distributed.is_initialized():
         return False
-    kwargs = {}
+    if jax.config.jax_cpu_collectives_implementation in (None, "", "none"):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    kwargs = {"heartbeat_timeout_seconds": _env_seconds("RESJAX_HEARTBEAT_TIMEOUT", 100),
+              "initialization_timeout": _env_seconds("RESJAX_INIT_TIMEOUT", 300)}
     if address:
         kwargs["coordinator_address"] = address
         for env, name in (("JAX_NUM_PROCESSES", "num_processes"), ("JAX_PROCESS_ID", "process_id")):
@@ -56,6 +71,47 @@ def initialize_if_needed() -> bool:
                 kwargs[name] = int(os.environ[env])
     jax.distributed.initialize(**kwargs)
     return True
+
+
+def _env_seconds(name: str, default: int) -> int:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{name}: want a whole number of seconds >= 1, got {text!r}")
+    return value
+
+
+def is_main_process() -> bool:
+    """Whether this is process 0, the one that writes results, figures, reports and checkpoint metadata."""
+    return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+    """Wait until every process reaches the barrier ``name`` (nothing to wait for with one process)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def to_host(tree: Any) -> Any:
+    """Every array of ``tree`` as numpy, on every process: arrays sharded over several processes are
+    gathered (a collective, so every process must call it at the same point), replicated and local ones
+    are read directly. PRNG key arrays are returned as they are (``jax.random.key_data`` them first)."""
+    def one(x):
+        if not isinstance(x, jax.Array) or jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            return x
+        if x.is_fully_addressable or x.is_fully_replicated:
+            return np.asarray(x)
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return jax.tree_util.tree_map(one, tree)
 
 
 def make_data_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -82,13 +138,26 @@ def batch_sharding(mesh: Mesh, seed_axis: bool) -> NamedSharding:
     return NamedSharding(mesh, P(None, DATA_AXIS) if seed_axis else P(DATA_AXIS))
 
 
+def process_part() -> tuple[int, int]:
+    """``(process_index, process_count)``: which block of every global batch this process owns."""
+    return jax.process_index(), jax.process_count()
+
+
+def process_block(batch_size: int, part: tuple[int, int] | None = None) -> slice:
+    """The rows of a global batch of ``batch_size`` that process ``part[0]`` of ``part[1]`` owns (default:
+    this process): the contiguous block ``[i * B/P, (i+1) * B/P)``. ``batch_size`` must divide evenly."""
+    index, count = process_part() if part is None else part
+    if batch_size % count:
+        raise ValueError(f"batch_size: {batch_size} does not split evenly over {count} processes")
+    size = batch_size // count
+    return slice(index * size, (index + 1) * size)
+
+
 def host_block(x: np.ndarray, axis: int) -> np.ndarray:
     """This process's contiguous block of a global batch along ``axis`` (all of it on one host)."""
-    count, index = jax.process_count(), jax.process_index()
-    if count == 1:
+    if jax.process_count() == 1:
         return x
-    size = x.shape[axis] // count
-    return np.take(x, np.arange(index * size, (index + 1) * size), axis=axis)
+    return np.take(x, np.arange(x.shape[axis])[process_block(x.shape[axis])], axis=axis)
 
 
 def global_batch(local: np.ndarray, sharding: NamedSharding, global_shape: Sequence[int]) -> jax.Array:

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -61,7 +62,7 @@ from jax.sharding import Mesh
 from resjax.train import distributed
 from resjax.train.config import SEED_AXIS_MODES, image_train_config, is_int
 from resjax.train.core import Core, check_run_config, progress_bar, seed_handles
-from resjax.train.distributed import make_data_mesh
+from resjax.train.distributed import make_data_mesh, to_host
 from resjax.train.optim import make_optimizer
 from resjax.train.preemption import StopSignals
 from resjax.train.state import RunState
@@ -157,14 +158,17 @@ class ImageTrainer(Core):
         fn = self._compiled("eval", _seeded(state))
         loss_sum = wrong = 0.0
         count = 0
-        for images, labels in source.epoch(0, batch_size, seed=0, shuffle=False, augment=False, drop_remainder=False):
+        rows = distributed.process_block(batch_size) if self.mesh is not None else slice(0, batch_size)
+        size = rows.stop - rows.start
+        kw = {"seed": 0, "shuffle": False, "augment": False, "drop_remainder": False}
+        for b, (images, labels) in enumerate(_blocks(source, 0, batch_size, kw, self.mesh is not None)):
             images, labels = np.asarray(images, np.float32), np.asarray(labels, np.int32)
-            n = len(labels)
-            mask = np.arange(batch_size) < n
-            if n < batch_size:
-                images = np.concatenate([images, np.zeros((batch_size - n, *images.shape[1:]), np.float32)])
-                labels = np.concatenate([labels, np.zeros(batch_size - n, np.int32)])
-            l, c = fn(state, *(self._place(a, seeded=False) for a in (images, labels, mask)))
+            n = min(batch_size, source.num_examples - b * batch_size)  # examples in the whole (global) batch
+            mask = np.arange(rows.start, rows.stop) < n
+            if len(labels) < size:  # pad to the block's size; the padding is masked out
+                images = np.concatenate([images, np.zeros((size - len(labels), *self.example_shape), np.float32)])
+                labels = np.concatenate([labels, np.zeros(size - len(labels), np.int32)])
+            l, c = fn(state, *(self._place(a, False, batch_size) for a in (images, labels, mask)))
             loss_sum, wrong, count = loss_sum + l, wrong + c, count + n
         if count == 0:
             raise ValueError("source: the evaluation source yielded no examples")
@@ -192,19 +196,20 @@ class ImageTrainer(Core):
         num_seeds = int(run.epoch.shape[0]) if seeded else None
         ckpt, run, meta = self.open_checkpoints(checkpoint_dir, run, num_seeds, resume)
         skip, partial = (int(meta.get("batch", 0)), meta.get("partial")) if meta else (0, None)
-        data_seeds = np.atleast_1d(np.asarray(jax.device_get(run.data_seed))).tolist()
-        done = int(np.max(jax.device_get(run.epoch)))
+        data_seeds = np.atleast_1d(to_host(run.data_seed)).tolist()
+        done = int(np.max(to_host(run.epoch)))
         every = self.config.train.get("checkpoint_every", 0)
         bar = progress_bar(epochs, done, progress)
         end_epoch, lr = self._compiled("end_epoch", seeded), self._compiled("lr", seeded)
         try:
             with StopSignals(enabled=ckpt is not None) as stop:
-                while done < epochs and not np.all(np.asarray(jax.device_get(run.diverged_epoch)) >= 0):
+                while done < epochs and not np.all(to_host(run.diverged_epoch) >= 0):
                     losses, errors = _unpack_partial(partial) if skip else ([], [])
                     for i, (images, labels) in enumerate(self._batches(done, data_seeds, seeded)):
                         if i < skip:  # resumed inside this epoch: these minibatches were trained on
                             continue
-                        run, (loss, error) = self.step(run, self._place(images, seeded), self._place(labels, seeded))
+                        b = self.config.train.batch_size
+                        run, (loss, error) = self.step(run, self._place(images, seeded, b), self._place(labels, seeded, b))
                         losses.append(loss)
                         errors.append(error)
                         if stop.requested and i + 1 < self.steps_per_epoch:  # at the last one, finish the epoch
@@ -223,7 +228,7 @@ class ImageTrainer(Core):
                     if ckpt is not None and every and done % every == 0:
                         self.save(ckpt, run, done, num_seeds)
                     if bar is not None:
-                        summary = {k: np.asarray(jax.device_get(v)) for k, v in metrics.items()}
+                        summary = to_host(metrics)
                         summary.setdefault("test_error", np.full(np.shape(summary["train_loss"]), np.nan))
                         bar.update(done, done - 1, summary)
                     if stop.requested:  # saving an epoch already saved above does nothing
@@ -239,16 +244,28 @@ class ImageTrainer(Core):
         return run, self.history(run)
 
     def _batches(self, epoch: int, data_seeds: list, seeded: bool):
+        """The epoch's batches; with a mesh, this process's block of each (see ``_blocks``)."""
         kw = {"shuffle": bool(self.config.train.get("shuffle", True)), "augment": bool(self.config.train.get("augment", False)),
               "drop_remainder": True}
-        b, src = self.config.train.batch_size, self.train_source
+        b, src, sharded = self.config.train.batch_size, self.train_source, self.mesh is not None
         if not seeded:
-            yield from src.epoch(epoch, b, seed=int(data_seeds[0]), **kw)
+            yield from _blocks(src, epoch, b, {**kw, "seed": int(data_seeds[0])}, sharded)
             return
         if not hasattr(src, "stacked_epoch"):  # one loader per seed, stacked here
-            for batch in zip(*(src.epoch(epoch, b, seed=int(s), **kw) for s in data_seeds)):
+            for batch in zip(*(_blocks(src, epoch, b, {**kw, "seed": int(s)}, sharded) for s in data_seeds)):
                 yield np.stack([x for x, _ in batch]), np.stack([y for _, y in batch])
             return
+        cut = sharded and jax.process_count() > 1
+        if cut and _takes_part(src):
+            kw["part"], cut = distributed.process_part(), False
+        for images, labels in self._stacked(src, epoch, b, data_seeds, kw):
+            if cut:  # a source that cannot read one block: cut this process's block from the whole batch
+                rows = distributed.process_block(b)
+                images, labels = images[:, rows], labels[:, rows]
+            yield images, labels
+
+    @staticmethod
+    def _stacked(src, epoch: int, b: int, data_seeds: list, kw: dict):
         out = src.stacked_epoch(epoch, b, [int(s) for s in data_seeds], **kw)
         if isinstance(out, tuple) and len(out) == 2 and np.ndim(out[0]) in (5, 6):  # the whole epoch at once
             images, labels = np.asarray(out[0]), np.asarray(out[1])
@@ -261,20 +278,41 @@ class ImageTrainer(Core):
             return
         yield from out
 
-    def _place(self, x, seeded: bool):
-        """A host batch as a device array: sharded over the mesh's 'data' axis (example axis), else plain."""
+    def _place(self, x, seeded: bool, batch_size: int):
+        """A host batch as a device array: without a mesh the whole batch as it is; with one, ``x`` is this
+        process's block and the global batch of ``batch_size`` examples is sharded over the mesh's 'data'
+        axis (example axis)."""
         x = np.asarray(x)
         if self.mesh is None:
             return jnp.asarray(x)
-        sharding = distributed.batch_sharding(self.mesh, seeded)
-        return distributed.global_batch(distributed.host_block(x, 1 if seeded else 0), sharding, x.shape)
+        axis = 1 if seeded else 0
+        shape = (*x.shape[:axis], batch_size, *x.shape[axis + 1:])
+        return distributed.global_batch(x, distributed.batch_sharding(self.mesh, seeded), shape)
 
 
+def _blocks(source: Any, epoch: int, batch_size: int, kw: dict, sharded: bool):
+    """``source.epoch(epoch, batch_size, **kw)``; when ``sharded`` over several processes, this process's
+    block of each batch only: read alone when the source takes ``part`` (``ImageSource`` does), else cut
+    from the whole batch (``distributed.process_block``)."""
+    if not sharded or jax.process_count() == 1:
+        yield from source.epoch(epoch, batch_size, **kw)
+    elif _takes_part(source):
+        yield from source.epoch(epoch, batch_size, part=distributed.process_part(), **kw)
+    else:
+        rows = distributed.process_block(batch_size)
+        for images, labels in source.epoch(epoch, batch_size, **kw):
+            yield images[rows], labels[rows]
+
+
+
+def _takes_part(source: Any) -> bool:
+    """Whether ``source.epoch`` can read one process's block alone (a ``part`` argument)."""
+    return "part" in inspect.signature(source.epoch).parameters
 
 
 def _pack_partial(losses: list, errors: list) -> dict:
     """The epoch's per-minibatch metrics so far, for a checkpoint taken inside an epoch (exact float32 values)."""
-    return {name: np.asarray(jax.device_get(jnp.stack(v)), np.float32) for name, v in (("losses", losses), ("errors", errors))}
+    return {name: np.asarray(to_host(jnp.stack(v)), np.float32) for name, v in (("losses", losses), ("errors", errors))}
 
 
 def _unpack_partial(partial: dict) -> tuple[list, list]:

@@ -48,6 +48,7 @@ import numpy as np
 from resjax.data import Dataset, check_finite, load_dataset
 from resjax.nn import build_model
 from resjax.train.core import Core, check_run_config, divergence, progress_bar, seed_handles
+from resjax.train.distributed import to_host
 from resjax.train.optim import make_optimizer
 from resjax.train.preemption import StopSignals
 from resjax.train.state import RunState
@@ -150,7 +151,7 @@ class Trainer(Core):
         every = self.config.train.get("checkpoint_every", 0) if checkpoint_dir is not None else 0
         run = self._init_fn(keys, hp)
         ckpt, run, _ = self.open_checkpoints(checkpoint_dir, run, num + pad, resume)
-        done = int(np.max(jax.device_get(run.epoch)))
+        done = int(np.max(to_host(run.epoch)))
         records, bar = [], progress_bar(epochs, done, progress)
         if (self.step_hook or self.epoch_hook) and done:
             raise ValueError(f"checkpoint_dir: {checkpoint_dir} holds a run {done} epochs in; the hooks' records "
@@ -160,7 +161,7 @@ class Trainer(Core):
                 while done < epochs:
                     n = min(chunk, epochs - done, every - done % every if every else epochs)
                     run, rec = self._chunk_fn(n)(run, hp)
-                    records.append(jax.device_get(rec))
+                    records.append(to_host(rec))
                     last, done = done, done + n
                     if ckpt is not None and (done == epochs or (every and done % every == 0)):
                         self.save(ckpt, run, done, num + pad)
@@ -197,7 +198,8 @@ class Trainer(Core):
 
 
 def shard_over_seeds(tree: Any) -> Any:
-    """Place arrays whose leading axis is the seed axis across all devices (replicated on one device).
+    """Place arrays whose leading axis is the seed axis across all devices, of every process (replicated on
+    one device).
 
     Only when the number of seeds divides evenly over the devices; otherwise the tree is returned as is.
     """
@@ -207,7 +209,15 @@ def shard_over_seeds(tree: Any) -> Any:
         return tree
     mesh = jax.sharding.Mesh(np.asarray(devices), ("seeds",))
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("seeds"))
-    return jax.device_put(tree, sharding)
+    if jax.process_count() == 1:
+        return jax.device_put(tree, sharding)
+
+    def place(a):  # several processes: each places its own seeds' rows (every process holds the whole tree)
+        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            return jax.random.wrap_key_data(place(jax.random.key_data(a)), impl=jax.random.key_impl(a))
+        host = np.asarray(a)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+    return jax.tree_util.tree_map(place, tree)
 
 
 def make_train(config: ml_collections.ConfigDict, data: Dataset | None = None, *, model: nn.Module | None = None,
