@@ -1,0 +1,193 @@
+"""Several JAX processes on this machine (gloo collectives), started by ``resjax.launch``.
+
+Two processes against one (``tests/multiprocess_worker.py`` does the training; see its stages): a seed
+sweep sharded across processes, data-parallel image training with BatchNorm's global-batch statistics,
+a checkpoint written by two processes resumed in two and in one, each process reading only its own block
+of every batch, a process that dies, and an experiment whose files process 0 alone writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from resjax import launch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "multiprocess_worker.py")
+TOL = 1e-5  # the issue's bound; on this CPU two processes have given bit-identical numbers
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COORDINATOR", "JAX_NUM_PROC", "JAX_PROCESS"))}
+    env.pop("XLA_FLAGS", None)  # each process sets its own device count
+    env.update(PYTHONPATH=ROOT, **extra)
+    return env
+
+
+def _run(args, env, timeout=600):
+    done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return done.returncode, done.stdout + done.stderr
+
+
+def _two(stage, out, timeout=600, **env):
+    """``stage`` in 2 processes (1 CPU device each) through the launcher."""
+    return _run([sys.executable, "-m", "resjax.launch", "--processes", "2", "--heartbeat", "10", "--",
+                 sys.executable, WORKER, stage, out], _env(RESJAX_CPU_DEVICES="1", **env), timeout)
+
+
+def _one(stage, out, **env):
+    """``stage`` in 1 process with 2 CPU devices: the same mesh size as the two processes."""
+    return _run([sys.executable, WORKER, stage, out], _env(RESJAX_CPU_DEVICES="2", **env))
+
+
+def _load(path):
+    with np.load(path) as f:
+        return {k: f[k] for k in f.files}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    two, one = str(tmp_path_factory.mktemp("two")), str(tmp_path_factory.mktemp("one"))
+    rc, log = _two("first", two)
+    assert rc == 0, log[-4000:]
+    for copy in ("ckpt_for_two", "ckpt_for_one"):
+        shutil.copytree(os.path.join(two, "ckpt"), os.path.join(two, copy))
+    rc, log = _one("first", one)
+    assert rc == 0, log[-4000:]
+    rc, log = _one("whole", one)
+    assert rc == 0, log[-4000:]
+    rc, log = _one("resume", two, RESUME_DIR="ckpt_for_one")
+    assert rc == 0, log[-4000:]
+    os.replace(os.path.join(two, "resume-0.npz"), os.path.join(two, "resumed_in_one.npz"))
+    rc, log = _two("resume", two, RESUME_DIR="ckpt_for_two")
+    assert rc == 0, log[-4000:]
+    return {"two": [_load(os.path.join(two, f"first-{i}.npz")) for i in (0, 1)],
+            "one": _load(os.path.join(one, "first-0.npz")), "whole": _load(os.path.join(one, "whole-0.npz")),
+            "resumed_two": [_load(os.path.join(two, f"resume-{i}.npz")) for i in (0, 1)],
+            "resumed_one": _load(os.path.join(two, "resumed_in_one.npz"))}
+
+
+def _assert_close(got, want, prefix):
+    names = [k for k in want if k.startswith(prefix) and not k.endswith("train_error")]  # host feeder: NaN
+    assert names
+    for k in names:
+        np.testing.assert_allclose(got[k], want[k], rtol=TOL, atol=TOL, err_msg=k)
+
+
+def test_two_processes_really_ran(runs):
+    for r in runs["two"]:
+        assert int(r["process_count"]) == 2 and int(r["device_count"]) == 2
+    assert int(runs["one"]["process_count"]) == 1 and int(runs["one"]["device_count"]) == 2
+
+
+def test_seed_sweep_across_processes_equals_one_process(runs):
+    p0, p1 = runs["two"]
+    assert p0["sweep_test_error"].shape == (4, 2)  # 4 seeds x 2 epochs: every seed's curve on every process
+    _assert_close(p0, runs["one"], "sweep_")
+    _assert_close(p1, runs["one"], "sweep_")
+
+
+def test_data_parallel_image_training_equals_one_process(runs):
+    """Params, BatchNorm running statistics (made from global-batch statistics) and every curve."""
+    p0, p1 = runs["two"]
+    assert any("BatchNorm_0']['mean" in k for k in p0)
+    _assert_close(p0, runs["one"], "image_")
+    _assert_close(p1, runs["one"], "image_")
+
+
+def test_checkpoint_of_two_processes_resumes_in_two_and_in_one(runs):
+    """Stopped after 2 of 3 epochs by two processes, resumed to the end: equal to the unbroken run."""
+    whole = runs["whole"]
+    assert whole["image_test_error"].shape == (3,)
+    for resumed in (*runs["resumed_two"], runs["resumed_one"]):
+        _assert_close(resumed, whole, "image_")
+
+
+def test_each_process_reads_only_its_block(runs):
+    """The training source's reads: process i read rows [8i, 8i+8) of every batch of 16 of the epoch's
+    order, nothing else; the test source's (12 per batch, 16 examples): rows [6i, 6i+6) of each batch."""
+    from tests.multiprocess_worker import BATCH, sources
+
+    train, test = sources()
+    for i, r in enumerate(runs["two"]):
+        order = np.concatenate([train.order(e, seed=0) for e in range(2)])  # fit(0): data seed 0
+        want = [order[b * BATCH:(b + 1) * BATCH][8 * i:8 * i + 8] for b in range(2 * (64 // BATCH))]
+        assert list(r["train_reads_sizes"]) == [8] * len(want)
+        np.testing.assert_array_equal(r["train_reads"], np.concatenate(want))
+        test_want = [np.arange(16)[0:12][6 * i:6 * i + 6], np.arange(16)[12:16][6 * i:6 * i + 6]] * 2
+        test_want = [w for w in test_want if len(w)]
+        np.testing.assert_array_equal(r["test_reads"], np.concatenate(test_want))
+    assert not set(runs["two"][0]["train_reads"][:8]) & set(runs["two"][1]["train_reads"][:8])
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_dying_process_stops_the_others(tmp_path, victim):
+    """Process ``victim`` exits in the middle of training (process 0 runs the coordination service); the
+    other must stop with an error by itself within the heartbeat timeout (10 s) plus slack, not hang. The
+    launcher's own grace period is set far longer (300 s) so that it does not do the stopping."""
+    start = time.monotonic()
+    args = [sys.executable, "-m", "resjax.launch", "--processes", "2", "--heartbeat", "10", "--grace", "300", "--",
+            sys.executable, WORKER, "die", str(tmp_path)]
+    rc, log = _run(args, _env(RESJAX_CPU_DEVICES="1", DIE=str(victim)), timeout=400)
+    assert f"worker: process {victim} dies now" in log, log[-3000:]
+    assert rc == 3, log[-3000:]  # the first failure's status is passed through
+    other = re.search(rf"\[launch\] process {1 - victim} exited with status (-?\d+), ([\d.]+) s after", log)
+    assert other, log[-3000:]
+    assert int(other.group(1)) != 0
+    assert float(other.group(2)) < 60, log[-3000:]
+    assert "stopping" not in log  # the launcher did not have to terminate it
+    assert time.monotonic() - start < 300
+
+
+def test_experiment_files_are_written_by_process_zero_only(tmp_path, monkeypatch):
+    """Run as process 1 of 2, an experiment writes nothing: no folder, no results, no figure."""
+    from experiments import batchnorm_example, common
+
+    monkeypatch.setattr(jax, "process_index", lambda *a, **k: 1)
+    out = tmp_path / "out"
+    common.check_out_dir(out)
+    results = common.run_experiment(batchnorm_example, batchnorm_example.get_config("quick"), out)
+    assert results["metrics"] and not out.exists()
+
+
+def test_launched_experiment_writes_what_one_process_writes(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    rc, log = _run([sys.executable, "-m", "experiments.batchnorm_example", "--quick", "--out", str(one)], _env())
+    assert rc == 0, log[-3000:]
+    rc, log = _run([sys.executable, "-m", "experiments.launch", "--processes", "2", "--", "batchnorm_example",
+                    "--quick", "--out", str(two)], _env())
+    assert rc == 0, log[-3000:]
+    assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in one.iterdir())
+    assert json.loads((two / "results.json").read_text())["metrics"] == \
+        json.loads((one / "results.json").read_text())["metrics"]
+    assert re.findall(r"^\[(\d)\] batchnorm_example: wrote", log, re.M) == ["0"]
+
+
+def test_launcher_refuses_bad_settings(capsys):
+    with pytest.raises(SystemExit):
+        launch.parse(["--processes", "0", "--", "python", "x.py"])
+    assert "--processes" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        launch.parse(["--processes", "2"])
+    assert "nothing to run" in capsys.readouterr().err
+    from experiments import launch as experiments_launch
+
+    with pytest.raises(SystemExit, match="unknown experiment 'nosuch'"):
+        experiments_launch.command_for(["nosuch", "--quick"])
+
+
+def test_launcher_passes_the_exit_status_through():
+    code = "import os, sys; sys.exit(4 if os.environ['JAX_PROCESS_ID'] == '1' else 0)"
+    assert launch.launch([sys.executable, "-c", code], 2, grace=5) == 4
+    ok = "import os; assert os.environ['JAX_NUM_PROCESSES'] == '3' and os.environ['JAX_COORDINATOR_ADDRESS']"
+    assert launch.launch([sys.executable, "-c", ok], 3) == 0
