@@ -30,8 +30,9 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from typing import TextIO
 
-__all__ = ["launch", "main", "process_env"]
+__all__ = ["free_port", "launch", "main", "parse", "parser", "process_env"]
 
 
 def free_port() -> int:
@@ -61,7 +62,7 @@ def _pipe(stream, index: int, out) -> None:
 
 
 def launch(command: Sequence[str], processes: int, *, port: int | None = None, grace: float = 60.0,
-           heartbeat: int = 30, out=None) -> int:
+           heartbeat: int = 30, out: TextIO | None = None) -> int:
     """Run ``command`` as ``processes`` JAX processes; returns the exit status (see the module docstring)."""
     if not isinstance(processes, int) or processes < 1:
         raise ValueError(f"processes: want an integer >= 1, got {processes!r}")

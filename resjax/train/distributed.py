@@ -31,7 +31,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["DATA_AXIS", "barrier", "batch_sharding", "data_size", "global_batch", "host_block",
+__all__ = ["DATA_AXIS", "any_process", "barrier", "batch_sharding", "data_size", "global_batch", "host_block",
            "initialize_if_needed", "is_main_process", "make_data_mesh", "process_block", "process_part", "replicated",
            "to_host"]
 
@@ -97,6 +97,17 @@ def barrier(name: str) -> None:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(name)
+
+
+def any_process(flag: bool) -> bool:
+    """Whether ``flag`` is true in any process (a collective with several processes: every process must
+    call it at the same point). The trainers agree on a stop request (SIGTERM) this way, so that all
+    processes save the same step and stop together."""
+    if jax.process_count() == 1:
+        return bool(flag)
+    from jax.experimental import multihost_utils
+
+    return bool(np.any(multihost_utils.process_allgather(np.asarray(bool(flag)))))
 
 
 def to_host(tree: Any) -> Any:

@@ -29,7 +29,8 @@ Preemption. While ``fit`` runs with a ``checkpoint_dir``, SIGTERM and SIGINT let
 step finish; the run is then saved inside its epoch (the checkpoint holds the minibatches done and the
 epoch's per-minibatch metrics so far), the command that resumes is printed and
 ``resjax.train.preemption.Preempted`` is raised (exit status 143/130). Run again, ``fit`` skips the
-minibatches already trained on and ends bit-identical to an unbroken run.
+minibatches already trained on and ends bit-identical to an unbroken run. With several processes the
+stop is agreed (``distributed.any_process``) at the end of the epoch, where every process saves.
 
 Divergence: the core's freeze; ``fit`` stops early once every seed has diverged.
 
@@ -212,7 +213,8 @@ class ImageTrainer(Core):
                         run, (loss, error) = self.step(run, self._place(images, seeded, b), self._place(labels, seeded, b))
                         losses.append(loss)
                         errors.append(error)
-                        if stop.requested and i + 1 < self.steps_per_epoch:  # at the last one, finish the epoch
+                        # at the last one, finish the epoch; several processes agree on stopping at epoch ends only
+                        if stop.requested and i + 1 < self.steps_per_epoch and jax.process_count() == 1:
                             step = self.save(ckpt, run, done, num_seeds, batch=i + 1, partial=_pack_partial(losses, errors))
                             raise stop.stop(ckpt.directory, step, f"step {i + 1} of {self.steps_per_epoch} in epoch {done + 1}")
                     skip = 0
@@ -231,7 +233,7 @@ class ImageTrainer(Core):
                         summary = to_host(metrics)
                         summary.setdefault("test_error", np.full(np.shape(summary["train_loss"]), np.nan))
                         bar.update(done, done - 1, summary)
-                    if stop.requested:  # saving an epoch already saved above does nothing
+                    if distributed.any_process(stop.requested):  # saving an epoch already saved above does nothing
                         step = self.save(ckpt, run, done, num_seeds)
                         raise stop.stop(ckpt.directory, step, f"epoch {done} of {epochs}")
             if ckpt is not None and ckpt.latest() != self.checkpoint_step(done):
