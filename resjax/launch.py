@@ -11,7 +11,8 @@ with the environment that ``resjax.train.distributed.initialize_if_needed`` read
 Each line a process prints is passed through prefixed with ``[i]``. The exit status is 0 when every
 process exits 0, else the status of the first process that failed; once one has failed, the others get
 ``--grace`` seconds to stop by themselves (JAX's heartbeat stops them when a peer is gone, after
-``RESJAX_HEARTBEAT_TIMEOUT`` seconds, which the launcher sets to ``--heartbeat`` unless set) and are then
+``RESJAX_HEARTBEAT_TIMEOUT`` seconds, which the launcher sets to ``--heartbeat`` unless set; a process
+that ended waits at most ``RESJAX_SHUTDOWN_TIMEOUT``, set to 60 s, for the others) and are then
 terminated (SIGTERM, SIGKILL 10 s later). SIGINT and SIGTERM sent to the launcher are passed on to every
 process. On a cluster, use the cluster's own launcher instead (``srun``, ``gcloud ... ssh --worker=all``);
 see the README, "Several hosts".
@@ -50,6 +51,7 @@ def process_env(index: int, processes: int, port: int, heartbeat: int,
                JAX_PROCESS_ID=str(index))
     env.setdefault("RESJAX_CPU_DEVICES", str(max(1, (os.cpu_count() or 1) // processes)))
     env.setdefault("RESJAX_HEARTBEAT_TIMEOUT", str(heartbeat))
+    env.setdefault("RESJAX_SHUTDOWN_TIMEOUT", str(max(heartbeat, 60)))
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

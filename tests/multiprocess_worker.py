@@ -8,12 +8,15 @@ Stages (each process writes ``OUT/<stage>-<process index>.npz``; files are the t
           ``OUT/ckpt``; records which examples each process read
   resume  the image run resumed from ``OUT/<ckpt>`` (``RESUME_DIR``) to its 3 epochs
   whole   the image run's 3 epochs unbroken
+  preempt the image run with a checkpoint in ``OUT/ckpt``; process 1 alone receives SIGTERM at its
+          ``SIGTERM_AT_READ``-th training batch, and every process must save at that epoch's end and stop
   die     trains, and process ``DIE`` (default 1) kills itself (``os._exit``) after its second step
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import resjax
@@ -45,6 +48,10 @@ class Recording(tfds.ImageSource):
 
     def read(self, indices):
         self.reads.append(np.asarray(indices, np.int64).reshape(-1))
+        if self.split == "train" and len(self.reads) == int(os.environ.get("SIGTERM_AT_READ", 0)) \
+                and jax.process_index() == 1:
+            print("worker: process 1 sends itself SIGTERM", flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)
         return super().read(indices)
 
 
@@ -102,6 +109,8 @@ def main(stage: str, out: str) -> None:
         for name, src in (("train_reads", train), ("test_reads", test)):
             result[name] = np.concatenate(src.reads)
             result[name + "_sizes"] = np.asarray([len(r) for r in src.reads])
+    elif stage == "preempt":
+        trainer.fit(0, checkpoint_dir=os.path.join(out, "ckpt"))  # raises Preempted (exit status 143)
     elif stage == "resume":
         run, hist = trainer.fit(0, checkpoint_dir=os.path.join(out, os.environ["RESUME_DIR"]))
         result.update(history("image", run, hist))

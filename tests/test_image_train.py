@@ -320,20 +320,20 @@ def test_initialize_if_needed_only_when_asked(monkeypatch):
     monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
     monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
     for name in ("RESJAX_DISTRIBUTED", "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
-                 "RESJAX_HEARTBEAT_TIMEOUT", "RESJAX_INIT_TIMEOUT"):
+                 "RESJAX_HEARTBEAT_TIMEOUT", "RESJAX_INIT_TIMEOUT", "RESJAX_SHUTDOWN_TIMEOUT"):
         monkeypatch.delenv(name, raising=False)
     assert distributed.initialize_if_needed() is False and calls == []
     monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234")
     monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
     monkeypatch.setenv("JAX_PROCESS_ID", "1")
     assert distributed.initialize_if_needed() is True
-    timeouts = {"heartbeat_timeout_seconds": 100, "initialization_timeout": 300}  # JAX's defaults
+    timeouts = {"heartbeat_timeout_seconds": 100, "initialization_timeout": 300, "shutdown_timeout_seconds": 300}
     assert calls == [{"coordinator_address": "10.0.0.1:1234", "num_processes": 2, "process_id": 1, **timeouts}]
     monkeypatch.delenv("JAX_COORDINATOR_ADDRESS")
     monkeypatch.setenv("RESJAX_DISTRIBUTED", "1")
     monkeypatch.setenv("RESJAX_HEARTBEAT_TIMEOUT", "7")
     assert distributed.initialize_if_needed() is True
-    assert calls[-1] == {"heartbeat_timeout_seconds": 7, "initialization_timeout": 300}
+    assert calls[-1] == {**timeouts, "heartbeat_timeout_seconds": 7}
     monkeypatch.setenv("RESJAX_HEARTBEAT_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="RESJAX_HEARTBEAT_TIMEOUT"):
         distributed.initialize_if_needed()

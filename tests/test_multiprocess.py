@@ -130,6 +130,25 @@ def test_each_process_reads_only_its_block(runs):
     assert not set(runs["two"][0]["train_reads"][:8]) & set(runs["two"][1]["train_reads"][:8])
 
 
+def test_a_stop_request_in_one_process_stops_all_at_the_epoch_end(runs, tmp_path):
+    """SIGTERM reaches process 1 alone, in epoch 2 (its 6th of 8 training reads; 4 batches an epoch):
+    both processes finish the epoch, save it and exit 143; resumed in two processes, the run ends equal
+    to the unbroken one."""
+    rc, log = _two("preempt", str(tmp_path), SIGTERM_AT_READ="6")
+    assert "process 1 sends itself SIGTERM" in log, log[-3000:]
+    assert rc == 143, log[-3000:]
+    assert re.search(r"\[launch\] process 0 exited with status 143", log), log[-3000:]
+    from resjax.train.checkpoint import Checkpoints
+
+    with Checkpoints(tmp_path / "ckpt") as ckpt:
+        meta = ckpt.meta()
+    assert (meta["epoch"], meta["batch"]) == (2, 0)  # saved at the end of epoch 2, not inside it
+    rc, log = _two("resume", str(tmp_path), RESUME_DIR="ckpt")
+    assert rc == 0, log[-4000:]
+    for i in (0, 1):
+        _assert_close(_load(tmp_path / f"resume-{i}.npz"), runs["whole"], "image_")
+
+
 @pytest.mark.parametrize("victim", [0, 1])
 def test_a_dying_process_stops_the_others(tmp_path, victim):
     """Process ``victim`` exits in the middle of training (process 0 runs the coordination service); the

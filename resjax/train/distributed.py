@@ -31,7 +31,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["DATA_AXIS", "any_process", "barrier", "batch_sharding", "data_size", "global_batch", "host_block",
+__all__ = ["DATA_AXIS", "barrier", "batch_sharding", "data_size", "global_batch", "host_block",
            "initialize_if_needed", "is_main_process", "make_data_mesh", "process_block", "process_part", "replicated",
            "to_host"]
 
@@ -52,7 +52,8 @@ def initialize_if_needed() -> bool:
     A process that dies is noticed through the coordination service's heartbeats: after
     ``RESJAX_HEARTBEAT_TIMEOUT`` seconds without one (default 100, JAX's) every other process is stopped
     with an error instead of waiting for it forever; ``RESJAX_INIT_TIMEOUT`` (default 300) bounds the wait
-    for all processes to join at start-up.
+    for all processes to join at start-up, and ``RESJAX_SHUTDOWN_TIMEOUT`` (default 300) the wait of a
+    process that ends (normally or by an exception) for the others to end too.
     """
     flag = os.environ.get("RESJAX_DISTRIBUTED", "").strip().lower() in ("1", "true", "yes")
     address = os.environ.get("JAX_COORDINATOR_ADDRESS")
@@ -63,7 +64,8 @@ def initialize_if_needed() -> bool:
     if jax.config.jax_cpu_collectives_implementation in (None, "", "none"):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     kwargs = {"heartbeat_timeout_seconds": _env_seconds("RESJAX_HEARTBEAT_TIMEOUT", 100),
-              "initialization_timeout": _env_seconds("RESJAX_INIT_TIMEOUT", 300)}
+              "initialization_timeout": _env_seconds("RESJAX_INIT_TIMEOUT", 300),
+              "shutdown_timeout_seconds": _env_seconds("RESJAX_SHUTDOWN_TIMEOUT", 300)}
     if address:
         kwargs["coordinator_address"] = address
         for env, name in (("JAX_NUM_PROCESSES", "num_processes"), ("JAX_PROCESS_ID", "process_id")):
@@ -97,17 +99,6 @@ def barrier(name: str) -> None:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(name)
-
-
-def any_process(flag: bool) -> bool:
-    """Whether ``flag`` is true in any process (a collective with several processes: every process must
-    call it at the same point). The trainers agree on a stop request (SIGTERM) this way, so that all
-    processes save the same step and stop together."""
-    if jax.process_count() == 1:
-        return bool(flag)
-    from jax.experimental import multihost_utils
-
-    return bool(np.any(multihost_utils.process_allgather(np.asarray(bool(flag)))))
 
 
 def to_host(tree: Any) -> Any:

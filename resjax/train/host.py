@@ -30,7 +30,7 @@ step finish; the run is then saved inside its epoch (the checkpoint holds the mi
 epoch's per-minibatch metrics so far), the command that resumes is printed and
 ``resjax.train.preemption.Preempted`` is raised (exit status 143/130). Run again, ``fit`` skips the
 minibatches already trained on and ends bit-identical to an unbroken run. With several processes the
-stop is agreed (``distributed.any_process``) at the end of the epoch, where every process saves.
+stop is agreed (``StopSignals.agree``) at the end of the epoch, where every process saves.
 
 Divergence: the core's freeze; ``fit`` stops early once every seed has diverged.
 
@@ -233,7 +233,7 @@ class ImageTrainer(Core):
                         summary = to_host(metrics)
                         summary.setdefault("test_error", np.full(np.shape(summary["train_loss"]), np.nan))
                         bar.update(done, done - 1, summary)
-                    if distributed.any_process(stop.requested):  # saving an epoch already saved above does nothing
+                    if stop.agree():  # saving an epoch already saved above does nothing
                         step = self.save(ckpt, run, done, num_seeds)
                         raise stop.stop(ckpt.directory, step, f"epoch {done} of {epochs}")
             if ckpt is not None and ckpt.latest() != self.checkpoint_step(done):

@@ -48,7 +48,7 @@ import numpy as np
 from resjax.data import Dataset, check_finite, load_dataset
 from resjax.nn import build_model
 from resjax.train.core import Core, check_run_config, divergence, progress_bar, seed_handles
-from resjax.train.distributed import any_process, to_host
+from resjax.train.distributed import to_host
 from resjax.train.optim import make_optimizer
 from resjax.train.preemption import StopSignals
 from resjax.train.state import RunState
@@ -171,7 +171,7 @@ class Trainer(Core):
                             bar.update(done, last, summary)
                         if callback is not None:
                             callback(done, summary)
-                    if any_process(stop.requested):  # saving an epoch already saved above does nothing
+                    if stop.agree():  # saving an epoch already saved above does nothing
                         step = self.save(ckpt, run, done, num + pad)
                         raise stop.stop(ckpt.directory, step, f"epoch {done} of {epochs}")
         finally:

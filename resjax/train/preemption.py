@@ -12,7 +12,9 @@ incomplete; resuming skips it as damaged and takes the newest good one).
 
 Handlers are only installed from the main thread (Python allows no other); elsewhere, and without a
 ``checkpoint_dir``, signals keep their usual effect. With several processes each one handles its own
-signal; schedulers signal every process of a job.
+signal, and the trainers ``agree`` at the end of every epoch (a sweep: every chunk): if any process has
+been signalled, all of them save that step and stop with its signal, so no process is left waiting in a
+collective for one that stopped (schedulers signal every process of a job, but not at the same step).
 """
 
 from __future__ import annotations
@@ -68,6 +70,24 @@ class StopSignals:
         self.signum = signum
         print(f"resjax: {signal.Signals(signum).name} received; finishing the current step, then saving a "
               "checkpoint (send it again to stop at once)", file=sys.stderr, flush=True)
+
+    def agree(self) -> bool:
+        """``requested`` agreed among all processes (one process: ``requested`` itself). A collective: with
+        several processes every one must call it at the same point. A process that was not signalled takes
+        the signal of one that was, so that all save the same step and stop together."""
+        import jax
+
+        if jax.process_count() == 1:
+            return self.requested
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        signums = np.asarray(multihost_utils.process_allgather(np.asarray(self.signum or 0, np.int32)))
+        if self.signum is None and signums.max() > 0:
+            self.signum = int(signums.max())
+            print(f"resjax: process {int(np.argmax(signums))} received {signal.Signals(self.signum).name}; "
+                  "every process saves this step and stops", file=sys.stderr, flush=True)
+        return self.requested
 
     def __enter__(self) -> StopSignals:
         if self.enabled:
