@@ -39,9 +39,9 @@ def _run(args, env, timeout=600):
     return done.returncode, done.stdout + done.stderr
 
 
-def _two(stage, out, timeout=600, **env):
-    """``stage`` in 2 processes (1 CPU device each) through the launcher."""
-    return _run([sys.executable, "-m", "resjax.launch", "--processes", "2", "--heartbeat", "10", "--",
+def _two(stage, out, timeout=600, processes=2, **env):
+    """``stage`` in 2 (or ``processes``) processes (1 CPU device each) through the launcher."""
+    return _run([sys.executable, "-m", "resjax.launch", "--processes", str(processes), "--heartbeat", "10", "--",
                  sys.executable, WORKER, stage, out], _env(RESJAX_CPU_DEVICES="1", **env), timeout)
 
 
@@ -113,21 +113,42 @@ def test_checkpoint_of_two_processes_resumes_in_two_and_in_one(runs):
         _assert_close(resumed, whole, "image_")
 
 
-def test_each_process_reads_only_its_block(runs):
-    """The training source's reads: process i read rows [8i, 8i+8) of every batch of 16 of the epoch's
-    order, nothing else; the test source's (12 per batch, 16 examples): rows [6i, 6i+6) of each batch."""
+def _assert_reads_own_blocks(results):
+    """The training source's reads: process i of P read rows [i*16/P, (i+1)*16/P) of every batch of 16 of
+    the epoch's order, nothing else; the test source's (12 per batch, 16 examples): rows [i*12/P,
+    (i+1)*12/P) of each batch that has them."""
     from tests.multiprocess_worker import BATCH, sources
 
-    train, test = sources()
-    for i, r in enumerate(runs["two"]):
-        order = np.concatenate([train.order(e, seed=0) for e in range(2)])  # fit(0): data seed 0
-        want = [order[b * BATCH:(b + 1) * BATCH][8 * i:8 * i + 8] for b in range(2 * (64 // BATCH))]
-        assert list(r["train_reads_sizes"]) == [8] * len(want)
+    train, _ = sources()
+    count = len(results)
+    order = np.concatenate([train.order(e, seed=0) for e in range(2)])  # fit(0): data seed 0
+    size, test_size = BATCH // count, 12 // count
+    for i, r in enumerate(results):
+        want = [order[b * BATCH:(b + 1) * BATCH][size * i:size * (i + 1)] for b in range(2 * (64 // BATCH))]
+        assert list(r["train_reads_sizes"]) == [size] * len(want)
         np.testing.assert_array_equal(r["train_reads"], np.concatenate(want))
-        test_want = [np.arange(16)[0:12][6 * i:6 * i + 6], np.arange(16)[12:16][6 * i:6 * i + 6]] * 2
-        test_want = [w for w in test_want if len(w)]
-        np.testing.assert_array_equal(r["test_reads"], np.concatenate(test_want))
-    assert not set(runs["two"][0]["train_reads"][:8]) & set(runs["two"][1]["train_reads"][:8])
+        test_want = [np.arange(16)[0:12][test_size * i:test_size * (i + 1)],
+                     np.arange(16)[12:16][test_size * i:test_size * (i + 1)]] * 2
+        np.testing.assert_array_equal(r["test_reads"], np.concatenate([w for w in test_want if len(w)]))
+    first_batch = [set(r["train_reads"][:size]) for r in results]
+    assert len(set().union(*first_batch)) == BATCH  # the blocks are disjoint and make up the batch
+
+
+def test_each_process_reads_only_its_block(runs):
+    _assert_reads_own_blocks(runs["two"])
+
+
+def test_four_processes_equal_one(runs, tmp_path):
+    """The first stage in 4 processes (4 devices in all): sweep and data-parallel training as one process,
+    each process reading its quarter of every batch."""
+    rc, log = _two("first", str(tmp_path), processes=4)
+    assert rc == 0, log[-4000:]
+    results = [_load(tmp_path / f"first-{i}.npz") for i in range(4)]
+    assert [int(r["process_count"]) for r in results] == [4] * 4
+    for r in results:
+        _assert_close(r, runs["one"], "sweep_")
+        _assert_close(r, runs["one"], "image_")
+    _assert_reads_own_blocks(results)
 
 
 def test_a_stop_request_in_one_process_stops_all_at_the_epoch_end(runs, tmp_path):
