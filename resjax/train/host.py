@@ -306,7 +306,6 @@ def _blocks(source: Any, epoch: int, batch_size: int, kw: dict, sharded: bool):
             yield images[rows], labels[rows]
 
 
-
 def _takes_part(source: Any) -> bool:
     """Whether ``source.epoch`` can read one process's block alone (a ``part`` argument)."""
     return "part" in inspect.signature(source.epoch).parameters
@@ -374,6 +373,10 @@ def make_image_train(config: ml_collections.ConfigDict, train_source: Any, test_
     t = config.train
     if mesh is not None and distributed.DATA_AXIS not in mesh.shape:
         raise ValueError(f"mesh: needs an axis named {distributed.DATA_AXIS!r}, got axes {tuple(mesh.shape)}")
+    owners = [d.process_index for d in np.asarray(mesh.devices).flat] if mesh is not None else []
+    if owners != sorted(owners):  # process p feeds rows [p*B/P, (p+1)*B/P): its devices must be the p-th block
+        raise ValueError(f"mesh: its devices must be ordered by process (as make_data_mesh() orders them), got "
+                         f"the processes {owners}")
     if t.batch_size > train_source.num_examples:
         raise ValueError(f"batch_size: {t.batch_size} exceeds the {train_source.num_examples} training examples")
     _check_divides("batch_size", t.batch_size, mesh)
