@@ -21,7 +21,12 @@ Every name below is importable from ``resjax.nn`` (``__all__`` lists them):
 - normalisation: ``make_norm`` (every norm by name, ``NORMS``), ``BatchNorm`` (PyTorch's defaults,
   ``BATCHNORM_DEFAULTS``), ``GroupNorm``, ``is_batch_norm``, ``check_norm``;
 - initialisers: ``get_initializer`` (``INITIALIZERS``, ``PARAMETRISED_INITIALIZERS``), ``taki_init``,
-  ``get_bias_initializer`` (``BIAS_INITIALIZERS``); ``conv_kernel_weights`` counts conv weights.
+  ``get_bias_initializer`` (``BIAS_INITIALIZERS``); ``conv_kernel_weights`` counts conv weights;
+- mixed precision (``resjax.nn.precision``): the convolutional classifiers and their blocks have a field
+  ``dtype`` (``DTYPES``: ``'float32'``, ``'bfloat16'``, ``'float16'``; ``None``, the default, is float32),
+  the computation's dtype, with float32 parameters, BatchNorm statistics and logits; ``DTYPE_KINDS`` are the
+  ``build_model`` kinds that take it; ``resolve_dtype`` checks a value, ``layer_dtypes`` gives a flax
+  layer's ``dtype``/``param_dtype``.
 
 Conventions shared by every module:
 
@@ -68,6 +73,7 @@ from resjax.nn.init import (
 )
 from resjax.nn.mlp import PlainLayer, PlainMLP, ResidualMLP, ResidualStack
 from resjax.nn.norms import BATCHNORM_DEFAULTS, NORMS, BatchNorm, GroupNorm, check_norm, is_batch_norm, make_norm
+from resjax.nn.precision import DTYPES, is_float32, layer_dtypes, resolve_dtype
 from resjax.nn.residual import (
     ORDERS,
     SCALINGS,
@@ -108,7 +114,8 @@ from resjax.nn.unet import ConvBlock, UNet
 
 __all__ = [
     # constants: the allowed values of settings, and defaults
-    "BATCHNORM_DEFAULTS", "BIAS_INITIALIZERS", "BLOCK_KINDS", "CIFAR_DEPTHS", "CLASSIFIERS", "IMAGENET_STAGES",
+    "BATCHNORM_DEFAULTS", "BIAS_INITIALIZERS", "BLOCK_KINDS", "CIFAR_DEPTHS", "CLASSIFIERS", "DTYPES", "DTYPE_KINDS",
+    "IMAGENET_STAGES",
     "INITIALIZERS", "NORMS", "OPTION_A_INPUTS", "ORDERS", "PARAMETRISED_INITIALIZERS", "REPOSITORY_MODELS",
     "SCALINGS", "SHORTCUTS", "TAU_CONVENTIONS",
     # modules (flax.linen)
@@ -119,9 +126,9 @@ __all__ = [
     "build_model", "check_call_tau", "check_model_fields", "check_norm", "check_tau_field", "check_tau_value",
     "cifar_resnet", "close_block", "concat_merge", "conv_kernel_weights", "densenet121", "densenet_bc_cifar",
     "fixup_kernel_init", "get_bias_initializer", "get_initializer", "imagenet_resnet", "imagenet_tau",
-    "is_batch_norm", "make_norm", "num_blocks_for", "plain_params_from_residual", "residual_add", "residual_stack",
-    "resolve_tau", "scale_branch", "stack_blocks", "stack_unrolled", "taki_init", "taki_resnet", "tau_resnet",
-    "tau_resnet_config", "tau_value", "unstack_scanned",
+    "is_batch_norm", "layer_dtypes", "make_norm", "num_blocks_for", "plain_params_from_residual", "residual_add",
+    "residual_stack", "resolve_dtype", "resolve_tau", "scale_branch", "stack_blocks", "stack_unrolled", "taki_init",
+    "taki_resnet", "tau_resnet", "tau_resnet_config", "tau_value", "unstack_scanned",
 ]
 
 
@@ -140,6 +147,11 @@ def _families() -> dict[str, Callable[..., nn.Module] | None]:
 CLASSIFIERS = ("plain_mlp", "residual_mlp", "tau_resnet", "resnet", "cifar_resnet", "imagenet_resnet", "taki_resnet",
                "densenet", "densenet121", "densenet_bc_cifar")
 
+#: The ``build_model`` kinds with a ``dtype`` setting (mixed precision, ``resjax.nn.precision``); the other
+#: kinds compute in float32 and accept only a ``dtype`` that means float32.
+DTYPE_KINDS = ("resnet", "cifar_resnet", "imagenet_resnet", "taki_resnet", "densenet", "densenet121",
+               "densenet_bc_cifar")
+
 
 def _floats(value: Any) -> Iterator[float]:
     """The floats in a field value: the value itself, or the floats of a (nested) tuple or list."""
@@ -151,8 +163,11 @@ def _floats(value: Any) -> Iterator[float]:
 
 
 def check_model_fields(fields: Mapping[str, Any]) -> None:
-    """Raise ``ValueError`` naming ``model.<field>`` for a non-finite float field and for a ``tau`` that is
-    not a finite number > 0 or a known rule (a rule is checked for its form; its K is the model's)."""
+    """Raise ``ValueError`` naming ``model.<field>`` for a non-finite float field, for a ``tau`` that is
+    not a finite number > 0 or a known rule (a rule is checked for its form; its K is the model's) and for a
+    ``dtype`` that is not one of ``DTYPES`` (or ``None``)."""
+    if "dtype" in fields:
+        resolve_dtype(fields["dtype"], "model.dtype")
     for name, value in fields.items():
         if name != "tau" and any(not math.isfinite(v) for v in _floats(value)):
             raise ValueError(f"model.{name}: must be a finite number, got {value!r}")
@@ -176,8 +191,13 @@ def build_model(config: Mapping[str, Any] | str | None = None, /, num_classes: i
     ``num_classes``: the data's class count, used for classifiers whose config does not set it.
     Unknown kinds and bad fields raise ``ValueError`` naming the setting: every float field (and every
     float in a tuple field) must be finite (``model.<field>: must be a finite number, got nan``), and
-    ``tau`` a finite number > 0 or a known rule (``model.tau: ...``). Returns the unbound module (call
-    ``init``/``apply`` on it; see the package docstring for ``train``)."""
+    ``tau`` a finite number > 0 or a known rule (``model.tau: ...``).
+    ``dtype`` (mixed precision, ``resjax.nn.precision``): ``'float32'``, ``'bfloat16'`` or ``'float16'`` (or
+    the ``jnp`` dtype; ``None``: float32) for the kinds ``DTYPE_KINDS``: the computation's dtype, with float32
+    parameters, BatchNorm statistics and logits. An unknown value raises ``ValueError`` (``model.dtype:
+    unknown value 'bf17'; choose one of ...``); the other kinds compute in float32, accept a float32 ``dtype``
+    (dropped) and refuse a half one (``ValueError`` naming ``model.dtype`` and the kind).
+    Returns the unbound module (call ``init``/``apply`` on it; see the package docstring for ``train``)."""
     fields = dict(config) if config is not None and not isinstance(config, str) else {}
     if isinstance(config, str):
         fields["kind"] = config
@@ -187,6 +207,11 @@ def build_model(config: Mapping[str, Any] | str | None = None, /, num_classes: i
     if kind not in families:
         raise ValueError(f"model.kind: unknown model {kind!r}; choose one of {tuple(families)}")
     check_model_fields(fields)
+    if "dtype" in fields and kind not in DTYPE_KINDS:
+        if not is_float32(fields["dtype"]):
+            raise ValueError(f"model.dtype: {fields['dtype']!r} is not available for model.kind={kind!r}, which "
+                             f"computes in float32 only; the kinds with a dtype setting: {DTYPE_KINDS}")
+        del fields["dtype"]
     if num_classes is not None and kind in CLASSIFIERS:
         fields.setdefault("num_classes", num_classes)
     if kind == "tau_resnet":

@@ -33,6 +33,7 @@ import jax
 
 from resjax.nn.init import get_initializer
 from resjax.nn.norms import check_norm, make_norm
+from resjax.nn.precision import PrecisionRepr, layer_dtypes, resolve_dtype
 from resjax.nn.residual import check_positive, concat_merge, residual_add
 
 DEFAULT_KERNEL_INIT = "he_normal_fan_out"
@@ -40,15 +41,16 @@ DEFAULT_KERNEL_INIT = "he_normal_fan_out"
 
 def _conv(module: nn.Module, features: int, size: int, name: str, use_bias: bool) -> nn.Conv:
     return nn.Conv(features, (size, size), padding="SAME", use_bias=use_bias,
-                   kernel_init=get_initializer(module.kernel_init), name=name)
+                   kernel_init=get_initializer(module.kernel_init), name=name, **layer_dtypes(module.dtype))
 
 
 def _check(module: nn.Module) -> None:
     check_norm(module.norm)
     get_initializer(module.kernel_init)  # raises on an unknown name
+    resolve_dtype(module.dtype)
 
 
-class BasicBranch(nn.Module):
+class BasicBranch(PrecisionRepr, nn.Module):
     """3x3 conv -> norm -> relu -> 3x3 conv -> norm at constant width ``features``.
 
     Attributes:
@@ -58,12 +60,16 @@ class BasicBranch(nn.Module):
         kernel_init: the convs' initialiser (a ``resjax.nn.init`` name or a function). Default
             ``'he_normal_fan_out'``.
         activation: the activation function. Default ``flax.linen.relu``.
+        dtype: the computation dtype (mixed precision, ``resjax.nn.precision``): ``None`` (default; float32),
+            ``'float32'``, ``'bfloat16'`` or ``'float16'``. Convolutions and norms' outputs compute in it;
+            parameters and BatchNorm's statistics stay float32. The input is not cast (the network casts it).
     """
 
     features: int
     norm: str | Callable = "batch"
     kernel_init: str | Callable = DEFAULT_KERNEL_INIT
     activation: Callable = nn.relu
+    dtype: Any = None
 
     def __post_init__(self):
         check_positive("features", self.features)
@@ -90,12 +96,12 @@ class BasicBranch(nn.Module):
         """
         bias = self.norm == "none"
         h = _conv(self, self.features, 3, "conv3x3_0", bias)(x)
-        h = self.activation(make_norm(self.norm, train=train, name="norm_0")(h))
+        h = self.activation(make_norm(self.norm, train=train, name="norm_0", dtype=self.dtype)(h))
         h = _conv(self, self.features, 3, "conv3x3_1", bias)(h)
-        return make_norm(self.norm, train=train, name="norm_1")(h)
+        return make_norm(self.norm, train=train, name="norm_1", dtype=self.dtype)(h)
 
 
-class BottleneckBranch(nn.Module):
+class BottleneckBranch(PrecisionRepr, nn.Module):
     """1x1 (features -> bottleneck) -> 3x3 (bottleneck) -> 1x1 (bottleneck -> features), each followed by
     a norm, with relu between them.
 
@@ -107,6 +113,9 @@ class BottleneckBranch(nn.Module):
         kernel_init: the convs' initialiser (a ``resjax.nn.init`` name or a function). Default
             ``'he_normal_fan_out'``.
         activation: the activation function. Default ``flax.linen.relu``.
+        dtype: the computation dtype (mixed precision, ``resjax.nn.precision``): ``None`` (default; float32),
+            ``'float32'``, ``'bfloat16'`` or ``'float16'``. Convolutions and norms' outputs compute in it;
+            parameters and BatchNorm's statistics stay float32. The input is not cast (the network casts it).
     """
 
     features: int
@@ -114,6 +123,7 @@ class BottleneckBranch(nn.Module):
     norm: str | Callable = "batch"
     kernel_init: str | Callable = DEFAULT_KERNEL_INIT
     activation: Callable = nn.relu
+    dtype: Any = None
 
     def __post_init__(self):
         check_positive("features", self.features)
@@ -141,11 +151,11 @@ class BottleneckBranch(nn.Module):
         """
         bias = self.norm == "none"
         h = _conv(self, self.bottleneck, 1, "conv1x1_reduce", bias)(x)
-        h = self.activation(make_norm(self.norm, train=train, name="norm_0")(h))
+        h = self.activation(make_norm(self.norm, train=train, name="norm_0", dtype=self.dtype)(h))
         h = _conv(self, self.bottleneck, 3, "conv3x3", bias)(h)
-        h = self.activation(make_norm(self.norm, train=train, name="norm_1")(h))
+        h = self.activation(make_norm(self.norm, train=train, name="norm_1", dtype=self.dtype)(h))
         h = _conv(self, self.features, 1, "conv1x1_restore", bias)(h)
-        return make_norm(self.norm, train=train, name="norm_2")(h)
+        return make_norm(self.norm, train=train, name="norm_2", dtype=self.dtype)(h)
 
 
 class ConvResidualBlock(nn.Module):
@@ -195,7 +205,7 @@ class ConvResidualBlock(nn.Module):
         return self.activation(out) if self.post_activation else out
 
 
-class DenseLayer(nn.Module):
+class DenseLayer(PrecisionRepr, nn.Module):
     """norm -> relu -> [1x1 conv to ``4 * growth_rate`` -> norm -> relu] -> 3x3 conv to ``growth_rate``.
 
     Returns only the ``growth_rate`` new channels; ``DenseBlock`` concatenates them to the input.
@@ -210,6 +220,9 @@ class DenseLayer(nn.Module):
         kernel_init: the convs' initialiser (a ``resjax.nn.init`` name or a function). Default
             ``'he_normal_fan_out'``.
         activation: the activation function. Default ``flax.linen.relu``.
+        dtype: the computation dtype (mixed precision, ``resjax.nn.precision``): ``None`` (default; float32),
+            ``'float32'``, ``'bfloat16'`` or ``'float16'``. Convolutions and norms' outputs compute in it;
+            parameters and BatchNorm's statistics stay float32. The input is not cast (the network casts it).
     """
 
     growth_rate: int
@@ -218,6 +231,7 @@ class DenseLayer(nn.Module):
     norm: str | Callable = "batch"
     kernel_init: str | Callable = DEFAULT_KERNEL_INIT
     activation: Callable = nn.relu
+    dtype: Any = None
 
     def __post_init__(self):
         check_positive("growth_rate", self.growth_rate)
@@ -244,16 +258,16 @@ class DenseLayer(nn.Module):
             ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``). Nothing is sown.
         """
         bias = self.norm == "none"
-        h = self.activation(make_norm(self.norm, train=train, name="norm_0")(x))
+        h = self.activation(make_norm(self.norm, train=train, name="norm_0", dtype=self.dtype)(x))
         if self.bottleneck:
             h = _conv(self, self.bottleneck_factor * self.growth_rate, 1, "conv1x1", bias)(h)
-            h = self.activation(make_norm(self.norm, train=train, name="norm_1")(h))
+            h = self.activation(make_norm(self.norm, train=train, name="norm_1", dtype=self.dtype)(h))
         # the 3x3 conv's output is concatenated, not normalised, so it keeps no bias either way
         # (DenseNet's convention); only with norm='none' is a bias added.
         return _conv(self, self.growth_rate, 3, "conv3x3", bias)(h)
 
 
-class DenseBlock(nn.Module):
+class DenseBlock(PrecisionRepr, nn.Module):
     """``num_layers`` dense layers; layer k sees ``C_0 + (k-1) * growth_rate`` channels; the output has
     ``C_0 + num_layers * growth_rate``. Layers are named ``layer_0`` ... ``layer_{n-1}``.
 
@@ -265,6 +279,9 @@ class DenseBlock(nn.Module):
             or a callable for ``make_norm``. Convolutions have a bias only with ``'none'``.
         kernel_init: the convs' initialiser (a ``resjax.nn.init`` name or a function). Default
             ``'he_normal_fan_out'``.
+        dtype: the computation dtype (mixed precision, ``resjax.nn.precision``): ``None`` (default; float32),
+            ``'float32'``, ``'bfloat16'`` or ``'float16'``. Convolutions and norms' outputs compute in it;
+            parameters and BatchNorm's statistics stay float32. The input is not cast (the network casts it).
     """
 
     num_layers: int
@@ -272,6 +289,7 @@ class DenseBlock(nn.Module):
     bottleneck: bool = False
     norm: str | Callable = "batch"
     kernel_init: str | Callable = DEFAULT_KERNEL_INIT
+    dtype: Any = None
 
     def __post_init__(self):
         check_positive("num_layers", self.num_layers)
@@ -300,12 +318,12 @@ class DenseBlock(nn.Module):
         h = x
         for k in range(self.num_layers):
             new = DenseLayer(self.growth_rate, self.bottleneck, norm=self.norm, kernel_init=self.kernel_init,
-                             name=f"layer_{k}")(h, train)
+                             dtype=self.dtype, name=f"layer_{k}")(h, train)
             h = concat_merge(h, new, axis=-1)
         return h
 
 
-class Transition(nn.Module):
+class Transition(PrecisionRepr, nn.Module):
     """norm -> relu -> 1x1 conv to ``floor(compression * C)`` channels -> 2x2 average pool (stride 2).
 
     Attributes:
@@ -316,12 +334,16 @@ class Transition(nn.Module):
         kernel_init: the convs' initialiser (a ``resjax.nn.init`` name or a function). Default
             ``'he_normal_fan_out'``.
         activation: the activation function. Default ``flax.linen.relu``.
+        dtype: the computation dtype (mixed precision, ``resjax.nn.precision``): ``None`` (default; float32),
+            ``'float32'``, ``'bfloat16'`` or ``'float16'``. Convolutions and norms' outputs compute in it;
+            parameters and BatchNorm's statistics stay float32. The input is not cast (the network casts it).
     """
 
     compression: float = 0.5
     norm: str | Callable = "batch"
     kernel_init: str | Callable = DEFAULT_KERNEL_INIT
     activation: Callable = nn.relu
+    dtype: Any = None
 
     def __post_init__(self):
         if not 0 < self.compression <= 1:
@@ -348,7 +370,7 @@ class Transition(nn.Module):
             ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``). Nothing is sown.
         """
         out_channels = max(1, int(self.compression * x.shape[-1]))
-        h = self.activation(make_norm(self.norm, train=train, name="norm")(x))
+        h = self.activation(make_norm(self.norm, train=train, name="norm", dtype=self.dtype)(x))
         h = _conv(self, out_channels, 1, "conv1x1", self.norm == "none")(h)
         return nn.avg_pool(h, (2, 2), strides=(2, 2))
 

@@ -28,12 +28,13 @@ import jax.numpy as jnp
 from resjax.nn.conv_blocks import DEFAULT_KERNEL_INIT, DenseBlock, Transition, _check
 from resjax.nn.init import get_initializer
 from resjax.nn.norms import make_norm
+from resjax.nn.precision import PrecisionRepr, layer_dtypes
 from resjax.nn.residual import check_positive
 
 STEMS = ("imagenet", "cifar")
 
 
-class DenseNet(nn.Module):
+class DenseNet(PrecisionRepr, nn.Module):
     """DenseNet classifier; see the module docstring.
 
     Every field is checked at construction (``ValueError`` naming the setting).
@@ -53,6 +54,10 @@ class DenseNet(nn.Module):
             or a callable for ``make_norm``. Convolutions have a bias only with ``'none'``.
         kernel_init: the convs' initialiser (a ``resjax.nn.init`` name or a function). Default
             ``'he_normal_fan_out'``.
+        dtype: the computation dtype (mixed precision, ``resjax.nn.precision``): ``None`` (default; float32),
+            ``'float32'``, ``'bfloat16'`` or ``'float16'``. The images are cast to it at the stem; convolutions,
+            the classifier, activations and pooling compute in it; parameters and BatchNorm's statistics
+            (``batch_stats``) stay float32; the logits are returned as float32.
     """
 
     block_layers: Sequence[int] = (6, 12, 24, 16)
@@ -64,6 +69,7 @@ class DenseNet(nn.Module):
     stem: str = "imagenet"
     norm: str | Callable = "batch"
     kernel_init: str | Callable = DEFAULT_KERNEL_INIT
+    dtype: Any = None
 
     def __post_init__(self):
         layers = self.block_layers
@@ -97,7 +103,7 @@ class DenseNet(nn.Module):
                 may omit it (it only needs shapes). Without BatchNorm it is ignored.
 
         Returns:
-            The logits, ``(batch, num_classes)``.
+            The logits, ``(batch, num_classes)``; float32 also when computed in a half ``dtype``.
 
         Collections:
             ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
@@ -105,24 +111,28 @@ class DenseNet(nn.Module):
         """
         bias = self.norm == "none"
         init = get_initializer(self.kernel_init)
+        dtypes = layer_dtypes(self.dtype)
+        if dtypes["dtype"] is not None:
+            x = x.astype(dtypes["dtype"])
         if self.stem == "imagenet":
             h = nn.Conv(self.init_features, (7, 7), strides=(2, 2), padding=((3, 3), (3, 3)),
-                        use_bias=bias, kernel_init=init, name="stem_conv")(x)
-            h = nn.relu(make_norm(self.norm, train=train, name="stem_norm")(h))
+                        use_bias=bias, kernel_init=init, name="stem_conv", **dtypes)(x)
+            h = nn.relu(make_norm(self.norm, train=train, name="stem_norm", dtype=self.dtype)(h))
             h = nn.max_pool(h, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
         else:
             h = nn.Conv(self.init_features, (3, 3), padding="SAME", use_bias=bias, kernel_init=init,
-                        name="stem_conv")(x)
+                        name="stem_conv", **dtypes)(x)
         last = len(self.block_layers) - 1
         for i, n in enumerate(self.block_layers):
             h = DenseBlock(n, self.growth_rate, self.bottleneck, norm=self.norm, kernel_init=self.kernel_init,
-                           name=f"block_{i}")(h, train)
+                           dtype=self.dtype, name=f"block_{i}")(h, train)
             if i < last:
                 h = Transition(self.compression, norm=self.norm, kernel_init=self.kernel_init,
-                               name=f"transition_{i}")(h, train)
-        h = nn.relu(make_norm(self.norm, train=train, name="final_norm")(h))
+                               dtype=self.dtype, name=f"transition_{i}")(h, train)
+        h = nn.relu(make_norm(self.norm, train=train, name="final_norm", dtype=self.dtype)(h))
         h = jnp.mean(h, axis=(1, 2))
-        return nn.Dense(self.num_classes, name="classifier")(h)
+        logits = nn.Dense(self.num_classes, name="classifier", **dtypes)(h)
+        return logits.astype(jnp.promote_types(logits.dtype, jnp.float32))  # half -> float32
 
 
 def densenet121(num_classes: int = 1000, **kwargs: Any) -> DenseNet:

@@ -40,6 +40,8 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 
+from resjax.nn.precision import layer_dtypes
+
 NORMS = ("none", "batch", "layer", "group", "instance")
 
 BATCHNORM_DEFAULTS = {"momentum": 0.9, "epsilon": 1e-5}
@@ -72,7 +74,12 @@ class BatchNorm(nn.BatchNorm):
         use_running_average: ``True`` (evaluation: the running estimates), ``False`` (training: minibatch
             statistics) or ``None`` (the default: given at call time; ``make_norm`` sets it from the model's
             ``train``, ``None`` when ``train`` is ``None``). The other fields are ``flax.linen.BatchNorm``'s
-            (``axis=-1``, ``use_bias``, ``use_scale``, ``axis_name``, ...).
+            (``axis=-1``, ``use_bias``, ``use_scale``, ``axis_name``, ``dtype``, ``param_dtype``, ...).
+
+    Mixed precision (``dtype=jnp.bfloat16``, ``param_dtype=jnp.float32``, as ``make_norm(..., dtype=)`` sets
+    them): the batch mean and variance are computed from the input promoted to float32, the running
+    estimates in ``batch_stats`` and the scale and offset are float32, the normalisation is computed in
+    float32 and the output is cast to ``dtype`` (flax's ``force_float32_reductions=True``, its default).
     """
 
     momentum: float = BATCHNORM_DEFAULTS["momentum"]
@@ -90,7 +97,7 @@ class BatchNorm(nn.BatchNorm):
             **kwargs: passed on to ``flax.linen.BatchNorm.__call__`` (``mask``).
 
         Returns:
-            The normalised ``x``, same shape and dtype.
+            The normalised ``x``, same shape; its dtype is the ``dtype`` field when set (the input's otherwise).
 
         Raises:
             ValueError: neither the field nor the call gives the mode (``apply`` only; names ``train``);
@@ -164,7 +171,8 @@ def _momentum(overrides: dict) -> dict:
     return overrides
 
 
-def make_norm(kind: str | Callable, *, train: bool | None, name: str | None = None, **overrides: Any) -> Callable:
+def make_norm(kind: str | Callable, *, train: bool | None, name: str | None = None, dtype: Any = None,
+              **overrides: Any) -> Callable:
     """A normalisation layer of the given kind (or ``kind(name=name, **overrides)`` if it is callable).
 
     Must be called inside a ``@nn.compact`` method: the returned layer is bound to that module.
@@ -175,8 +183,14 @@ def make_norm(kind: str | Callable, *, train: bool | None, name: str | None = No
     ``name``: the layer's name in the parameter tree; ``overrides``: the layer's settings (``momentum`` or
     ``rho`` and ``epsilon`` for BatchNorm, ``num_groups`` for GroupNorm, ``reduction_axes``, ...). Returns a
     layer called as ``layer(x)`` (for a callable ``kind``, whatever it returns; ``train`` is not passed to it).
+    ``dtype``: the model's computation dtype (``resjax.nn.precision``): ``None`` (the default) leaves the layer
+    as it was; otherwise the layer returns ``dtype`` with float32 parameters (``dtype``, ``param_dtype`` set;
+    BatchNorm's statistics and running estimates stay float32) and a callable ``kind`` is given ``dtype=``.
     Unknown names raise ``ValueError`` naming ``norm``.
     """
+    if dtype is not None:
+        precision = layer_dtypes(dtype)
+        overrides = {**(precision if not callable(kind) else {"dtype": precision["dtype"]}), **overrides}
     if callable(kind):
         return kind(name=name, **overrides)
     if kind == "none":

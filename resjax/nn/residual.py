@@ -242,6 +242,11 @@ def fixup_kernel_init(kernel_init: str | Callable, layer: int, num_layers: int, 
     return get_initializer(kernel_init, gain=num_blocks ** (-1.0 / (2 * num_layers - 2)))
 
 
+def _param_dtype(h: jax.Array) -> Any:
+    """A parameter's dtype for a stream ``h``: ``h``'s, but at least float32 (mixed precision)."""
+    return jnp.promote_types(h.dtype, jnp.float32)
+
+
 def scale_branch(block: nn.Module, h: jax.Array, tau: float | jax.Array | None = None,
                  bias: Callable[[jax.Array], jax.Array] = lambda h: h, check_value: bool = True) -> jax.Array:
     """The branch scaling every residual block shares (``block.scaling``): ``tau`` (the traced ``tau`` when
@@ -250,15 +255,17 @@ def scale_branch(block: nn.Module, h: jax.Array, tau: float | jax.Array | None =
     the sum in ``close_block``). ``bias`` is the block's output bias: applied before the tau factor (as
     the tau-ResNet code adds it) and after the scalar gains (as Fixup adds it). Call from a compact method.
     ``tau`` is checked by ``check_call_tau`` (refused on a block whose scaling is not ``'tau'``; a concrete
-    tau must be finite and > 0, unless ``check_value=False``: a learned tau the model passes on)."""
+    tau must be finite and > 0, unless ``check_value=False``: a learned tau the model passes on). The scalar
+    parameters are at least float32 (float32 when ``h`` is half precision: ``resjax.nn.precision``) and cast
+    to ``h``'s dtype where used."""
     check_call_tau(block, tau, check_value)
     if block.scaling == "tau":
         t = resolve_tau(block.tau, block.num_blocks) if tau is None else tau
         return bias(h) * jnp.asarray(t, h.dtype)
     if block.scaling == "skipinit":
-        h = h * block.param("skipinit_alpha", nn.initializers.zeros, (), h.dtype)
+        h = h * block.param("skipinit_alpha", nn.initializers.zeros, (), _param_dtype(h)).astype(h.dtype)
     elif block.scaling == "fixup":
-        h = h * block.param("fixup_scale", nn.initializers.ones, (), h.dtype)
+        h = h * block.param("fixup_scale", nn.initializers.ones, (), _param_dtype(h)).astype(h.dtype)
     return bias(h)
 
 

@@ -70,6 +70,8 @@ Networks:
   2/sqrt(largest stage) (``'official'``). They differ (ResNet-50: 0.516 vs 0.816), so both are named.
 - ``taki_resnet(num_blocks=100)``: Taki's model (seed 004): a stem, ``num_blocks`` blocks
   ``x + conv8x8(act(norm(x)))`` at 16 channels, pool, dense. See ``TakiResNet``.
+- ``dtype`` (every network and block here): mixed precision, e.g. ``cifar_resnet(56, dtype='bfloat16')``
+  computes in bfloat16 with float32 parameters, BatchNorm statistics and logits; see ``resjax.nn.precision``.
 
 Kernels default to He normal with fan-out (std sqrt(2 / (k*k*out))), the initialisation of the
 torchvision, Fixup and tau-ResNet code (Fixup's stem excepted: ``stem_init``); the classifier uses
@@ -90,6 +92,7 @@ import jax.numpy as jnp
 
 from resjax.nn.init import get_bias_initializer, get_initializer
 from resjax.nn.norms import check_norm, make_norm
+from resjax.nn.precision import PrecisionRepr, layer_dtypes, resolve_dtype
 from resjax.nn.residual import (ORDERS, SCALINGS, check_call_tau, check_choice, check_positive, check_tau_field,
                                 close_block, fixup_kernel_init, residual_add, resolve_tau, scale_branch,
                                 stack_blocks)
@@ -112,10 +115,12 @@ IMAGENET_STAGES = {
 
 
 def _scalar(module: nn.Module, name: str, h: jax.Array, init: Callable = nn.initializers.zeros) -> jax.Array:
-    return module.param(name, init, (), h.dtype)
+    """A scalar parameter, stored in at least float32 (float32 under a half ``dtype``: mixed precision) and used
+    in ``h``'s dtype."""
+    return module.param(name, init, (), jnp.promote_types(h.dtype, jnp.float32)).astype(h.dtype)
 
 
-class ResNetBlock(nn.Module):
+class ResNetBlock(PrecisionRepr, nn.Module):
     """One convolutional residual block; see the module docstring. Call as ``block(x, train, tau)``.
 
     ``tau`` (call argument) only with ``scaling='tau'``, else ``ValueError``; a concrete tau must be a finite
@@ -154,6 +159,10 @@ class ResNetBlock(nn.Module):
         activation: the activation function. Default ``flax.linen.relu``.
         learned_tau: set by ``ResNet(learnable_tau=True)``: the call-time ``tau`` is the network's learned
             parameter, so its value is not checked. Default ``False``.
+        dtype: the computation dtype: ``None`` (default; float32), ``'float32'``, ``'bfloat16'`` or
+            ``'float16'`` (or the ``jnp`` dtype). Convolutions, norms' outputs and the sum compute in it;
+            parameters and BatchNorm's statistics stay float32 (``resjax.nn.precision``). The block does not
+            cast its input: ``ResNet`` casts at the stem.
     """
 
     features: int
@@ -172,8 +181,10 @@ class ResNetBlock(nn.Module):
     option_a_input: str = "x"
     activation: Callable = nn.relu
     learned_tau: bool = False  # set by ResNet(learnable_tau=True): the call-time tau is a parameter, not checked
+    dtype: Any = None
 
     def __post_init__(self):
+        resolve_dtype(self.dtype)
         check_positive("features", self.features)
         check_choice("option_a_input", self.option_a_input, OPTION_A_INPUTS)
         if not isinstance(self.option_a_norm, bool):
@@ -217,7 +228,7 @@ class ResNetBlock(nn.Module):
             init = get_initializer(self.kernel_init)
         use_bias = self.norm == "none" and not self.uses_scalar_biases
         return nn.Conv(features, (size, size), strides=strides, padding=[(size // 2, (size - 1) // 2)] * 2,
-                       use_bias=use_bias, kernel_init=init, name=f"conv_{i}")(h)
+                       use_bias=use_bias, kernel_init=init, name=f"conv_{i}", **layer_dtypes(self.dtype))(h)
 
     def _shortcut(self, x, first_input, train):
         """Identity, or option A/B when the block changes the shape. Option B reads what the first conv
@@ -235,12 +246,13 @@ class ResNetBlock(nn.Module):
             source = first_input if self.option_a_input == "conv_input" else x
             skip = source[:, ::self.strides, ::self.strides, :]
             if self.option_a_norm:
-                skip = make_norm(self.norm, train=train, name="shortcut_norm")(skip)
+                skip = make_norm(self.norm, train=train, name="shortcut_norm", dtype=self.dtype)(skip)
             return jnp.pad(skip, ((0, 0), (0, 0), (0, 0), (0, extra)))
         skip = nn.Conv(self.features, (1, 1), strides=self.strides, use_bias=self.norm == "none",
-                       kernel_init=get_initializer(self.kernel_init), name="shortcut_conv")(first_input)
+                       kernel_init=get_initializer(self.kernel_init), name="shortcut_conv",
+                       **layer_dtypes(self.dtype))(first_input)
         if self.order == "post":
-            skip = make_norm(self.norm, train=train, name="shortcut_norm")(skip)
+            skip = make_norm(self.norm, train=train, name="shortcut_norm", dtype=self.dtype)(skip)
         return skip
 
     @nn.compact
@@ -276,14 +288,15 @@ class ResNetBlock(nn.Module):
         m = len(layers)
         h = x
         if self.order == "pre":
-            h = self.activation(self._bias("bias_act_pre", make_norm(self.norm, train=train, name="norm_pre")(x)))
+            h = self.activation(self._bias("bias_act_pre", make_norm(self.norm, train=train, name="norm_pre",
+                                                                      dtype=self.dtype)(x)))
         first_input = None
         for i, (size, features, strides) in enumerate(layers):
             h = self._bias(f"bias_in_{i}", h)
             first_input = h if i == 0 else first_input
             h = self._conv(i, size, features, strides, h)
             if self.order == "post" or i < m - 1:
-                h = make_norm(self.norm, train=train, name=f"norm_{i}")(h)
+                h = make_norm(self.norm, train=train, name=f"norm_{i}", dtype=self.dtype)(h)
             if i < m - 1:
                 h = self.activation(self._bias(f"bias_act_{i}", h))
         return close_block(self, self._shortcut(x, first_input, train), self._scale_branch(h, tau))
@@ -292,7 +305,7 @@ class ResNetBlock(nn.Module):
         return scale_branch(self, h, tau, lambda h: self._bias("bias_out", h), check_value=not self.learned_tau)
 
 
-class ResNet(nn.Module):
+class ResNet(PrecisionRepr, nn.Module):
     """A staged convolutional ResNet; see the module docstring. Call as ``model(images, train, tau)``:
     ``tau`` only with ``scaling='tau'`` (else ``ValueError``: it would be ignored); a concrete tau must be
     a finite number > 0 (a traced one cannot be checked by value).
@@ -334,6 +347,11 @@ class ResNet(nn.Module):
         stem_head_biases: the scalar biases ``stem_bias`` and ``head_bias``: ``True``, ``False`` or ``None``
             (default: whenever the blocks have scalar biases).
         stem_init: the stem conv's initialiser; ``None`` (default): ``kernel_init``.
+        dtype: the computation dtype (mixed precision, ``resjax.nn.precision``): ``None`` (default; float32),
+            ``'float32'``, ``'bfloat16'`` or ``'float16'`` (or the ``jnp`` dtype). The images are cast to it at
+            the stem; convolutions, the classifier, activations, pooling and sums compute in it; parameters
+            and BatchNorm's statistics (``batch_stats``) stay float32; the logits are returned as float32.
+            ``None`` and ``'float32'`` give bit-identical results.
     """
 
     stage_sizes: Sequence[int]
@@ -358,8 +376,10 @@ class ResNet(nn.Module):
     option_a_input: str = "x"
     stem_head_biases: bool | None = None
     stem_init: str | Callable | None = None
+    dtype: Any = None
 
     def __post_init__(self):
+        resolve_dtype(self.dtype)
         if not self.stage_sizes or len(self.stage_sizes) != len(self.stage_widths):
             raise ValueError(f"stage_sizes: need one size per stage width, got {tuple(self.stage_sizes)} and "
                              f"stage_widths {tuple(self.stage_widths)}")
@@ -405,7 +425,7 @@ class ResNet(nn.Module):
                       order=self.order, shortcut=self.shortcut, norm=self.norm, scaling=self.scaling, tau=self.tau,
                       num_blocks=self.tau_blocks or self.num_blocks, scalar_biases=self.scalar_biases,
                       kernel_init=self.kernel_init, activation=self.activation, option_a_norm=self.option_a_norm,
-                      option_a_input=self.option_a_input, learned_tau=self.learnable_tau)
+                      option_a_input=self.option_a_input, learned_tau=self.learnable_tau, dtype=self.dtype)
         ResNetBlock(**kwargs, parent=None)  # raises ValueError naming a bad setting
         return kwargs
 
@@ -436,7 +456,7 @@ class ResNet(nn.Module):
                 tau passed to ``init`` sets its initial value, one passed to ``apply`` is not used.
 
         Returns:
-            The logits, ``(batch, num_classes)``.
+            The logits, ``(batch, num_classes)``; float32 also when computed in a half ``dtype``.
 
         Raises:
             ValueError: ``x`` without 4 axes (names ``images``); ``train`` missing with BatchNorm; a ``tau``
@@ -456,14 +476,17 @@ class ResNet(nn.Module):
         tau = self._tau(tau)
         conv_bias = self.norm == "none" and not self.use_scalar_biases
         kernel_init = get_initializer(self.kernel_init if self.stem_init is None else self.stem_init)
+        dtypes = layer_dtypes(self.dtype)
+        if dtypes["dtype"] is not None:
+            x = x.astype(dtypes["dtype"])
         if self.stem == "cifar":
             h = nn.Conv(self.stem_width, (3, 3), padding=[(1, 1)] * 2, use_bias=conv_bias, kernel_init=kernel_init,
-                        name="stem_conv")(x)
+                        name="stem_conv", **dtypes)(x)
         else:
             h = nn.Conv(self.stem_width, (7, 7), strides=2, padding=[(3, 3)] * 2, use_bias=conv_bias,
-                        kernel_init=kernel_init, name="stem_conv")(x)
+                        kernel_init=kernel_init, name="stem_conv", **dtypes)(x)
         if self.order == "post" or self.stem == "imagenet":
-            h = make_norm(self.norm, train=train, name="stem_norm")(h)
+            h = make_norm(self.norm, train=train, name="stem_norm", dtype=self.dtype)(h)
             h = self.activation(self._bias("stem_bias", h))
         if self.stem == "imagenet":
             h = nn.max_pool(h, (3, 3), strides=(2, 2), padding=[(1, 1)] * 2)
@@ -474,14 +497,15 @@ class ResNet(nn.Module):
             h = stack_blocks(ResNetBlock, self._block_kwargs(s, 1), size - 1, h, train, tau, scan=self.scan,
                              name=f"stage{s + 1}")
         if self.order == "pre":
-            h = self.activation(make_norm(self.norm, train=train, name="final_norm")(h))
+            h = self.activation(make_norm(self.norm, train=train, name="final_norm", dtype=self.dtype)(h))
         h = jnp.mean(h, axis=(1, 2))
         self.sow("intermediates", "pre_logits", h)
         zero_head = self.scaling == "fixup"
         head_init = get_initializer("zeros" if zero_head else HEAD_INIT)
         bias_init = get_bias_initializer("zeros" if zero_head else "torch_default", h.shape[-1])
-        return nn.Dense(self.num_classes, kernel_init=head_init, bias_init=bias_init,
-                        name="head")(self._bias("head_bias", h))
+        logits = nn.Dense(self.num_classes, kernel_init=head_init, bias_init=bias_init, name="head",
+                          **dtypes)(self._bias("head_bias", h))
+        return logits.astype(jnp.promote_types(logits.dtype, jnp.float32))  # half -> float32
 
 
 def cifar_resnet(depth: int = 20, num_classes: int = 10, widen_factor: int = 1, **kwargs: Any) -> ResNet:
@@ -538,7 +562,7 @@ def imagenet_tau(stage_sizes: Sequence[int], convention: str = "seed") -> float:
     return 2.0 / math.sqrt(max(stage_sizes))
 
 
-class TakiResNet(nn.Module):
+class TakiResNet(PrecisionRepr, nn.Module):
     """Taki's 100-block convolutional ResNet (seed 004, Section 4 and Fig. 1).
 
     The seed: "residual block consists of 8x8 convolution layer with 16 channels and ReLU", with BatchNorm
@@ -567,6 +591,9 @@ class TakiResNet(nn.Module):
         scan: ``True`` (default): the blocks as one ``nn.scan`` (``blocks/block``); ``False``: unrolled
             (``blocks_0`` ...).
         activation: the activation function. Default ``flax.linen.relu``.
+        dtype: the computation dtype, as ``ResNet``'s: ``None`` (default; float32), ``'float32'``,
+            ``'bfloat16'`` or ``'float16'``; parameters and ``batch_stats`` stay float32, the logits are
+            float32 (``resjax.nn.precision``).
     """
 
     num_blocks: int = 100
@@ -577,8 +604,10 @@ class TakiResNet(nn.Module):
     kernel_init: str | Callable = "taki"
     scan: bool = True
     activation: Callable = nn.relu
+    dtype: Any = None
 
     def __post_init__(self):
+        resolve_dtype(self.dtype)
         check_positive("num_blocks", self.num_blocks)
         check_positive("features", self.features)
         check_positive("kernel_size", self.kernel_size)
@@ -599,7 +628,7 @@ class TakiResNet(nn.Module):
                 may omit it (it only needs shapes). Without BatchNorm it is ignored.
 
         Returns:
-            The logits, ``(batch, num_classes)``.
+            The logits, ``(batch, num_classes)``; float32 also when computed in a half ``dtype``.
 
         Raises:
             ValueError: ``x`` without 4 axes (names ``images``); ``train`` missing with BatchNorm.
@@ -612,14 +641,19 @@ class TakiResNet(nn.Module):
         """
         if x.ndim != 4:
             raise ValueError(f"images: expected NHWC (4 axes), got shape {tuple(x.shape)}")
+        dtypes = layer_dtypes(self.dtype)
+        if dtypes["dtype"] is not None:
+            x = x.astype(dtypes["dtype"])
         h = nn.Conv(self.features, (3, 3), padding="SAME", use_bias=False,
-                    kernel_init=get_initializer("he_normal_fan_in"), name="stem_conv")(x)
+                    kernel_init=get_initializer("he_normal_fan_in"), name="stem_conv", **dtypes)(x)
         block_kwargs = dict(features=self.features, kernel_size=self.kernel_size, norm=self.norm,
-                            kernel_init=self.kernel_init, num_blocks=self.num_blocks, activation=self.activation)
+                            kernel_init=self.kernel_init, num_blocks=self.num_blocks, activation=self.activation,
+                            dtype=self.dtype)
         h = stack_blocks(TakiBlock, block_kwargs, self.num_blocks, h, train, scan=self.scan)
         h = jnp.mean(h, axis=(1, 2))
-        return nn.Dense(self.num_classes, kernel_init=get_initializer(HEAD_INIT),
-                        bias_init=get_bias_initializer("torch_default", h.shape[-1]), name="head")(h)
+        logits = nn.Dense(self.num_classes, kernel_init=get_initializer(HEAD_INIT),
+                          bias_init=get_bias_initializer("torch_default", h.shape[-1]), name="head", **dtypes)(h)
+        return logits.astype(jnp.promote_types(logits.dtype, jnp.float32))  # half -> float32
 
 
 def _taki_kernel_init(name: str | Callable, num_blocks: int) -> Callable:
@@ -628,7 +662,7 @@ def _taki_kernel_init(name: str | Callable, num_blocks: int) -> Callable:
     return get_initializer(name)
 
 
-class TakiBlock(nn.Module):
+class TakiBlock(PrecisionRepr, nn.Module):
     """``x + conv(act(N(x)))``, no bias; ``kernel_init='taki'`` draws N(0, 1/(k*k*C*num_blocks)).
 
     The fields are not checked here (``TakiResNet`` checks its own).
@@ -640,6 +674,8 @@ class TakiBlock(nn.Module):
         kernel_init: ``'taki'`` (default) or any ``resjax.nn.init`` name or function.
         num_blocks: L of the ``'taki'`` initialiser. Default 100.
         activation: the activation function. Default ``flax.linen.relu``.
+        dtype: the computation dtype (``None``, the default: float32); parameters and ``batch_stats`` stay
+            float32. The block does not cast its input (``TakiResNet`` casts at the stem).
     """
 
     features: int = 16
@@ -648,6 +684,7 @@ class TakiBlock(nn.Module):
     kernel_init: Any = "taki"
     num_blocks: int = 100
     activation: Callable = nn.relu
+    dtype: Any = None
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool | None) -> jax.Array:
@@ -668,9 +705,10 @@ class TakiBlock(nn.Module):
             ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
             ``intermediates``: sows ``block_out`` (the output) when the caller makes it mutable.
         """
-        h = self.activation(make_norm(self.norm, train=train, name="norm")(x))
+        h = self.activation(make_norm(self.norm, train=train, name="norm", dtype=self.dtype)(x))
         h = nn.Conv(self.features, (self.kernel_size,) * 2, padding="SAME", use_bias=False,
-                    kernel_init=_taki_kernel_init(self.kernel_init, self.num_blocks), name="conv")(h)
+                    kernel_init=_taki_kernel_init(self.kernel_init, self.num_blocks), name="conv",
+                    **layer_dtypes(self.dtype))(h)
         out = residual_add(x, h)
         self.sow("intermediates", "block_out", out)
         return out
