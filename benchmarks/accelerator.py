@@ -28,7 +28,8 @@ Timing reuses ``benchmarks.throughput`` (best of ``repeats`` calls after a warm-
    one seed, and 4 seeds (quick: 2) with ``seed_axis='vmap'`` (each seed its own batch), each with the
    stages scanned (``scan=True``) and unrolled. Images/s (median of the timed steps), compile time, XLA's
    FLOPs per step (``resnet.cost_flops``) and achieved FLOP/s as a fraction of the bfloat16 peak (the models
-   run in float32 at the default precision, so on an accelerator that is the relevant ceiling).
+   run in float32 at the default precision, so on an accelerator that is the relevant ceiling); and one seed
+   unrolled in mixed precision (``dtype='bfloat16'``: bfloat16 compute, float32 parameters and statistics).
 4. Correctness on the default device, every computation under ``jax.default_matmul_precision('highest')``;
    each check records the max abs and max rel difference, its tolerance (``rtol``, ``atol``: passed when
    ``|a - b| <= atol + rtol |b|`` everywhere) and passed:
@@ -126,17 +127,19 @@ def degradation(s: dict, peaks: dict) -> dict:
 # ---- 3. CIFAR ResNets ------------------------------------------------------------------------------
 
 
-def image_trainer(depth: int, batch_size: int, scan: bool, seed_axis: str = "vmap"):
-    """``benchmarks.resnet.build_trainer``'s trainer with the model's ``scan`` chosen."""
+def image_trainer(depth: int, batch_size: int, scan: bool, seed_axis: str = "vmap", dtype: str | None = None):
+    """``benchmarks.resnet.build_trainer``'s trainer with the model's ``scan`` and ``dtype`` chosen."""
     train = image_train_config(seed_axis=seed_axis, batch_size=batch_size, eval_batch_size=batch_size, epochs=1,
                                schedule="constant")
     return make_image_train(run_config(train=train), synthetic_image_dataset("cifar10", batch_size),
-                            model=cifar_resnet(depth, scan=scan))
+                            model=cifar_resnet(depth, scan=scan, dtype=dtype))
 
 
-def resnet_step(depth: int, batch_size: int, scan: bool, num_seeds: int | None, steps: int, peak: float) -> dict:
-    """One training step (``num_seeds=None``: one seed; else that many seeds vmapped, each its own batch)."""
-    trainer = image_trainer(depth, batch_size, scan)
+def resnet_step(depth: int, batch_size: int, scan: bool, num_seeds: int | None, steps: int, peak: float,
+                dtype: str | None = None) -> dict:
+    """One training step (``num_seeds=None``: one seed; else that many seeds vmapped, each its own batch);
+    ``dtype='bfloat16'``: mixed precision (float32 parameters and statistics)."""
+    trainer = image_trainer(depth, batch_size, scan, dtype=dtype)
     x, y = rn.a_batch(batch_size)
     if num_seeds is None:
         state, images = trainer.init(0), batch_size
@@ -157,7 +160,11 @@ def resnets(s: dict, peak_bf16: float) -> dict:
                 key = f"resnet{depth}/{'1 seed' if seeds is None else f'{seeds} seeds vmapped'}/" \
                       f"{'scan' if scan else 'unrolled'}"
                 out[key] = {"depth": depth, "batch_size": s["batch_size"], "seeds": seeds or 1, "scan": scan,
+                            "dtype": "float32",
                             **resnet_step(depth, s["batch_size"], scan, seeds, s["timed_steps"], peak_bf16)}
+        out[f"resnet{depth}/1 seed/unrolled/bfloat16"] = {  # mixed precision, the accelerator users' setting
+            "depth": depth, "batch_size": s["batch_size"], "seeds": 1, "scan": False, "dtype": "bfloat16",
+            **resnet_step(depth, s["batch_size"], False, None, s["timed_steps"], peak_bf16, dtype="bfloat16")}
     return out
 
 

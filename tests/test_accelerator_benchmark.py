@@ -44,7 +44,9 @@ def test_throughputs_are_positive(result):
     v = g["vmap_vs_sequential"]
     assert _positive(v["vmapped"]["best_s"]) and _positive(v["sequential"]["best_s"])
     rn = result["resnets"]
-    assert {(r["seeds"], r["scan"]) for r in rn.values()} == {(1, True), (1, False), (2, True), (2, False)}
+    assert {(r["seeds"], r["scan"], r["dtype"]) for r in rn.values()} == {
+        (1, True, "float32"), (1, False, "float32"), (2, True, "float32"), (2, False, "float32"),
+        (1, False, "bfloat16")}
     for r in rn.values():
         assert _positive(r["images_per_s"]) and _positive(r["compile_s"]) and _positive(r["flops_per_call"])
         assert r["images"] == r["seeds"] * r["batch_size"]
