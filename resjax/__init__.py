@@ -17,24 +17,97 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["use_every_cpu_core"]
+__all__ = ["enable_compilation_cache", "use_every_cpu_core"]
 
 __version__ = "0.1.0"
 
 
+#: XLA:CPU options that ``use_every_cpu_core`` adds to ``XLA_FLAGS`` (each unless ``XLA_FLAGS`` names it already):
+#: convolutions are left to XLA's own (Eigen) kernels instead of YNNPACK, which jaxlib 0.10 hands them to by
+#: default; YNNPACK keeps its dots and reductions. On this project's 2-core CPU a CIFAR ResNet-56 training step
+#: is faster so (``python -m benchmarks.torch_cpu``); programs without convolutions compile unchanged.
+CPU_XLA_FLAGS = ("--xla_cpu_experimental_ynn_fusion_type=-individual_convolution",)
+#: The first jaxlib that knows every flag of ``CPU_XLA_FLAGS`` (XLA aborts on a flag it does not know).
+CPU_XLA_FLAGS_SINCE = (0, 10, 1)
+
+
+def _jaxlib_version() -> tuple[int, ...] | None:
+    import re
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        text = version("jaxlib")
+    except PackageNotFoundError:
+        return None
+    match = re.match(r"(\d+)\.(\d+)\.(\d+)", text)
+    return tuple(int(g) for g in match.groups()) if match else None
+
+
 def use_every_cpu_core() -> None:
-    """Make every CPU core its own JAX host device, so that seed sweeps shard across cores.
+    """Make every CPU core its own JAX host device, so that seed sweeps shard across cores, and set
+    resjax's XLA:CPU options (``CPU_XLA_FLAGS``).
 
     XLA:CPU runs one small-matmul program on one core about as fast as on two (and a seed-vmapped
     program slower), while one program per core scales with the cores; ``Trainer.sweep`` shards its
     seeds across devices. This sets ``--xla_force_host_platform_device_count`` in ``XLA_FLAGS`` and only
-    takes effect before JAX's first computation; it does nothing when ``XLA_FLAGS`` already sets the
-    count. ``RESJAX_CPU_DEVICES`` overrides the count (1 turns it off). Accelerator backends are
-    unaffected.
+    takes effect before JAX's first computation; it does not change a count that ``XLA_FLAGS`` already
+    sets. ``RESJAX_CPU_DEVICES`` overrides the count (1 turns it off). All these devices share one
+    thread pool, so a one-device program (a ResNet step) still uses every core.
+
+    ``CPU_XLA_FLAGS`` are added with a jaxlib from ``CPU_XLA_FLAGS_SINCE`` on, each unless ``XLA_FLAGS``
+    names that option already; ``RESJAX_XLA_CPU_FLAGS=0`` leaves them out. Accelerator backends are
+    unaffected by either.
     """
     flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" in flags:
-        return
-    count = int(os.environ.get("RESJAX_CPU_DEVICES", os.cpu_count() or 1))
-    if count > 1:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+    if "xla_force_host_platform_device_count" not in flags:
+        count = int(os.environ.get("RESJAX_CPU_DEVICES", os.cpu_count() or 1))
+        if count > 1:
+            flags = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+    if os.environ.get("RESJAX_XLA_CPU_FLAGS", "1").strip().lower() not in ("0", "off", "false", "no"):
+        jaxlib = _jaxlib_version()
+        if jaxlib is not None and jaxlib >= CPU_XLA_FLAGS_SINCE:
+            for flag in CPU_XLA_FLAGS:
+                if flag.split("=")[0] not in flags:
+                    flags = f"{flags} {flag}".strip()
+    if flags != os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = flags
+
+
+#: ``RESJAX_COMPILATION_CACHE`` values that turn the persistent compilation cache off.
+CACHE_OFF = ("0", "off", "false", "no", "none")
+
+
+def enable_compilation_cache(path: str | os.PathLike | None = None, min_compile_time_secs: float = 0.0) -> str | None:
+    """Keep XLA's compiled programs on disk (JAX's persistent compilation cache), so that a later process
+    running the same programs loads them instead of compiling them again.
+
+    The folder is ``path``, else ``$RESJAX_COMPILATION_CACHE``, else ``jax`` under ``$RESJAX_CACHE`` (the
+    data cache, ``~/.cache/resjax``): ``~/.cache/resjax/jax``. ``RESJAX_COMPILATION_CACHE=0`` (or ``off``,
+    ``false``, ``no``, ``none``) turns it off, and so does an empty value. A cache folder chosen for JAX already
+    (``JAX_COMPILATION_CACHE_DIR`` or ``jax.config.update('jax_compilation_cache_dir', ...)``) is kept. Every
+    program that took at least ``min_compile_time_secs`` to compile is written (JAX's own default is 1 s;
+    0 keeps also the small ones that a start-up compiles many of). An entry is found again only for the same
+    program, JAX and jaxlib versions, backend and ``XLA_FLAGS``; XLA:CPU refuses to load one compiled for a
+    processor with other features. The folder grows with every new program; deleting it is always safe.
+    The cache is trusted code: do not point it at a folder that others can write to.
+
+    Call it before JAX compiles (the entry points call it first, with ``use_every_cpu_core``); programs
+    compiled earlier in the process are not written. Imports JAX. Returns the folder in use, or ``None`` when
+    the cache is off.
+    """
+    env = os.environ.get("RESJAX_COMPILATION_CACHE")
+    if path is None and env is not None and env.strip().lower() in CACHE_OFF + ("",):
+        return None
+    import jax
+
+    current = jax.config.jax_compilation_cache_dir
+    if current:
+        return str(current)
+    if path is None:
+        base = os.environ.get("RESJAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "resjax"))
+        path = env if env else os.path.join(base, "jax")
+    path = os.fspath(path)
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_time_secs))
+    return path
