@@ -47,17 +47,15 @@ Timing reuses ``benchmarks.throughput`` (best of ``repeats`` calls after a warm-
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import pathlib
 import platform
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import run_and_write
 from benchmarks import resnet as rn
 from benchmarks.throughput import SETTINGS as THROUGHPUT_SETTINGS
 from benchmarks.throughput import NUM_SEEDS, print_table, time_call, training_throughput, vmap_vs_sequential
@@ -313,15 +311,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--quick", action="store_true", help="tiny sizes (the CPU test run: about 5 minutes here, 90 s in the tests)")
     parser.add_argument("--out", default="runs/benchmarks/accelerator.json", help="JSON output (default: %(default)s)")
     args = parser.parse_args(argv)
-    start = time.perf_counter()
-    res = run(args.quick)
-    res["wall_s"] = time.perf_counter() - start
-    report(res)
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1))
-    print(f"\nbenchmark took {res['wall_s']:.0f} s; wrote {out}")
-    return res
+    return run_and_write(lambda: run(args.quick), report, args.out)
 
 
 if __name__ == "__main__":

@@ -41,10 +41,8 @@ e. Evaluation: the trainer's evaluation program (``evaluate``'s, running BatchNo
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import pathlib
 import platform
 import statistics
 import time
@@ -53,6 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import run_and_write
 from benchmarks.throughput import SETTINGS as MATMUL_SETTINGS
 from benchmarks.throughput import matmul_peak, print_table
 import resjax
@@ -282,16 +281,8 @@ def main(argv=None) -> dict:
                         help="skip (d); on a CPU it is most of the run (a vmapped ResNet-56 step takes ~50 s)")
     parser.add_argument("--out", default="runs/benchmarks/resnet.json", help="JSON output (default: %(default)s)")
     args = parser.parse_args(argv)
-    start = time.perf_counter()
-    res = run(args.quick, not args.no_seeds, depth=args.depth, batch_size=args.batch_size,
-              eval_batch_size=args.eval_batch_size, steps=args.steps, seeds=args.seeds)
-    res["wall_s"] = time.perf_counter() - start
-    report(res)
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1))
-    print(f"\nbenchmark took {res['wall_s']:.0f} s; wrote {out}")
-    return res
+    return run_and_write(lambda: run(args.quick, not args.no_seeds, depth=args.depth, batch_size=args.batch_size,
+              eval_batch_size=args.eval_batch_size, steps=args.steps, seeds=args.seeds), report, args.out)
 
 
 if __name__ == "__main__":

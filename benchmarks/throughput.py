@@ -46,9 +46,7 @@ of ``repeats`` timed calls (all of them are in the JSON).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import pathlib
 import platform
 import time
 from typing import Callable
@@ -57,6 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import run_and_write
 from experiments.degradation import CONFIGS, WIDTH
 import resjax
 from resjax.data import load_dataset
@@ -327,15 +326,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats (seconds, not minutes)")
     parser.add_argument("--out", default="runs/benchmarks/throughput.json", help="JSON output (default: %(default)s)")
     args = parser.parse_args(argv)
-    start = time.perf_counter()
-    res = run(args.quick)
-    res["wall_s"] = time.perf_counter() - start
-    report(res)
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1))
-    print(f"\nbenchmark took {res['wall_s']:.0f} s; wrote {out}")
-    return res
+    return run_and_write(lambda: run(args.quick), report, args.out)
 
 
 if __name__ == "__main__":

@@ -280,7 +280,7 @@ class ImageTrainer(Core):
             return
         yield from out
 
-    def _place(self, x, seeded: bool, batch_size: int):
+    def _place(self, x, seeded: bool, batch_size: int | None = None):
         """A host batch as a device array: without a mesh the whole batch as it is; with one, ``x`` is this
         process's block and the global batch of ``batch_size`` examples is sharded over the mesh's 'data'
         axis (example axis)."""
@@ -288,6 +288,8 @@ class ImageTrainer(Core):
         if self.mesh is None:
             return jnp.asarray(x)
         axis = 1 if seeded else 0
+        if batch_size is None:  # x is the whole global batch: keep this process's block
+            batch_size, x = x.shape[axis], distributed.host_block(x, axis)
         shape = (*x.shape[:axis], batch_size, *x.shape[axis + 1:])
         return distributed.global_batch(x, distributed.batch_sharding(self.mesh, seeded), shape)
 
