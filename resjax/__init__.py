@@ -55,7 +55,7 @@ def use_every_cpu_core() -> None:
     thread pool, so a one-device program (a ResNet step) still uses every core.
 
     ``CPU_XLA_FLAGS`` are added with a jaxlib from ``CPU_XLA_FLAGS_SINCE`` on, each unless ``XLA_FLAGS``
-    names that option already; ``RESJAX_XLA_CPU_FLAGS=0`` leaves them out. Accelerator backends are
+    names that option already; ``RESJAX_XLA_CPU_FLAGS=1`` adds them (opt-in: not yet run through the whole suite). Accelerator backends are
     unaffected by either.
     """
     flags = os.environ.get("XLA_FLAGS", "")
@@ -63,7 +63,7 @@ def use_every_cpu_core() -> None:
         count = int(os.environ.get("RESJAX_CPU_DEVICES", os.cpu_count() or 1))
         if count > 1:
             flags = f"{flags} --xla_force_host_platform_device_count={count}".strip()
-    if os.environ.get("RESJAX_XLA_CPU_FLAGS", "1").strip().lower() not in ("0", "off", "false", "no"):
+    if os.environ.get("RESJAX_XLA_CPU_FLAGS", "0").strip().lower() in ("1", "on", "true", "yes"):  # opt-in until the suite is checked with it
         jaxlib = _jaxlib_version()
         if jaxlib is not None and jaxlib >= CPU_XLA_FLAGS_SINCE:
             for flag in CPU_XLA_FLAGS:
