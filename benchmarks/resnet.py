@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import run_and_write
+from benchmarks import positive_int, run_and_write
 from benchmarks.throughput import SETTINGS as MATMUL_SETTINGS
 from benchmarks.throughput import matmul_peak, print_table
 import resjax
@@ -260,23 +260,16 @@ def run(quick: bool, seeds_too: bool = True, **overrides) -> dict:
     return res
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
-
-
 def main(argv=None) -> dict:
     resjax.use_every_cpu_core()  # one JAX device per CPU core, before JAX's first computation
     parser = argparse.ArgumentParser(prog="python -m benchmarks.resnet", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="ResNet-8, batch 16, 2 steps, 2 seeds (seconds)")
     parser.add_argument("--depth", type=int, help=f"CIFAR ResNet depth 6n+2 (default {DEFAULTS['depth']})")
-    parser.add_argument("--batch-size", type=_positive, help=f"training batch (default {DEFAULTS['batch_size']})")
-    parser.add_argument("--eval-batch-size", type=_positive,
+    parser.add_argument("--batch-size", type=positive_int, help=f"training batch (default {DEFAULTS['batch_size']})")
+    parser.add_argument("--eval-batch-size", type=positive_int,
                         help=f"evaluation batch (default {DEFAULTS['eval_batch_size']})")
-    parser.add_argument("--steps", type=_positive, help=f"timed calls per program (default {DEFAULTS['steps']})")
-    parser.add_argument("--seeds", type=_positive, help=f"seeds of (d) (default {DEFAULTS['seeds']})")
+    parser.add_argument("--steps", type=positive_int, help=f"timed calls per program (default {DEFAULTS['steps']})")
+    parser.add_argument("--seeds", type=positive_int, help=f"seeds of (d) (default {DEFAULTS['seeds']})")
     parser.add_argument("--no-seeds", action="store_true",
                         help="skip (d); on a CPU it is most of the run (a vmapped ResNet-56 step takes ~50 s)")
     parser.add_argument("--out", default="runs/benchmarks/resnet.json", help="JSON output (default: %(default)s)")

@@ -55,7 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import run_and_write
+from benchmarks import print_table, run_and_write
 from experiments.degradation import CONFIGS, WIDTH
 import resjax
 from resjax.data import load_dataset
@@ -227,20 +227,6 @@ def compile_time(num_blocks: int, scan: bool, data) -> dict:
 
 
 # ---- report ----------------------------------------------------------------------------------------
-
-
-def print_table(title: str, header: list[str], rows: list[list]) -> None:
-    cells = [[str(c) for c in row] for row in [header, *rows]]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-
-    def line(r):
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-
-    print(f"\n{title}")
-    print(line(cells[0]))
-    print("  ".join("-" * w for w in widths))
-    for r in cells[1:]:
-        print(line(r))
 
 
 def report(res: dict) -> None:

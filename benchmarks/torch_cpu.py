@@ -62,6 +62,8 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 
+from benchmarks import positive_int, print_table  # noqa: E402  (standard library only)
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 DEFAULTS = {"depth": 56, "batch_size": 128, "rounds": 3, "steps": 2, "check_steps": 3, "epochs": 30,
@@ -640,20 +642,6 @@ def summarise(res: dict) -> dict:
 # ---- report ----------------------------------------------------------------------------------------
 
 
-def print_table(title: str, header: list[str], rows: list[list]) -> None:
-    cells = [[str(c) for c in row] for row in [header, *rows]]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-
-    def line(r):
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-
-    print(f"\n{title}")
-    print(line(cells[0]))
-    print("  ".join("-" * w for w in widths))
-    for r in cells[1:]:
-        print(line(r))
-
-
 def report(res: dict) -> None:
     s = res["settings"]
     for label, run in res.get("step", {}).items():
@@ -751,21 +739,14 @@ def run(quick: bool, parts=PARTS, variants: tuple[str, ...] = DEFAULT_VARIANTS, 
     return res
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
-
-
 def main(argv=None) -> dict | None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.torch_cpu", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
                         help="ResNet-8 at batch 16, two programs, no sweep programs in the step part, 2 epochs, "
                              "one PyTorch variant (80 s on a 2-core CPU)")
     parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of %(default)s")
-    parser.add_argument("--rounds", type=_positive, help="timing rounds of the step worker (default 3)")
-    parser.add_argument("--epochs", type=_positive, help="epochs of the sweep from process start (default 30)")
+    parser.add_argument("--rounds", type=positive_int, help="timing rounds of the step worker (default 3)")
+    parser.add_argument("--epochs", type=positive_int, help="epochs of the sweep from process start (default 30)")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help=f"programs of the step part, or 'all' ({', '.join(STEP_VARIANTS)}); default %(default)s")
     parser.add_argument("--out", default="runs/benchmarks/torch_cpu.json", help="JSON output (default: %(default)s)")
