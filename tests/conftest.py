@@ -1,3 +1,4 @@
+import gc
 import os
 
 # Tests never write to the user's cache.
@@ -21,3 +22,15 @@ def fast_compiles():
     jax.config.update("jax_disable_most_optimizations", True)
     yield
     jax.config.update("jax_disable_most_optimizations", old)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_compiled_programs():
+    """Drop every compiled program after each test module. XLA:CPU maps each executable's machine code into
+    memory, and a process may hold at most ``vm.max_map_count`` (65530 on Linux by default) mappings: the
+    whole suite in one process kept ~700 tests' programs alive, crossed that limit inside XLA's compiler
+    and crashed (SIGSEGV/SIGABRT) in whichever module came next. No test relies on a program compiled in
+    another module."""
+    yield
+    jax.clear_caches()
+    gc.collect()
