@@ -392,11 +392,14 @@ def is_main() -> bool:
 
 def start() -> None:
     """What an entry point does before JAX's first computation: every CPU core a device
-    (``resjax.use_every_cpu_core``, so seed sweeps shard across cores) and, when the environment asks for
-    several processes, ``jax.distributed.initialize()`` (``resjax.train.distributed.initialize_if_needed``)."""
+    (``resjax.use_every_cpu_core``, so seed sweeps shard across cores), compiled programs kept on disk for
+    the next run (``resjax.enable_compilation_cache``: ``~/.cache/resjax/jax``; ``RESJAX_COMPILATION_CACHE=0``
+    turns it off) and, when the environment asks for several processes, ``jax.distributed.initialize()``
+    (``resjax.train.distributed.initialize_if_needed``)."""
     import resjax
 
     resjax.use_every_cpu_core()
+    resjax.enable_compilation_cache()
     from resjax.train.distributed import initialize_if_needed
 
     initialize_if_needed()

@@ -27,6 +27,8 @@ __version__ = "0.1.0"
 #: default; YNNPACK keeps its dots and reductions. On this project's 2-core CPU a CIFAR ResNet-56 training step
 #: is faster so (``python -m benchmarks.torch_cpu``); programs without convolutions compile unchanged.
 CPU_XLA_FLAGS = ("--xla_cpu_experimental_ynn_fusion_type=-individual_convolution",)
+#: Values of ``RESJAX_XLA_CPU_FLAGS`` and ``RESJAX_COMPILATION_CACHE`` that turn the option off.
+OFF_VALUES = ("0", "off", "false", "no", "none")
 #: The first jaxlib that knows every flag of ``CPU_XLA_FLAGS`` (XLA aborts on a flag it does not know).
 CPU_XLA_FLAGS_SINCE = (0, 10, 1)
 
@@ -55,7 +57,7 @@ def use_every_cpu_core() -> None:
     thread pool, so a one-device program (a ResNet step) still uses every core.
 
     ``CPU_XLA_FLAGS`` are added with a jaxlib from ``CPU_XLA_FLAGS_SINCE`` on, each unless ``XLA_FLAGS``
-    names that option already; ``RESJAX_XLA_CPU_FLAGS=1`` adds them (opt-in: not yet run through the whole suite). Accelerator backends are
+    names that option already; ``RESJAX_XLA_CPU_FLAGS=0`` leaves them out. Accelerator backends are
     unaffected by either.
     """
     flags = os.environ.get("XLA_FLAGS", "")
@@ -63,7 +65,7 @@ def use_every_cpu_core() -> None:
         count = int(os.environ.get("RESJAX_CPU_DEVICES", os.cpu_count() or 1))
         if count > 1:
             flags = f"{flags} --xla_force_host_platform_device_count={count}".strip()
-    if os.environ.get("RESJAX_XLA_CPU_FLAGS", "0").strip().lower() in ("1", "on", "true", "yes"):  # opt-in until the suite is checked with it
+    if os.environ.get("RESJAX_XLA_CPU_FLAGS", "1").strip().lower() not in OFF_VALUES + ("",):
         jaxlib = _jaxlib_version()
         if jaxlib is not None and jaxlib >= CPU_XLA_FLAGS_SINCE:
             for flag in CPU_XLA_FLAGS:
@@ -71,10 +73,6 @@ def use_every_cpu_core() -> None:
                     flags = f"{flags} {flag}".strip()
     if flags != os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = flags
-
-
-#: ``RESJAX_COMPILATION_CACHE`` values that turn the persistent compilation cache off.
-CACHE_OFF = ("0", "off", "false", "no", "none")
 
 
 def enable_compilation_cache(path: str | os.PathLike | None = None, min_compile_time_secs: float = 0.0) -> str | None:
@@ -91,12 +89,13 @@ def enable_compilation_cache(path: str | os.PathLike | None = None, min_compile_
     processor with other features. The folder grows with every new program; deleting it is always safe.
     The cache is trusted code: do not point it at a folder that others can write to.
 
-    Call it before JAX compiles (the entry points call it first, with ``use_every_cpu_core``); programs
-    compiled earlier in the process are not written. Imports JAX. Returns the folder in use, or ``None`` when
+    Call it before JAX compiles (the experiments' entry points call it first, after ``use_every_cpu_core``;
+    the benchmarks do not, as they time compilation); programs compiled earlier in the process are not
+    written. Imports JAX. Returns the folder in use, or ``None`` when
     the cache is off.
     """
     env = os.environ.get("RESJAX_COMPILATION_CACHE")
-    if path is None and env is not None and env.strip().lower() in CACHE_OFF + ("",):
+    if path is None and env is not None and env.strip().lower() in OFF_VALUES + ("",):
         return None
     import jax
 

@@ -3,6 +3,9 @@ import os
 
 # Tests never write to the user's cache.
 os.environ.setdefault("RESJAX_CACHE", os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "resjax"))
+# The experiments' entry points keep compiled programs on disk (resjax.enable_compilation_cache); in the tests
+# that would write every program of the suite, so it is off unless a test turns it on.
+os.environ.setdefault("RESJAX_COMPILATION_CACHE", "0")
 
 
 import resjax  # noqa: E402

@@ -1,6 +1,9 @@
 """The experiment contract: --quick runs write results.json with the documented metrics, and a report."""
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -124,3 +127,25 @@ def test_the_report_marks_claims_whose_threshold_was_set_after_a_probe(tmp_path)
         for claim in importlib.import_module(f"experiments.{name}").CLAIMS:
             (row,) = [l for l in text.splitlines() if l.startswith(f"| {claim.text} ")]
             assert row.startswith(f"| {claim.text} *(threshold set after a probe)* |" if marked else f"| {claim.text} |")
+
+
+START = """
+from experiments.common import start
+start()
+import jax, jax.numpy as jnp
+jax.jit(lambda x: jnp.sin(x) * 3)(jnp.arange(4.0)).block_until_ready()
+print(jax.config.jax_compilation_cache_dir)
+"""
+
+
+@pytest.mark.parametrize("setting", ["folder", "0"])
+def test_entry_points_keep_compiled_programs_on_disk_unless_turned_off(tmp_path, setting):
+    folder = tmp_path / "compiled"
+    env = {**os.environ, "RESJAX_COMPILATION_CACHE": str(folder) if setting == "folder" else setting}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", START], env=env, cwd=root, capture_output=True, text=True,
+                         check=True).stdout.split()[-1]
+    if setting == "folder":
+        assert out == str(folder) and any(folder.iterdir())  # the jitted program was written
+    else:
+        assert out == "None" and not folder.exists()
