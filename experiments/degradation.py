@@ -248,6 +248,14 @@ def train_cell(config, model: dict, batch_size: int, data, learning_rates) -> di
     return metrics
 
 
+def runs_of(metrics: dict, num_seeds: int) -> list[dict]:
+    """A sweep's metrics over ``len(learning_rates) * num_seeds`` runs (``train_cell``) split into one dict per
+    learning rate; entries without a run axis (the sweep's scalars) are passed to each as they are."""
+    count = len(metrics["train_error"]) // num_seeds
+    return [{k: v[i * num_seeds:(i + 1) * num_seeds] if np.ndim(v) else v for k, v in metrics.items()}
+            for i in range(count)]
+
+
 def _record(out: dict, prefix: str, name: str, metrics: dict, curves: bool) -> None:
     out[f"{prefix}final_train_error_pct.{name}"] = 100 * metrics["train_error"][:, -1]
     out[f"{prefix}final_test_error_pct.{name}"] = 100 * metrics["test_error"][:, -1]
@@ -284,9 +292,8 @@ def run(config, out_dir) -> dict:
             _record(out, "", name, train_cell(config, model, config.train.batch_size, data, [config.train.learning_rate]), True)
         lrs = list(ABLATION_LEARNING_RATES.values())
         both = train_cell(config, CONFIGS["residual_d32"], config.train.batch_size, data, lrs)
-        s = config.num_seeds
-        for i, name in enumerate(ABLATION_LEARNING_RATES):
-            _record(out, "", name, {k: v[i * s:(i + 1) * s] for k, v in both.items()}, True)
+        for name, metrics in zip(ABLATION_LEARNING_RATES, runs_of(both, config.num_seeds)):
+            _record(out, "", name, metrics, True)
     plot(out, config, out_dir / f"{NAME}.png")
     return out
 

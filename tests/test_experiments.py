@@ -149,3 +149,24 @@ def test_entry_points_keep_compiled_programs_on_disk_unless_turned_off(tmp_path,
         assert out == str(folder) and any(folder.iterdir())  # the jitted program was written
     else:
         assert out == "None" and not folder.exists()
+
+
+def test_learning_rates_of_one_sweep_split_into_their_runs():
+    """The full run's learning-rate ablation trains both rates in one sweep and records each (runs_of): every
+    part equals that rate trained alone, and the sweep's scalar entries pass through."""
+    from resjax.data import load_dataset
+
+    config = degradation.get_config("quick")
+    config.train.epochs, config.num_seeds, config.chunk_epochs = 1, 2, 1
+    data = load_dataset(config.data)
+    model = degradation.CONFIGS["plain_d2"]
+    both = degradation.train_cell(config, model, 64, data, [0.005, 0.05])
+    parts = degradation.runs_of(both, config.num_seeds)
+    assert len(parts) == 2 and any(np.ndim(v) == 0 for v in both.values())
+    for lr, part in zip([0.005, 0.05], parts):
+        alone = degradation.train_cell(config, model, 64, data, [lr])
+        assert part["train_error"].shape == alone["train_error"].shape == (2, 1)
+        np.testing.assert_allclose(part["train_loss"], alone["train_loss"], rtol=1e-6)
+        out = {}
+        degradation._record(out, "", "x", part, True)
+        assert len(out["diverged_epoch.x"]) == 2
