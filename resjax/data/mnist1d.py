@@ -17,54 +17,17 @@ from __future__ import annotations
 import os
 import pathlib
 import warnings
-from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Dataset", "cache_dir", "check_finite", "load_mnist1d"]
+from resjax.data.arrays import Dataset, check_finite
 
-
-class Dataset(NamedTuple):
-    """A classification data set held in numpy arrays (what the on-device feeder trains on).
-
-    Attributes:
-        x_train: ``(N, ...)`` float32 training inputs (MNIST-1D: ``(4000, 40)``).
-        y_train: ``(N,)`` int32 training labels.
-        x_test: ``(M, ...)`` float32 test inputs (MNIST-1D: ``(1000, 40)``).
-        y_test: ``(M,)`` int32 test labels.
-    """
-
-    x_train: np.ndarray  # (N, length) float32
-    y_train: np.ndarray  # (N,) int32
-    x_test: np.ndarray
-    y_test: np.ndarray
-
-    @property
-    def num_classes(self) -> int:
-        """One more than the largest label in either split."""
-        return int(max(self.y_train.max(), self.y_test.max())) + 1
+__all__ = ["cache_dir", "load_mnist1d"]  # Dataset and check_finite: resjax.data.arrays
 
 
 def cache_dir() -> pathlib.Path:
     """Where generated data are cached: ``$RESJAX_CACHE``, else ``~/.cache/resjax``."""
     return pathlib.Path(os.environ.get("RESJAX_CACHE", pathlib.Path.home() / ".cache" / "resjax"))
-
-
-def check_finite(data: Dataset, name: str = "data") -> Dataset:
-    """``data`` itself if every value of ``x_train`` and ``x_test`` is finite; else ``ValueError`` naming the
-    split and the first bad example, e.g. ``data.x_train: example 17 has a non-finite value (nan); refusing
-    to train on it``."""
-    for split in ("x_train", "x_test"):
-        x = np.asarray(getattr(data, split))
-        if not np.issubdtype(x.dtype, np.floating):
-            continue
-        bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1) if x.ndim else ~np.isfinite(x)[None]
-        if bad.any():
-            i = int(np.argmax(bad))
-            row = np.asarray(x[i]).reshape(-1)
-            value = row[~np.isfinite(row)][0]
-            raise ValueError(f"{name}.{split}: example {i} has a non-finite value ({value}); refusing to train on it")
-    return data
 
 
 def _read_cache(path: pathlib.Path) -> Dataset | None:

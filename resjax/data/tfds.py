@@ -48,9 +48,11 @@ import os
 import pathlib
 import re
 import shlex
-from typing import Any, Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
+
+from resjax.data.source import BatchSource, _check_batch_size, _check_nonneg
 
 __all__ = [
     "CIFAR_PADDING",
@@ -293,7 +295,7 @@ def centre_crop(image: np.ndarray, size: int = 224, resize: int = IMAGENET_RESIZ
 Reader = Callable[[np.ndarray], tuple[Sequence[np.ndarray], np.ndarray]]
 
 
-class ImageSource:
+class ImageSource(BatchSource):
     """A split of an image data set: random access to (image uint8 HWC, label int).
 
     Attributes: ``name`` (key of :data:`IMAGE_DATASETS`), ``split``, ``num_examples``, ``num_classes``,
@@ -328,9 +330,6 @@ class ImageSource:
                              f"{images.shape} and labels {labels.shape}")
         return cls(name, split, len(images), lambda idx: (images[idx], labels[idx]))
 
-    def __len__(self) -> int:
-        return self.num_examples
-
     def __repr__(self) -> str:
         return (f"ImageSource({self.name!r}, split={self.split!r}, num_examples={self.num_examples}, "
                 f"image_shape={self.image_shape}, num_classes={self.num_classes})")
@@ -342,21 +341,6 @@ class ImageSource:
             raise IndexError(f"indices outside 0..{self.num_examples - 1}")
         images, labels = self._read(indices)
         return images, np.asarray(labels, np.int32).reshape(-1)
-
-    def num_batches(self, batch_size: int, drop_remainder: bool = True) -> int:
-        """Batches per epoch: ``num_examples // batch_size``, rounded up when not ``drop_remainder``."""
-        _check_batch_size(batch_size)
-        if drop_remainder:
-            return self.num_examples // batch_size
-        return -(-self.num_examples // batch_size)
-
-    def order(self, epoch: int, *, seed: int = 0, shuffle: bool = True) -> np.ndarray:
-        """The example indices of an epoch: ``default_rng([seed, epoch, 0]).permutation(n)``, or ``0..n-1``."""
-        _check_nonneg("seed", seed)
-        _check_nonneg("epoch", epoch)
-        if not shuffle:
-            return np.arange(self.num_examples)
-        return np.random.default_rng([seed, epoch, 0]).permutation(self.num_examples)
 
     def preprocess(self, images: Sequence[np.ndarray] | np.ndarray, rng: np.random.Generator | None,
                    augment: bool, rows: slice | None = None, batch_length: int | None = None) -> np.ndarray:
@@ -396,83 +380,6 @@ class ImageSource:
             raise ValueError(f"{self.name}/{self.split}: epoch {epoch}, batch {batch_index}: example "
                              f"{int(np.asarray(indices)[i])} (row {i} of the batch) has a non-finite value "
                              f"({value}); refusing to train on it")
-
-    def epoch(self, epoch: int, batch_size: int, *, seed: int = 0, shuffle: bool = True, augment: bool = False,
-              drop_remainder: bool = True, start_batch: int = 0,
-              part: tuple[int, int] | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Iterator over (images float32 [B,H,W,C] normalised, labels int32 [B]).
-
-        Deterministic: a pure function of (seed, epoch) -- the order is
-        ``np.random.default_rng([seed, epoch, 0]).permutation(num_examples)`` and batch ``b``'s augmentation
-        draws from ``np.random.default_rng([seed, epoch, 1, b])``. This is what makes exact resume of
-        training possible (no loader state to save); ``start_batch`` starts at batch ``start_batch``,
-        yielding exactly the rest of the full epoch. ``shuffle=False`` gives the split in order
-        (evaluation); ``drop_remainder=False`` yields a final short batch. A batch with a NaN or infinite
-        value (after normalisation) raises ``ValueError`` naming the split, epoch, batch and example.
-
-        ``part=(i, P)``: only process ``i``'s block of every batch, rows ``[i * B/P, (i+1) * B/P)`` (``B`` =
-        ``batch_size``, which ``P`` must divide; a final short batch gives the rows of the block it has,
-        perhaps none). Only those examples are read, and they are augmented exactly as in the whole batch,
-        so the blocks of ``P`` processes put together are the batch one process reads.
-        """
-        n_batches = self.num_batches(batch_size, drop_remainder)
-        block = slice(0, batch_size)
-        if part is not None:
-            index, count = part
-            if not (isinstance(count, (int, np.integer)) and count >= 1 and 0 <= index < count) or batch_size % count:
-                raise ValueError(f"part: want (index, count) with 0 <= index < count and count dividing "
-                                 f"batch_size={batch_size}, got {part!r}")
-            size = batch_size // count
-            block = slice(index * size, (index + 1) * size)
-        if n_batches == 0:
-            raise ValueError(f"batch_size: {batch_size} exceeds the {self.num_examples} examples of "
-                             f"{self.name}/{self.split}, so an epoch with drop_remainder has no batch")
-        _check_nonneg("start_batch", start_batch)
-        order = self.order(epoch, seed=seed, shuffle=shuffle)
-
-        def batches():
-            for b in range(start_batch, n_batches):
-                whole = order[b * batch_size:(b + 1) * batch_size]
-                rows = slice(*block.indices(len(whole)))
-                indices = whole[rows]
-                if not len(indices):  # this process's block lies past the end of a short final batch
-                    yield np.zeros((0, *self.image_shape), np.float32), np.zeros(0, np.int32)
-                    continue
-                images, labels = self.read(indices)
-                rng = np.random.default_rng([seed, epoch, 1, b]) if augment else None
-                batch = self.preprocess(images, rng, augment, rows=rows, batch_length=len(whole))
-                self.check_finite(batch, indices, epoch, b)
-                yield batch, labels
-
-        return batches()
-
-    def stacked_epoch(self, epoch: int, batch_size: int, seeds: Sequence[int],
-                      **kw: Any) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Same, for several seeds at once: yields (images [S,B,H,W,C], labels [S,B]) where row s is
-        exactly what ``epoch(..., seed=seeds[s])`` would yield. Used for seed-vmapped training."""
-        seeds = list(seeds)
-        if not seeds:
-            raise ValueError("seeds: need at least one seed")
-        if "seed" in kw:
-            raise ValueError("seed: give the seeds as `seeds` to stacked_epoch")
-        iterators = [self.epoch(epoch, batch_size, seed=s, **kw) for s in seeds]
-
-        def batches():
-            for rows in zip(*iterators):
-                yield np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
-
-        return batches()
-
-
-def _check_batch_size(batch_size: int) -> None:
-    if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise ValueError(f"batch_size: want a positive integer, got {batch_size!r}")
-
-
-def _check_nonneg(setting: str, value: int) -> None:
-    if not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{setting}: want a non-negative integer, got {value!r}")
-
 
 def load_image_dataset(name: str, split: str = "train", *, data_dir: str | os.PathLike | None = None) -> ImageSource:
     """Split ``split`` of the TFDS data set ``name`` (a key of :data:`IMAGE_DATASETS`) prepared as array_record.

@@ -370,7 +370,14 @@ def make_image_train(config: ml_collections.ConfigDict, train_source: Any, test_
     """An ``ImageTrainer`` for the run config ``config`` (``config.train``, and ``config.model`` unless
     ``model``, a module, is given) on ``train_source`` (see the module docstring). ``mesh``: a
     ``jax.sharding.Mesh`` with axis ``'data'`` (``make_data_mesh()``) for data parallelism, or None for one
-    device. Validates every setting (``ValueError`` naming it) before anything is traced."""
+    device. ``train_source`` may also be a user's arrays (``resjax.data.from_arrays``): its ``source('train')``
+    is trained on and, unless ``test_source`` is given, its ``source('test')`` evaluated. Validates every
+    setting (``ValueError`` naming it) before anything is traced."""
+    from resjax.data import ArrayData
+
+    if isinstance(train_source, ArrayData):
+        data, train_source = train_source, train_source.source("train")
+        test_source = data.source("test") if test_source is None else test_source
     check_run_config(config)
     t = config.train
     if mesh is not None and distributed.DATA_AXIS not in mesh.shape:

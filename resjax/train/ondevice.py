@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from resjax.data import Dataset, check_finite, load_dataset
+from resjax.data import ArrayData, Dataset, check_finite, load_dataset
 from resjax.nn import build_model
 from resjax.train.core import Core, check_run_config, divergence, progress_bar, seed_handles
 from resjax.train.distributed import to_host
@@ -220,13 +220,18 @@ def shard_over_seeds(tree: Any) -> Any:
     return jax.tree_util.tree_map(place, tree)
 
 
-def make_train(config: ml_collections.ConfigDict, data: Dataset | None = None, *, model: nn.Module | None = None,
-               step_hook: Callable | None = None, epoch_hook: Callable | None = None) -> Trainer:
+def make_train(config: ml_collections.ConfigDict, data: Dataset | ArrayData | None = None, *,
+               model: nn.Module | None = None, step_hook: Callable | None = None,
+               epoch_hook: Callable | None = None) -> Trainer:
     """A ``Trainer`` for the run config ``config`` (``config.data``, ``config.model``, ``config.train``;
     ``resjax.train.run_config``). ``data`` overrides ``config.data``; ``model`` (a module) overrides
     ``build_model(config.model)``. Validates every setting (``ValueError`` naming it) before anything is
-    traced."""
+    traced. ``data`` may be a user's arrays (``resjax.data.from_arrays``; without augmentation: this feeder
+    trains on the arrays as they are)."""
     check_run_config(config)
+    if isinstance(data, ArrayData) and data.augment != "none":
+        raise ValueError(f"augment: {data.augment!r} is for the host feeder (make_image_train); the on-device "
+                         "feeder trains on the arrays as they are (from_arrays(..., augment='none'))")
     data = load_dataset(config.data) if data is None else check_finite(data)  # refuses NaN or inf examples
     t = config.train
     if t.batch_size > len(data.y_train):
