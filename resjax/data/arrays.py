@@ -110,6 +110,7 @@ class ArrayData:
 
     @property
     def example_shape(self) -> tuple[int, ...]:
+        """The shape of one example: ``(D,)`` or ``(H, W, C)``."""
         return tuple(self.x_train.shape[1:])
 
     def source(self, split: str = "train") -> ArraySource:
@@ -247,6 +248,7 @@ class ArraySource(BatchSource):
                 f"image_shape={self.image_shape}, num_classes={self.num_classes})")
 
     def read(self, indices: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The normalised float32 examples and int32 labels at ``indices``."""
         indices = np.asarray(indices, np.int64).reshape(-1)
         return self._x[indices], self._y[indices]
 
