@@ -414,6 +414,13 @@ def to_torch_state_dict(variables: Mapping[str, Any], model: ResNet, *, bn_count
             a = a if factor is None else a * factor
         out[name] = np.array(_cast(a, dtype), order="C")
     extra = ["/".join(p) for p in flat_in if p not in plan]
+    shapes = [(tuple(flat_in[p].shape), shape) for p, (_, _, shape) in plan.items() if p in flat_in]
+    if (mismatched and not missing and not extra and all(got[1:] == want for got, want in shapes)
+            and len({got[0] for got, _ in shapes}) == 1):
+        n = shapes[0][0][0]  # every variable has one extra leading axis: the seed axis of a multi-seed run
+        raise ValueError(f"to_torch_state_dict: the variables have a leading seed axis of {n} runs (a multi-seed "
+                         f"state), and a state_dict holds one run: take run i first, "
+                         f"run.select(i).state.variables() (or jax.tree.map(lambda a: a[i], variables))")
     _raise_if(extra, missing, mismatched, "to_torch_state_dict", model, source="resjax")
     for bn in _bn_modules(plan):
         out[f"{bn}.{_NBT}"] = np.asarray(num_batches_tracked, np.int64)

@@ -165,3 +165,24 @@ def test_the_on_device_feeder_takes_the_same_object_as_its_arrays():
     with pytest.raises(ValueError, match="augment: 'flip' is for the host feeder"):
         make_train(config, from_arrays(X, Y, augment="flip"))
     assert isinstance(data, ArrayData) and data.example_shape == (144,)
+
+
+def test_one_run_out_of_many_is_that_run_trained_alone():
+    """``run.select(i)`` of a multi-seed state is seed ``i``'s whole state: evaluating it gives seed ``i``'s
+    metrics, and it has no seed axis."""
+    data = from_arrays(X.reshape(48, -1), Y, XT.reshape(16, -1), YT)
+    config = run_config(dict(kind="residual_mlp", width=8, num_blocks=2, norm="batch"),
+                        train_config(batch_size=16, epochs=2, learning_rate=0.05))
+    trainer = make_train(config, data)
+    run, metrics = trainer.sweep([0, 1, 2])
+    assert run.num_runs == 3
+    one = run.select(2)
+    assert one.num_runs is None and one.state.params["head"]["kernel"].shape == run.state.params["head"]["kernel"].shape[1:]
+    loss, error = trainer.evaluate(one, data.x_test, data.y_test)
+    np.testing.assert_allclose(loss, metrics["test_loss"][2, -1], rtol=1e-6)
+    np.testing.assert_allclose(error, metrics["test_error"][2, -1], rtol=1e-6)
+    for bad in (3, -4, 1.0, True):
+        with pytest.raises(ValueError, match=r"select: want a run index in \[0, 3\)"):
+            run.select(bad)
+    with pytest.raises(ValueError, match="no seed axis"):
+        one.select(0)

@@ -231,3 +231,16 @@ def test_errors_name_every_tensor():
         interop.to_torch_state_dict(variables, model)
     with pytest.raises(ValueError, match="order"):
         interop.torch_layout(cifar_resnet(20, order="pre", shortcut="B"))
+
+
+def test_stacked_weights_of_several_runs_are_named_as_a_seed_axis():
+    """A multi-seed state's variables (a leading seed axis on every leaf) get an error that says so and how to
+    take one run; one run of them exports exactly as the single-run variables do."""
+    meta, sd, _, _, _ = _fixture("fixup")
+    model = _model(meta)
+    variables = interop.from_torch_state_dict(model, sd)
+    stacked = jax.tree_util.tree_map(lambda a: np.stack([a, a, a]), variables)
+    with pytest.raises(ValueError, match=r"leading seed axis of 3 runs .* run\.select\(i\)\.state\.variables\(\)"):
+        interop.to_torch_state_dict(stacked, model)
+    one = interop.to_torch_state_dict(jax.tree_util.tree_map(lambda a: a[1], stacked), model)
+    assert all(np.array_equal(one[k], v) for k, v in interop.to_torch_state_dict(variables, model).items())

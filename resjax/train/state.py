@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 __all__ = ["RunState", "TrainState", "guarded_step"]
@@ -51,6 +52,22 @@ class RunState(NamedTuple):
     epoch: jnp.ndarray  # epochs completed
     diverged_epoch: jnp.ndarray  # 1-based epoch of divergence, -1 if none
     history: dict  # metric name -> float32[epochs], NaN where not yet run (``resjax.train.core.METRICS``)
+
+    @property
+    def num_runs(self) -> int | None:
+        """The length of the leading seed axis, or None for a single run (no seed axis)."""
+        return int(self.epoch.shape[0]) if jnp.ndim(self.epoch) else None
+
+    def select(self, i: int) -> RunState:
+        """Run ``i`` of a state with a seed axis (``Trainer.sweep``, ``ImageTrainer.fit`` of several seeds): every
+        leaf's row ``i`` (params, batch_stats, optimiser state, key, epoch, history), a single run to evaluate,
+        export (``run.select(0).state.variables()``) or continue (``fit(run.select(0))``)."""
+        n = self.num_runs
+        if n is None:
+            raise ValueError("select: this run state has no seed axis (it is one run already)")
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not -n <= i < n:
+            raise ValueError(f"select: want a run index in [0, {n}), got {i!r}")
+        return jax.tree_util.tree_map(lambda a: a[i], self)
 
 
 def guarded_step(state: TrainState, tx: optax.GradientTransformation, grads: Any, loss: jax.Array, batch_stats: Any,
