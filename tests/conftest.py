@@ -1,19 +1,45 @@
+"""The test run's environment, set before JAX starts in this process and inherited by every subprocess.
+
+Compiled programs are shared across the whole run: one persistent compilation cache in a folder of the
+run's own (``RESJAX_TEST_RUN_DIR``, made by the first pytest process and removed by it at the end), used by
+the test processes (pytest-xdist workers too), the experiments' entry points they start
+(``RESJAX_COMPILATION_CACHE``) and every other JAX process they start (``JAX_COMPILATION_CACHE_DIR``), for
+every program however fast it compiled. A program the suite compiled once, in any module or process, is
+loaded from disk the next time (after ``release_compiled_programs`` dropped it, in a subprocess, in the other
+worker). ``RESJAX_COMPILATION_CACHE=0`` set before pytest starts turns the cache off for the run.
+"""
+
 import gc
 import os
+import shutil
+import tempfile
 
 # Tests never write to the user's cache.
 os.environ.setdefault("RESJAX_CACHE", os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "resjax"))
-# The experiments' entry points keep compiled programs on disk (resjax.enable_compilation_cache); in the tests
-# that would write every program of the suite, so it is off unless a test turns it on.
-os.environ.setdefault("RESJAX_COMPILATION_CACHE", "0")
+
+_OWNS_RUN_DIR = "RESJAX_TEST_RUN_DIR" not in os.environ  # the first pytest process; workers inherit its folder
+if _OWNS_RUN_DIR:
+    os.environ["RESJAX_TEST_RUN_DIR"] = tempfile.mkdtemp(prefix="resjax-tests-")
+    if os.environ.get("RESJAX_COMPILATION_CACHE", "").strip().lower() not in ("0", "off", "false", "no", "none"):
+        cache = os.path.join(os.environ["RESJAX_TEST_RUN_DIR"], "jax")
+        os.environ["RESJAX_COMPILATION_CACHE"] = cache
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = cache
+        os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+        os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 
 import resjax  # noqa: E402
 
 resjax.use_every_cpu_core()  # as the experiment entry points run: one JAX device per CPU core
+resjax.enable_compilation_cache()
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+
+
+def pytest_unconfigure(config):
+    if _OWNS_RUN_DIR and not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ["RESJAX_TEST_RUN_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +59,14 @@ def release_compiled_programs():
     memory, and a process may hold at most ``vm.max_map_count`` (65530 on Linux by default) mappings: the
     whole suite in one process kept ~700 tests' programs alive, crossed that limit inside XLA's compiler
     and crashed (SIGSEGV/SIGABRT) in whichever module came next. No test relies on a program compiled in
-    another module."""
+    another module (the persistent cache brings a dropped program back from disk without compiling it)."""
     yield
     jax.clear_caches()
     gc.collect()
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``--numprocesses=auto`` (the default, ``pyproject.toml``): one worker per CPU core, at most 4. Each worker
+    is a JAX process with one device per core and its own compiled programs (1-3 GB), so more workers than
+    that cost memory for little gain; ``-n 0`` runs the suite in this process."""
+    return max(1, min(os.cpu_count() or 1, 4))

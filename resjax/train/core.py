@@ -122,6 +122,20 @@ class Core:
             return {k: jnp.asarray(v, jnp.float32) for k, v in hp.items()}
         return {k: jnp.broadcast_to(jnp.asarray(v, jnp.float32), (num,)) for k, v in hp.items()}
 
+    def run_hparams(self, run: RunState, hparams: dict | None = None) -> dict:
+        """The ``hparams`` of an existing run state: its optimiser state's ``learning_rate`` and
+        ``weight_decay`` (per run with a seed axis) and ``hparams``' ``tau``. A learning rate or weight decay in
+        ``hparams`` must equal the state's (``ValueError`` naming it): a state keeps the settings it was made
+        with."""
+        given = self.check_hparams(hparams, run.num_runs) if hparams else {}
+        # host copies: the state's own buffers are donated by the next step
+        own = {k: np.asarray(to_host(run.state.opt_state.hyperparams[k])) for k in ("learning_rate", "weight_decay")}
+        for k, v in own.items():
+            if hparams and k in hparams and not np.array_equal(to_host(given[k]), v):
+                raise ValueError(f"hparams.{k}: the run state given was made with {v}, not {to_host(given[k])}; "
+                                 "a run keeps its settings (start a new run to change them)")
+        return {**own, **({"tau": given["tau"]} if "tau" in given else {})}
+
     def model_kwargs(self, hparams: dict | None) -> dict:
         """The extra keyword arguments of ``model.apply``: ``{'tau': hparams['tau']}`` for a model with
         ``scaling='tau'`` when ``hparams`` holds a tau, else ``{}``."""
@@ -212,9 +226,12 @@ class Core:
         """The checkpoint step number of ``batch`` minibatches into epoch ``epoch`` (training steps done)."""
         return int(epoch) * self.steps_per_epoch + int(batch)
 
-    def check_checkpoint(self, ckpt: Checkpoints, step: int, meta: dict, num_seeds: int | None) -> None:
+    def check_checkpoint(self, ckpt: Checkpoints, step: int, meta: dict, num_seeds: int | None,
+                         hparams: dict | None = None) -> None:
         """``ValueError`` naming the directory, the step and what differs when the checkpoint ``step`` (intact)
-        was made by another run: other settings, another model or another number of seeds."""
+        was made by another run: other settings, another model, another number of seeds or other per-run
+        ``hparams`` (learning rate, weight decay, tau: compared when both the checkpoint and this run record
+        them)."""
         where = f"checkpoint_dir: {ckpt.directory}, step {step}"
         saved, ours = resume_config(meta.get("config", {})), resume_config(config_dict(self.config))
         if saved != ours:
@@ -229,8 +246,16 @@ class Core:
                              "Use another directory.")
         if meta.get("num_seeds") != num_seeds:
             raise ValueError(f"{where}: has num_seeds={meta.get('num_seeds')}, this run {num_seeds}")
+        saved_hp, our_hp = meta.get("hparams"), _host_hparams(hparams)
+        if saved_hp is not None and our_hp is not None:
+            for name in sorted(set(saved_hp) | set(our_hp)):
+                a, b = saved_hp.get(name), our_hp.get(name)
+                if a is None or b is None or not np.array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32)):
+                    raise ValueError(f"{where}: made with hparams.{name}={_fmt(a)}, this run asks for {_fmt(b)}; "
+                                     "resuming needs the same hparams. Use another directory.")
 
-    def resume(self, ckpt: Checkpoints, run: RunState, num_seeds: int | None) -> tuple[RunState, dict | None]:
+    def resume(self, ckpt: Checkpoints, run: RunState, num_seeds: int | None,
+               hparams: dict | None = None) -> tuple[RunState, dict | None]:
         """``(run, meta)`` from the newest good checkpoint in ``ckpt`` when it is further along than ``run``
         (``meta`` None when ``run`` is kept).
 
@@ -243,7 +268,7 @@ class Core:
         for step in ckpt.steps():
             try:
                 meta = ckpt.meta(step)
-                self.check_checkpoint(ckpt, step, meta, num_seeds)
+                self.check_checkpoint(ckpt, step, meta, num_seeds, hparams)
                 if (int(meta["epoch"]), int(meta.get("batch", 0))) <= ours:
                     self._set_aside(ckpt, damaged, "continuing from the state given")
                     return run, None
@@ -273,22 +298,26 @@ class Core:
                   file=sys.stderr, flush=True)
 
     def save(self, ckpt: Checkpoints, run: RunState, done: int, num_seeds: int | None, batch: int = 0,
-             partial: dict | None = None) -> int:
+             partial: dict | None = None, hparams: dict | None = None) -> int:
         """Checkpoint ``run``: ``done`` epochs completed and ``batch`` minibatches of the next (with the
-        epoch's ``partial`` per-batch metrics so far). Returns the step number written."""
+        epoch's ``partial`` per-batch metrics so far) and the run's ``hparams``. Returns the step number
+        written."""
         step = self.checkpoint_step(done, batch)
         meta = {"epoch": done, "batch": batch, "num_seeds": num_seeds,
                 "data_seeds": to_host(run.data_seed), "config": config_dict(self.config),
                 "model": describe_model(self.model), "history": self.history(run)}
+        if hparams is not None:
+            meta["hparams"] = _host_hparams(hparams)
         if partial is not None:
             meta["partial"] = partial
         ckpt.save(step, run, meta)
         return step
 
     def open_checkpoints(self, checkpoint_dir: str | os.PathLike | None, run: RunState, num_seeds: int | None,
-                         resume: bool) -> tuple[Checkpoints | None, RunState, dict | None]:
+                         resume: bool, hparams: dict | None = None) -> tuple[Checkpoints | None, RunState, dict | None]:
         """``(Checkpoints or None, run, meta)``: the directory opened and, with ``resume``, the run resumed
-        (``meta``: the checkpoint's, None when nothing was resumed)."""
+        (``meta``: the checkpoint's, None when nothing was resumed); ``hparams``: the run's, compared with
+        the checkpoint's."""
         if checkpoint_dir is None:
             return None, run, None
         ckpt = Checkpoints(checkpoint_dir, keep=self.config.train.get("checkpoint_keep", 2))
@@ -297,8 +326,20 @@ class Core:
             if not resume:
                 raise ValueError(f"checkpoint_dir: {ckpt.directory} already holds checkpoints; pass resume=True "
                                  "or use an empty directory")
-            run, meta = self.resume(ckpt, run, num_seeds)
+            run, meta = self.resume(ckpt, run, num_seeds, hparams)
         return ckpt, run, meta
+
+
+def _fmt(values: list | None) -> str:
+    """float32 values as their shortest decimal form (``[0.1, 0.1]``, not ``[0.10000000149011612, ...]``)."""
+    return "none" if values is None else "[" + ", ".join(f"{v:.7g}" for v in np.asarray(values, np.float32)) + "]"
+
+
+def _host_hparams(hparams: dict | None) -> dict | None:
+    """``hparams`` as JSON-ready lists of float32 values (a scalar as one value), or None."""
+    if hparams is None:
+        return None
+    return {k: np.atleast_1d(np.asarray(to_host(v), np.float32)).tolist() for k, v in hparams.items()}
 
 
 def with_hyperparams(opt_state: Any, hparams: dict) -> Any:

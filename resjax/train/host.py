@@ -80,11 +80,11 @@ class ImageTrainer(Core):
     test_source: Any = None
     mesh: Any = None
 
-    def _step_one(self, run: RunState, images, labels):
-        return self.train_step(run, (images, labels))
+    def _step_one(self, run: RunState, images, labels, hparams=None):
+        return self.train_step(run, (images, labels), hparams)
 
-    def _eval_one(self, run: RunState, images, labels, mask):
-        return self.eval_sums(run, images, labels, mask)
+    def _eval_one(self, run: RunState, hparams, images, labels, mask):
+        return self.eval_sums(run, images, labels, mask, hparams)
 
     # ---- compiled versions (one per seed-axis choice) ---------------------------------------------
 
@@ -102,8 +102,10 @@ class ImageTrainer(Core):
         stacked by small jitted programs). The last ``shared`` arguments have no seed axis."""
         mode = seed_axis_mode(self.config)
         if mode == "vmap":
-            return self._jit(jax.vmap(fn, in_axes=(0,) + (None,) * shared) if shared else jax.vmap(fn),
-                             donate=name == "step")
+            def vmapped(*args):
+                return jax.vmap(fn, in_axes=(0,) * (len(args) - shared) + (None,) * shared)(*args)
+
+            return self._jit(vmapped, donate=name == "step")
 
         def per_seed_calls(one, *args):
             seeded, common_args = args[:len(args) - shared], args[len(args) - shared:]
@@ -134,21 +136,34 @@ class ImageTrainer(Core):
 
     # ---- public API -------------------------------------------------------------------------------
 
-    def init(self, key: int | Sequence[int] | jax.Array | None = None, num_seeds: int | None = None) -> RunState:
+    def init(self, key: int | Sequence[int] | jax.Array | None = None, num_seeds: int | None = None,
+             hparams: dict | None = None) -> RunState:
         """A fresh state. ``key``: a seed integer (default ``config.seed``), a list of seed integers, a
         PRNG key or PRNG keys of shape ``(S,)``. With ``num_seeds`` (or a list / ``(S,)`` keys) every leaf
-        has a leading seed axis: seed integers ``key, key+1, ...``, or ``jax.random.split(key, num_seeds)``."""
+        has a leading seed axis: seed integers ``key, key+1, ...``, or ``jax.random.split(key, num_seeds)``.
+        ``hparams``: the learning rate and weight decay the optimiser state starts with (scalars, or one per
+        run), as in the on-device feeder."""
         keys, data_seeds, seeded = seed_handles(key, num_seeds, self.config.train.get("seed", 0))
-        return self._compiled("init", seeded)(keys, jnp.asarray(data_seeds, jnp.int32))
+        hp = self.check_hparams(hparams, keys.shape[0] if seeded else None)
+        return self._compiled("init", seeded)(keys, jnp.asarray(data_seeds, jnp.int32), hp)
 
-    def step(self, run: RunState, images: jax.Array, labels: jax.Array) -> tuple[RunState, tuple[jax.Array, jax.Array]]:
-        """One donated, jitted step on a placed batch; returns ``(run, (loss, batch_error))``."""
-        return self._compiled("step", _seeded(run))(run, images, labels)
+    def step(self, run: RunState, images: jax.Array, labels: jax.Array,
+             hparams: dict | None = None) -> tuple[RunState, tuple[jax.Array, jax.Array]]:
+        """One donated, jitted step on a placed batch; returns ``(run, (loss, batch_error))``. ``hparams``: the
+        traced values the model is called with (``tau``, per run with a seed axis); the learning rate and
+        weight decay are the state's own."""
+        return self._compiled("step", _seeded(run))(run, images, labels, self._call_hparams(hparams))
 
-    def evaluate(self, state: RunState, source: Any = None, batch_size: int | None = None) -> dict:
+    def _call_hparams(self, hparams: dict | None) -> dict:
+        """The part of ``hparams`` the model's call takes (``tau``); ``{}`` when none."""
+        return {"tau": hparams["tau"]} if self.uses_tau and hparams and "tau" in hparams else {}
+
+    def evaluate(self, state: RunState, source: Any = None, batch_size: int | None = None,
+                 hparams: dict | None = None) -> dict:
         """``{'loss', 'error'}`` over the whole of ``source`` (default: ``test_source``) in evaluation mode
         (running BatchNorm statistics, no augmentation); one value per seed. The last partial batch is
-        padded to ``batch_size`` (default ``config.eval_batch_size``) and masked, so one program serves."""
+        padded to ``batch_size`` (default ``config.eval_batch_size``) and masked, so one program serves.
+        ``hparams``: as for ``step`` (the ``tau`` of each run)."""
         source = self.test_source if source is None else source
         if source is None:
             raise ValueError("source: no test_source to evaluate on")
@@ -157,6 +172,7 @@ class ImageTrainer(Core):
             raise ValueError(f"batch_size: must be an integer >= 1, got {batch_size!r}")
         _check_divides("batch_size", batch_size, self.mesh)
         fn = self._compiled("eval", _seeded(state))
+        call_hp = self._call_hparams(hparams)
         loss_sum = wrong = 0.0
         count = 0
         rows = distributed.process_block(batch_size) if self.mesh is not None else slice(0, batch_size)
@@ -169,33 +185,39 @@ class ImageTrainer(Core):
             if len(labels) < size:  # pad to the block's size; the padding is masked out
                 images = np.concatenate([images, np.zeros((size - len(labels), *self.example_shape), np.float32)])
                 labels = np.concatenate([labels, np.zeros(size - len(labels), np.int32)])
-            l, c = fn(state, *(self._place(a, False, batch_size) for a in (images, labels, mask)))
+            l, c = fn(state, call_hp, *(self._place(a, False, batch_size) for a in (images, labels, mask)))
             loss_sum, wrong, count = loss_sum + l, wrong + c, count + n
         if count == 0:
             raise ValueError("source: the evaluation source yielded no examples")
         return {"loss": loss_sum / count, "error": wrong / count}
 
-    def fit(self, keys_or_state: RunState | int | Sequence[int] | jax.Array | None = None, *, epochs: int | None = None,
-            checkpoint_dir: str | os.PathLike | None = None, resume: bool = True,
-            progress: bool | str | Callable[[int, dict], None] | None = None) -> tuple[RunState, dict]:
+    def fit(self, keys_or_state: RunState | int | Sequence[int] | jax.Array | None = None, *,
+            hparams: dict | None = None, epochs: int | None = None, checkpoint_dir: str | os.PathLike | None = None,
+            resume: bool = True, progress: bool | str | Callable[[int, dict], None] | None = None,
+            callback: Callable[[int, dict], None] | None = None) -> tuple[RunState, dict]:
         """Train until ``epochs`` (default ``config.train.epochs``) epochs are done; returns ``(run, history)``.
+        The same call as the on-device feeder's ``Trainer.fit``.
 
-        ``keys_or_state``: what ``init`` takes, or a ``RunState`` to continue. ``checkpoint_dir``: save
-        every ``config.train.checkpoint_every`` epochs and when the call ends; with ``resume`` and a
-        checkpoint there, continue from the newest one (when it is further along than the state given; it
-        must come from the same seeds and settings). ``resume=False`` refuses a directory that already
-        holds checkpoints. ``progress``: True or a label for a tqdm bar, or ``callback(epochs_done,
-        summary)`` (the epoch's metrics as numpy arrays). A state passed in is consumed: the first step
-        donates its buffers.
+        ``keys_or_state``: what ``init`` takes (a seed, a list of seeds: one run each, stepped together), or a
+        ``RunState`` to continue. ``hparams``: per-run values that do not change shapes (``learning_rate``,
+        ``weight_decay``, and ``tau`` for a model with ``scaling='tau'``; scalars or one per run), so a grid of
+        seeds x hyperparameters is one program (``resjax.train.grid``); a state continued keeps its learning
+        rate and weight decay. ``checkpoint_dir``: save every ``config.train.checkpoint_every`` epochs and when
+        the call ends; with ``resume`` and a checkpoint there, continue from the newest one (when it is
+        further along than the state given; it must come from the same seeds, settings and ``hparams``).
+        ``resume=False`` refuses a directory that already holds checkpoints. ``progress``: True or a label for
+        a tqdm bar, or a callable; ``callback(epochs_done, summary)`` (the epoch's metrics as numpy arrays, per
+        run) after every epoch. A state passed in is consumed: the first step donates its buffers.
         """
         total = self.config.train.epochs
         epochs = total if epochs is None else epochs
         if not is_int(epochs) or not 1 <= epochs <= total:
             raise ValueError(f"epochs: must be an integer in [1, config.train.epochs={total}], got {epochs!r}")
-        run = keys_or_state if isinstance(keys_or_state, RunState) else self.init(keys_or_state)
+        run = keys_or_state if isinstance(keys_or_state, RunState) else self.init(keys_or_state, hparams=hparams)
+        hp = self.run_hparams(run, hparams)
         seeded = _seeded(run)
         num_seeds = int(run.epoch.shape[0]) if seeded else None
-        ckpt, run, meta = self.open_checkpoints(checkpoint_dir, run, num_seeds, resume)
+        ckpt, run, meta = self.open_checkpoints(checkpoint_dir, run, num_seeds, resume, hp)
         skip, partial = (int(meta.get("batch", 0)), meta.get("partial")) if meta else (0, None)
         data_seeds = np.atleast_1d(to_host(run.data_seed)).tolist()
         done = int(np.max(to_host(run.epoch)))
@@ -210,12 +232,14 @@ class ImageTrainer(Core):
                         if i < skip:  # resumed inside this epoch: these minibatches were trained on
                             continue
                         b = self.config.train.batch_size
-                        run, (loss, error) = self.step(run, self._place(images, seeded, b), self._place(labels, seeded, b))
+                        run, (loss, error) = self.step(run, self._place(images, seeded, b), self._place(labels, seeded, b),
+                                                       hp)
                         losses.append(loss)
                         errors.append(error)
                         # at the last one, finish the epoch; several processes agree on stopping at epoch ends only
                         if stop.requested and i + 1 < self.steps_per_epoch and jax.process_count() == 1:
-                            step = self.save(ckpt, run, done, num_seeds, batch=i + 1, partial=_pack_partial(losses, errors))
+                            step = self.save(ckpt, run, done, num_seeds, batch=i + 1,
+                                             partial=_pack_partial(losses, errors), hparams=hp)
                             raise stop.stop(ckpt.directory, step, f"step {i + 1} of {self.steps_per_epoch} in epoch {done + 1}")
                     skip = 0
                     if not losses:
@@ -223,21 +247,24 @@ class ImageTrainer(Core):
                     metrics = {"train_loss": jnp.mean(jnp.stack(losses), 0), "batch_error": jnp.mean(jnp.stack(errors), 0),
                                "lr": lr(run)}
                     if self.test_source is not None:
-                        ev = self.evaluate(run)
+                        ev = self.evaluate(run, hparams=hp)
                         metrics["test_loss"], metrics["test_error"] = ev["loss"], ev["error"]
                     run = end_epoch(run, metrics)
                     done += 1
                     if ckpt is not None and every and done % every == 0:
-                        self.save(ckpt, run, done, num_seeds)
-                    if bar is not None:
+                        self.save(ckpt, run, done, num_seeds, hparams=hp)
+                    if bar is not None or callback is not None:
                         summary = to_host(metrics)
                         summary.setdefault("test_error", np.full(np.shape(summary["train_loss"]), np.nan))
-                        bar.update(done, done - 1, summary)
+                        if bar is not None:
+                            bar.update(done, done - 1, summary)
+                        if callback is not None:
+                            callback(done, summary)
                     if stop.agree():  # saving an epoch already saved above does nothing
-                        step = self.save(ckpt, run, done, num_seeds)
+                        step = self.save(ckpt, run, done, num_seeds, hparams=hp)
                         raise stop.stop(ckpt.directory, step, f"epoch {done} of {epochs}")
             if ckpt is not None and ckpt.latest() != self.checkpoint_step(done):
-                self.save(ckpt, run, done, num_seeds)
+                self.save(ckpt, run, done, num_seeds, hparams=hp)
         finally:
             if bar is not None:
                 bar.close()
@@ -401,7 +428,7 @@ def make_image_train(config: ml_collections.ConfigDict, train_source: Any, test_
     params = jax.eval_shape(lambda k, x: model.init(k, x, train=False)["params"], jax.random.key(0), x)  # traced, not compiled
     tx = make_optimizer(t, params, steps)
     return ImageTrainer(config=config, model=model, tx=tx, example_shape=tuple(train_source.image_shape),
-                        uses_tau=False, steps_per_epoch=int(steps), train_source=train_source,
+                        uses_tau=getattr(model, "scaling", None) == "tau", steps_per_epoch=int(steps), train_source=train_source,
                         test_source=test_source, mesh=mesh)
 
 

@@ -47,6 +47,7 @@ import numpy as np
 
 from resjax.data import ArrayData, Dataset, check_finite, load_dataset
 from resjax.nn import build_model
+from resjax.train.config import is_int
 from resjax.train.core import Core, check_run_config, divergence, progress_bar, seed_handles
 from resjax.train.distributed import to_host
 from resjax.train.optim import make_optimizer
@@ -124,9 +125,29 @@ class Trainer(Core):
 
     # ---- host loop -----------------------------------------------------------------------------------
 
+    def fit(self, keys: jax.Array | int | Sequence[int] | None = None, *, hparams: dict | None = None,
+            epochs: int | None = None, checkpoint_dir: str | os.PathLike | None = None, resume: bool = True,
+            progress: bool | str | Callable[[int, dict], None] | None = None,
+            callback: Callable[[int, dict], None] | None = None,
+            chunk_epochs: int | None = None) -> tuple[RunState, dict]:
+        """The host feeder's call (``ImageTrainer.fit``) on this feeder: ``sweep`` with the same arguments.
+
+        ``keys``: a seed integer (default ``config.train.seed``: one run, no seed axis, as ``ImageTrainer.fit``
+        returns it), a list of seed integers or ``(S,)`` PRNG keys (one run each, a leading seed axis).
+        ``hparams``, ``epochs``, ``checkpoint_dir``, ``resume``, ``progress``, ``callback``: as ``sweep``'s.
+        Returns ``(run, history)``."""
+        keys = self.config.train.get("seed", 0) if keys is None else keys
+        _, _, seeded = seed_handles(keys, None)
+        run, metrics = self.sweep(keys, hparams, chunk_epochs, progress, callback, checkpoint_dir, resume,
+                                  epochs=epochs)
+        if seeded:
+            return run, metrics
+        return run.select(0), {k: v[0] if np.ndim(v) else v for k, v in metrics.items()}
+
     def sweep(self, keys: jax.Array | Sequence[int], hparams: dict | None = None, chunk_epochs: int | None = None,
               progress: bool | str = False, callback: Callable[[int, dict], None] | None = None,
-              checkpoint_dir: str | os.PathLike | None = None, resume: bool = True) -> tuple[RunState, dict]:
+              checkpoint_dir: str | os.PathLike | None = None, resume: bool = True,
+              epochs: int | None = None) -> tuple[RunState, dict]:
         """Every seed (and hparam setting) in one vmapped program, run in jitted chunks of epochs.
 
         ``keys``: ``(S,)`` PRNG keys (or a list of seed integers). ``hparams``: dict of scalars or ``(S,)``
@@ -134,7 +155,9 @@ class Trainer(Core):
         and ``history(run)`` (numpy, ``(S, epochs)`` per metric, ``(S,)`` for ``diverged_epoch`` and the
         per-run summaries) plus the hooks' records. ``callback(epochs_done, summary)`` or ``progress`` run after
         each chunk. ``checkpoint_dir``: see the module docstring; ``resume=False`` refuses a directory that
-        already holds checkpoints.
+        already holds checkpoints, and a checkpoint made with other ``hparams`` is refused. ``epochs``: stop
+        once that many epochs are done (default, and at most, ``config.train.epochs``; the schedule is always
+        that of ``config.train.epochs``, so a run stopped early and resumed is the unstopped run).
         """
         keys, _, seeded = seed_handles(keys, None)
         if not seeded:
@@ -146,11 +169,14 @@ class Trainer(Core):
             keys, hp = jax.tree_util.tree_map(lambda a: jnp.concatenate([a, jnp.repeat(a[-1:], pad, 0)]), (keys, hp))
         keys, hp = shard_over_seeds((keys, hp))
 
-        epochs = self.config.train.epochs
+        total = self.config.train.epochs
+        epochs = total if epochs is None else epochs
+        if not is_int(epochs) or not 1 <= epochs <= total:
+            raise ValueError(f"epochs: must be an integer in [1, config.train.epochs={total}], got {epochs!r}")
         chunk = epochs if chunk_epochs is None else max(1, min(chunk_epochs, epochs))
         every = self.config.train.get("checkpoint_every", 0) if checkpoint_dir is not None else 0
         run = self._init_fn(keys, hp)
-        ckpt, run, _ = self.open_checkpoints(checkpoint_dir, run, num + pad, resume)
+        ckpt, run, _ = self.open_checkpoints(checkpoint_dir, run, num + pad, resume, hp)
         done = int(np.max(to_host(run.epoch)))
         records, bar = [], progress_bar(epochs, done, progress)
         if (self.step_hook or self.epoch_hook) and done:
@@ -164,7 +190,7 @@ class Trainer(Core):
                     records.append(to_host(rec))
                     last, done = done, done + n
                     if ckpt is not None and (done == epochs or (every and done % every == 0)):
-                        self.save(ckpt, run, done, num + pad)
+                        self.save(ckpt, run, done, num + pad, hparams=hp)
                     if bar is not None or callback is not None:
                         summary = {k: v[:num, done - 1] for k, v in self.history(run).items() if k in run.history}
                         if bar is not None:
@@ -172,7 +198,7 @@ class Trainer(Core):
                         if callback is not None:
                             callback(done, summary)
                     if stop.agree():  # saving an epoch already saved above does nothing
-                        step = self.save(ckpt, run, done, num + pad)
+                        step = self.save(ckpt, run, done, num + pad, hparams=hp)
                         raise stop.stop(ckpt.directory, step, f"epoch {done} of {epochs}")
         finally:
             if bar is not None:
