@@ -65,6 +65,19 @@ def release_compiled_programs():
     gc.collect()
 
 
+#: Test modules that take longest (seconds summed over their tests on this project's 2-core CPU, 2026-12-01), run
+#: first: pytest-xdist hands whole modules (``--dist=loadfile``) to workers in collection order, so a long module
+#: collected last would leave the other worker idle at the end. Every other module follows in name order.
+LONGEST_FIRST = ("test_multiprocess", "test_readme", "test_experiments", "test_batchnorm", "test_tau", "test_paths",
+                 "test_training", "test_train_core", "test_loss_surface", "test_resnet_signal", "test_resnet_training",
+                 "test_residual", "test_image_train", "test_interop", "test_image_experiments")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: name order within and after
+
+
 def pytest_xdist_auto_num_workers(config):
     """``--numprocesses=auto`` (the default, ``pyproject.toml``): one worker per CPU core, at most 4. Each worker
     is a JAX process with one device per core and its own compiled programs (1-3 GB), so more workers than
