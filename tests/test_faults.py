@@ -130,14 +130,17 @@ def test_sigterm_mid_epoch_saves_the_step_and_the_resumed_run_is_bit_identical(t
     assert "identical True" in again.stdout, again.stdout[-2000:]
 
 
-def test_sigint_inside_an_epoch_in_process_resumes_bit_identically(tmp_path):
+@pytest.mark.parametrize("epoch", [1, 0], ids=["second epoch", "first epoch"])
+def test_sigint_inside_an_epoch_in_process_resumes_bit_identically(tmp_path, epoch):
+    """A stop request while minibatch 2 of an epoch is handed out; in the first epoch no epoch has finished
+    yet, and the save must still keep the two steps done (it crashed on the empty history once, #22)."""
     full, hf = trainer().fit([0, 1])
-    source = Signalling(64, seed=0, at=(1, 1), signum=signal.SIGINT)  # while minibatch 2 of epoch 2 is handed out
+    source = Signalling(64, seed=0, at=(epoch, 1), signum=signal.SIGINT)
     handler = signal.getsignal(signal.SIGINT)
     with pytest.raises(Preempted) as stopped:
         trainer(source=source).fit([0, 1], checkpoint_dir=tmp_path)
     assert stopped.value.code == 130 and signal.getsignal(signal.SIGINT) is handler
-    assert ckpt_lib.latest(tmp_path) == 4 + 2  # epoch 1's 4 steps and the 2 of epoch 2 done
+    assert ckpt_lib.latest(tmp_path) == 4 * epoch + 2  # the epochs done (4 steps each) and the 2 steps of this one
     resumed, hr = trainer().fit([0, 1], checkpoint_dir=tmp_path)
     assert leaves_equal(full, resumed)
     for name in ("train_loss", "batch_error", "test_error", "lr"):

@@ -130,3 +130,49 @@ def test_a_resume_with_other_hparams_is_refused(tmp_path, feeder):
         trainer.fit([0, 1], hparams={name: [0.01, 0.01]}, checkpoint_dir=tmp_path / "ckpt")
     run, history = trainer.fit([0, 1], hparams={name: [0.1, 0.1]}, checkpoint_dir=tmp_path / "ckpt")
     assert history["epochs"] == 2  # the same hparams resume
+
+
+def _same_runs(a, b, names=("train_loss", "test_loss", "test_error", "lr")):
+    for name in names:
+        np.testing.assert_allclose(a[name], b[name], rtol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("feeder", ["on-device", "host"])
+def test_a_finished_run_extended_from_its_checkpoint_equals_the_longer_run(tmp_path, feeder):
+    """Constant learning rate: 2 epochs, then ``fit(..., epochs=4)`` resumes from the checkpoint of the finished
+    run and equals a run configured for 4 epochs from the start."""
+    make = (lambda e: _mlp(epochs=e, learning_rate=0.05)) if feeder == "on-device" else _host_with_epochs
+    short, long = make(2), make(4)
+    _, first = short.fit([0, 1], checkpoint_dir=tmp_path / "ckpt")
+    assert first["epochs"] == 2
+    run, extended = short.fit([0, 1], epochs=4, checkpoint_dir=tmp_path / "ckpt")
+    _, whole = long.fit([0, 1])
+    assert extended["epochs"] == 4 and extended["train_loss"].shape == (2, 4)
+    _same_runs(extended, whole)
+    np.testing.assert_allclose(extended["train_loss"][:, :2], first["train_loss"], rtol=1e-6)
+    if feeder == "host":  # and from the state itself, without a checkpoint
+        state, _ = short.fit([0, 1])
+        _, again = short.fit(state, epochs=4)
+        _same_runs(again, whole)
+
+
+def _host_with_epochs(epochs):
+    config = run_config(dict(kind="resnet", stage_sizes=(1,), stage_widths=(4,), stem_width=4),
+                        image_train_config(batch_size=16, eval_batch_size=16, epochs=epochs, schedule="constant",
+                                           augment=True, weight_decay=0.0, learning_rate=0.05))
+    return make_image_train(config, IMAGES)
+
+
+def test_extending_a_cosine_run_retimes_its_schedule(tmp_path):
+    """A schedule over the whole run (cosine) cannot be the longer run's for the steps already taken: the
+    extension keeps those epochs as trained and goes on at the longer run's rate of each later step."""
+    short, long = _mlp(epochs=2, learning_rate=0.05, schedule="cosine"), _mlp(epochs=4, learning_rate=0.05,
+                                                                                schedule="cosine")
+    _, first = short.fit([0], checkpoint_dir=tmp_path / "ckpt")
+    _, extended = short.fit([0], epochs=4, checkpoint_dir=tmp_path / "ckpt")
+    _, whole = long.fit([0])
+    np.testing.assert_allclose(extended["lr"][:, :2], first["lr"], rtol=1e-6)
+    np.testing.assert_allclose(extended["lr"][:, 2:], whole["lr"][:, 2:], rtol=1e-6)
+    assert not np.allclose(first["lr"], whole["lr"][:, :2])
+    with pytest.raises(ValueError, match="made with other settings .*train.epochs"):
+        _mlp(epochs=3, learning_rate=0.05, schedule="cosine").fit([0], checkpoint_dir=tmp_path / "ckpt")

@@ -48,6 +48,7 @@ from jax.typing import ArrayLike
 from resjax.train.checkpoint import CheckpointError, Checkpoints, _json, describe_model
 from resjax.train.config import check_train_config, is_int
 from resjax.train.distributed import to_host
+from resjax.train.optim import make_optimizer
 from resjax.train.schedules import make_schedule
 from resjax.train.state import RunState, TrainState, guarded_step
 
@@ -141,6 +142,33 @@ class Core:
         ``scaling='tau'`` when ``hparams`` holds a tau, else ``{}``."""
         return {"tau": hparams["tau"]} if self.uses_tau and hparams and "tau" in hparams else {}
 
+    def with_epochs(self, epochs: int) -> Core:
+        """This trainer for runs of ``epochs`` epochs in all (``config.train.epochs = epochs``, the optimiser's
+        schedule over that many): what ``fit(..., epochs=E)`` past ``config.train.epochs`` extends a run with.
+        The learning rate of every step is then that of an ``epochs``-epoch run: for a constant or step
+        schedule (milestones are epochs) the steps already taken had the same rates, so an extended run equals
+        a run configured for ``epochs`` from the start; a cosine schedule (or one with warm-up over a fraction
+        of the run) is re-timed, and the extension goes on at the longer run's rate of each step."""
+        if not is_int(epochs) or epochs < 1:
+            raise ValueError(f"epochs: must be an integer >= 1, got {epochs!r}")
+        config = ml_collections.ConfigDict(self.config.to_dict())
+        config.train.epochs = int(epochs)
+        x = jax.ShapeDtypeStruct((2, *self.example_shape), jnp.float32)
+        params = jax.eval_shape(lambda k, x: self.model.init(k, x, train=False)["params"], jax.random.key(0), x)
+        return dataclasses.replace(self, config=config, tx=make_optimizer(config.train, params, self.steps_per_epoch))
+
+    def extend_history(self, run: RunState) -> RunState:
+        """``run`` with its history arrays padded with NaN to ``config.train.epochs`` entries (a run made for
+        fewer epochs, continued by ``with_epochs``); a run made for more is refused."""
+        length = jax.tree_util.tree_leaves(run.history)[0].shape[-1]
+        total = self.config.train.epochs
+        if length == total:
+            return run
+        if length > total:
+            raise ValueError(f"epochs: the run was made for {length} epochs, more than config.train.epochs={total}")
+        pad = lambda h: jnp.concatenate([h, jnp.full((*h.shape[:-1], total - length), jnp.nan, h.dtype)], -1)  # noqa: E731
+        return run._replace(history={k: pad(v) for k, v in run.history.items()})
+
     # ---- pure per-run functions ---------------------------------------------------------------------
 
     def init_run(self, key: jax.Array, data_seed: ArrayLike = 0, hparams: dict | None = None) -> RunState:
@@ -216,7 +244,9 @@ class Core:
         out = {name: np.asarray(v)[..., :done] for name, v in hist.items()}
         err = out["test_error"]
         finite = np.isfinite(err)
-        out["best_test_error"] = np.where(finite.any(-1), np.min(np.where(finite, err, np.inf), -1), np.nan)
+        # initial=inf: a run stopped inside its first epoch has no epoch yet (saved on a signal; #22)
+        out["best_test_error"] = np.where(finite.any(-1), np.min(np.where(finite, err, np.inf), -1, initial=np.inf),
+                                          np.nan)
         out["final_test_error"] = err[..., -1] if done else np.full(np.shape(diverged), np.nan)
         out.update(divergence(diverged, step))
         out["epochs"] = done
@@ -234,6 +264,8 @@ class Core:
         them)."""
         where = f"checkpoint_dir: {ckpt.directory}, step {step}"
         saved, ours = resume_config(meta.get("config", {})), resume_config(config_dict(self.config))
+        if saved.get("train.epochs", 0) < ours.get("train.epochs", 0):  # a shorter run, extended by this one
+            saved["train.epochs"] = ours["train.epochs"]
         if saved != ours:
             changed = sorted(k for k in set(saved) | set(ours) if saved.get(k) != ours.get(k))
             raise ValueError(f"{where}: made with other settings ({', '.join(changed)}); resuming needs the same "
@@ -272,7 +304,9 @@ class Core:
                 if (int(meta["epoch"]), int(meta.get("batch", 0))) <= ours:
                     self._set_aside(ckpt, damaged, "continuing from the state given")
                     return run, None
-                restored = ckpt.restore(run, step)
+                saved_epochs = int(meta.get("config", {}).get("train", {}).get("epochs", self.config.train.epochs))
+                shorter = run._replace(history={k: v[..., :saved_epochs] for k, v in run.history.items()})
+                restored = self.extend_history(ckpt.restore(shorter, step))
             except CheckpointError as e:
                 print(f"resjax: {e}; trying the next older step", file=sys.stderr, flush=True)
                 damaged.append(e)

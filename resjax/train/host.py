@@ -199,7 +199,9 @@ class ImageTrainer(Core):
         The same call as the on-device feeder's ``Trainer.fit``.
 
         ``keys_or_state``: what ``init`` takes (a seed, a list of seeds: one run each, stepped together), or a
-        ``RunState`` to continue. ``hparams``: per-run values that do not change shapes (``learning_rate``,
+        ``RunState`` to continue. ``epochs`` past ``config.train.epochs`` extends the run (from the state given
+        or its checkpoint in ``checkpoint_dir``) as if it had been made for ``epochs`` epochs
+        (``Core.with_epochs``: exactly so for a constant or step schedule). ``hparams``: per-run values that do not change shapes (``learning_rate``,
         ``weight_decay``, and ``tau`` for a model with ``scaling='tau'``; scalars or one per run), so a grid of
         seeds x hyperparameters is one program (``resjax.train.grid``); a state continued keeps its learning
         rate and weight decay. ``checkpoint_dir``: save every ``config.train.checkpoint_every`` epochs and when
@@ -211,9 +213,14 @@ class ImageTrainer(Core):
         """
         total = self.config.train.epochs
         epochs = total if epochs is None else epochs
-        if not is_int(epochs) or not 1 <= epochs <= total:
-            raise ValueError(f"epochs: must be an integer in [1, config.train.epochs={total}], got {epochs!r}")
+        if not is_int(epochs) or epochs < 1:
+            raise ValueError(f"epochs: must be an integer >= 1, got {epochs!r}")
+        if epochs > total:  # extend: the same run, made for `epochs` epochs (see Core.with_epochs)
+            return self.with_epochs(epochs).fit(keys_or_state, hparams=hparams, epochs=epochs,
+                                                checkpoint_dir=checkpoint_dir, resume=resume, progress=progress,
+                                                callback=callback)
         run = keys_or_state if isinstance(keys_or_state, RunState) else self.init(keys_or_state, hparams=hparams)
+        run = self.extend_history(run)
         hp = self.run_hparams(run, hparams)
         seeded = _seeded(run)
         num_seeds = int(run.epoch.shape[0]) if seeded else None

@@ -156,9 +156,18 @@ class Trainer(Core):
         per-run summaries) plus the hooks' records. ``callback(epochs_done, summary)`` or ``progress`` run after
         each chunk. ``checkpoint_dir``: see the module docstring; ``resume=False`` refuses a directory that
         already holds checkpoints, and a checkpoint made with other ``hparams`` is refused. ``epochs``: stop
-        once that many epochs are done (default, and at most, ``config.train.epochs``; the schedule is always
-        that of ``config.train.epochs``, so a run stopped early and resumed is the unstopped run).
+        once that many epochs are done (default ``config.train.epochs``; the schedule is that of
+        ``config.train.epochs``, so a run stopped early and resumed is the unstopped run); more than
+        ``config.train.epochs`` extends the runs, from their checkpoint in ``checkpoint_dir``, as if they had
+        been made for ``epochs`` epochs (``Core.with_epochs``: exactly so for a constant or step schedule).
         """
+        total = self.config.train.epochs
+        epochs = total if epochs is None else epochs
+        if not is_int(epochs) or epochs < 1:
+            raise ValueError(f"epochs: must be an integer >= 1, got {epochs!r}")
+        if epochs > total:  # extend: the same runs, made for `epochs` epochs (see Core.with_epochs)
+            return self.with_epochs(epochs).sweep(keys, hparams, chunk_epochs, progress, callback, checkpoint_dir,
+                                                  resume, epochs=epochs)
         keys, _, seeded = seed_handles(keys, None)
         if not seeded:
             keys = keys[None]
@@ -169,10 +178,6 @@ class Trainer(Core):
             keys, hp = jax.tree_util.tree_map(lambda a: jnp.concatenate([a, jnp.repeat(a[-1:], pad, 0)]), (keys, hp))
         keys, hp = shard_over_seeds((keys, hp))
 
-        total = self.config.train.epochs
-        epochs = total if epochs is None else epochs
-        if not is_int(epochs) or not 1 <= epochs <= total:
-            raise ValueError(f"epochs: must be an integer in [1, config.train.epochs={total}], got {epochs!r}")
         chunk = epochs if chunk_epochs is None else max(1, min(chunk_epochs, epochs))
         every = self.config.train.get("checkpoint_every", 0) if checkpoint_dir is not None else 0
         run = self._init_fn(keys, hp)
