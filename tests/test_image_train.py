@@ -357,8 +357,9 @@ def test_bad_settings_name_the_setting(setting, value):
 
 def test_bad_call_arguments_name_the_argument():
     trainer = trainer_for(tiny_config(), TinyCNN(), TRAIN, TEST)
-    with pytest.raises(ValueError, match="epochs"):
-        trainer.fit(0, epochs=99)
+    for epochs in (0, 1.5, True):  # (more than config.train.epochs extends the run: tests/test_grid.py)
+        with pytest.raises(ValueError, match="epochs"):
+            trainer.fit(0, epochs=epochs)
     with pytest.raises(ValueError, match="num_seeds"):
         trainer.init(0, num_seeds=0)
     with pytest.raises(ValueError, match="mesh"):

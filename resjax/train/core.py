@@ -155,7 +155,9 @@ class Core:
         config.train.epochs = int(epochs)
         x = jax.ShapeDtypeStruct((2, *self.example_shape), jnp.float32)
         params = jax.eval_shape(lambda k, x: self.model.init(k, x, train=False)["params"], jax.random.key(0), x)
-        return dataclasses.replace(self, config=config, tx=make_optimizer(config.train, params, self.steps_per_epoch))
+        longer = dataclasses.replace(self, config=config, tx=make_optimizer(config.train, params, self.steps_per_epoch))
+        object.__setattr__(longer, "_extends", True)  # its checkpoints may come from the shorter run (check_checkpoint)
+        return longer
 
     def extend_history(self, run: RunState) -> RunState:
         """``run`` with its history arrays padded with NaN to ``config.train.epochs`` entries (a run made for
@@ -264,8 +266,8 @@ class Core:
         them)."""
         where = f"checkpoint_dir: {ckpt.directory}, step {step}"
         saved, ours = resume_config(meta.get("config", {})), resume_config(config_dict(self.config))
-        if saved.get("train.epochs", 0) < ours.get("train.epochs", 0):  # a shorter run, extended by this one
-            saved["train.epochs"] = ours["train.epochs"]
+        if getattr(self, "_extends", False) and saved.get("train.epochs", 0) < ours.get("train.epochs", 0):
+            saved["train.epochs"] = ours["train.epochs"]  # a shorter run, extended by this one (with_epochs)
         if saved != ours:
             changed = sorted(k for k in set(saved) | set(ours) if saved.get(k) != ours.get(k))
             raise ValueError(f"{where}: made with other settings ({', '.join(changed)}); resuming needs the same "
