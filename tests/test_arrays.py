@@ -58,7 +58,8 @@ BAD = [
                                           r"\(48, 12, 12\) \(rank 3\); add a channel axis"),
     ("rank 1", _with(x_train=Y.astype(np.float32)), r"x_train: want \[N, D\] .* \(rank 1\)"),
     ("object dtype", _with(x_train=X.astype(object)), r"x_train: want uint8 or floating inputs, got dtype object"),
-    ("shapes differ", _with(x_test=XT[:, :10]), r"x_test: examples of shape \(10, 12, 1\), but x_train's are \(12, 12, 1\)"),
+    ("shapes differ", _with(x_test=XT[:, :10]),
+     r"x_test: examples of shape \(10, 12, 1\), but x_train's are \(12, 12, 1\)"),
     ("kinds differ", _with(x_test=XT.astype(np.uint8)), r"x_test: dtype uint8 but x_train is float64"),
     ("half a split", _with(y_test=None), r"x_test, y_test: give both or neither"),
 ]
@@ -177,7 +178,8 @@ def test_one_run_out_of_many_is_that_run_trained_alone():
     run, metrics = trainer.sweep([0, 1, 2])
     assert run.num_runs == 3
     one = run.select(2)
-    assert one.num_runs is None and one.state.params["head"]["kernel"].shape == run.state.params["head"]["kernel"].shape[1:]
+    kernel = run.state.params["head"]["kernel"]
+    assert one.num_runs is None and one.state.params["head"]["kernel"].shape == kernel.shape[1:]
     loss, error = trainer.evaluate(one, data.x_test, data.y_test)
     np.testing.assert_allclose(loss, metrics["test_loss"][2, -1], rtol=1e-6)
     np.testing.assert_allclose(error, metrics["test_error"][2, -1], rtol=1e-6)

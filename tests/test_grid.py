@@ -62,9 +62,9 @@ def test_a_grid_is_every_combination_with_the_seed_fastest():
     np.testing.assert_allclose(g.hparams["weight_decay"][:8], [0.0] * 4 + [1e-4] * 4)
     assert g.index(seed=2, learning_rate=0.03, weight_decay=1e-4) == 8 + 4 + 2
     assert grid(3).seeds == [0, 1, 2] and grid(3).hparams == {}
-    for kwargs, match in [(dict(momentum=[0.9]), "momentum: not a hyperparameter"), (dict(seeds=[0, 0]), "each seed once"),
-                          (dict(seeds=0), "seeds: want a positive count"), (dict(tau=[0.5, 0.5]), "tau: want distinct"),
-                          (dict(seeds=[1.5]), "seeds: want a non-empty list")]:
+    for kwargs, match in [(dict(momentum=[0.9]), "momentum: not a hyperparameter"),
+                          (dict(seeds=[0, 0]), "each seed once"), (dict(seeds=0), "seeds: want a positive count"),
+                          (dict(tau=[0.5, 0.5]), "tau: want distinct"), (dict(seeds=[1.5]), "seeds: want a non-empty list")]:
         with pytest.raises(ValueError, match=match):
             grid(**kwargs)
     with pytest.raises(ValueError, match="no run of the grid"):
@@ -116,7 +116,8 @@ def test_a_diverged_run_keeps_its_last_finite_metrics_and_its_divergence_epoch()
     assert np.isnan(bad.final_train_loss) == (d[1] <= 3)
     finite = result.history["test_loss"][1][np.isfinite(result.history["test_loss"][1])]
     if len(finite):
-        assert bad.last_finite_test_loss == pytest.approx(finite[-1]) and bad.best_test_loss == pytest.approx(finite.min())
+        assert bad.last_finite_test_loss == pytest.approx(finite[-1])
+        assert bad.best_test_loss == pytest.approx(finite.min())
     frame = result.frame()
     assert frame[frame.learning_rate == 1e6].diverged.tolist() == [e >= d[1] for e in (1, 2, 3)]
 

@@ -30,8 +30,8 @@ from resjax.train.preemption import Preempted
 from resjax.train.schedules import make_schedule
 from resjax.train.state import RunState, TrainState
 
-__all__ = ["METRICS", "CheckpointError", "Checkpoints", "Core", "Grid", "GridResult", "ImageTrainer", "Preempted", "RunState",
-           "TrainState", "Trainer", "check_train_config", "fit_grid", "grid", "image_train_config", "initialize_if_needed",
-           "make_data_mesh",
+__all__ = ["METRICS", "CheckpointError", "Checkpoints", "Core", "Grid", "GridResult", "ImageTrainer", "Preempted",
+           "RunState", "TrainState", "Trainer", "check_train_config", "fit_grid", "grid", "image_train_config",
+           "initialize_if_needed", "make_data_mesh",
            "make_image_train", "make_optimizer", "make_schedule", "make_train", "run_config", "seed_axis_mode",
            "shard_over_seeds", "train_config"]

@@ -168,7 +168,9 @@ class Core:
             return run
         if length > total:
             raise ValueError(f"epochs: the run was made for {length} epochs, more than config.train.epochs={total}")
-        pad = lambda h: jnp.concatenate([h, jnp.full((*h.shape[:-1], total - length), jnp.nan, h.dtype)], -1)  # noqa: E731
+        def pad(h):
+            return jnp.concatenate([h, jnp.full((*h.shape[:-1], total - length), jnp.nan, h.dtype)], -1)
+
         return run._replace(history={k: pad(v) for k, v in run.history.items()})
 
     # ---- pure per-run functions ---------------------------------------------------------------------

@@ -201,11 +201,11 @@ class ImageTrainer(Core):
         ``keys_or_state``: what ``init`` takes (a seed, a list of seeds: one run each, stepped together), or a
         ``RunState`` to continue. ``epochs`` past ``config.train.epochs`` extends the run (from the state given
         or its checkpoint in ``checkpoint_dir``) as if it had been made for ``epochs`` epochs
-        (``Core.with_epochs``: exactly so for a constant or step schedule). ``hparams``: per-run values that do not change shapes (``learning_rate``,
-        ``weight_decay``, and ``tau`` for a model with ``scaling='tau'``; scalars or one per run), so a grid of
-        seeds x hyperparameters is one program (``resjax.train.grid``); a state continued keeps its learning
-        rate and weight decay. ``checkpoint_dir``: save every ``config.train.checkpoint_every`` epochs and when
-        the call ends; with ``resume`` and a checkpoint there, continue from the newest one (when it is
+        (``Core.with_epochs``: exactly so for a constant or step schedule). ``hparams``: per-run values that do
+        not change shapes (``learning_rate``, ``weight_decay``, and ``tau`` for a model with ``scaling='tau'``;
+        scalars or one per run), so a grid of seeds x hyperparameters is one program (``resjax.train.grid``); a
+        state continued keeps its learning rate and weight decay. ``checkpoint_dir``: save every
+        ``config.train.checkpoint_every`` epochs and when the call ends; with ``resume`` and a checkpoint there, continue from the newest one (when it is
         further along than the state given; it must come from the same seeds, settings and ``hparams``).
         ``resume=False`` refuses a directory that already holds checkpoints. ``progress``: True or a label for
         a tqdm bar, or a callable; ``callback(epochs_done, summary)`` (the epoch's metrics as numpy arrays, per
@@ -239,8 +239,8 @@ class ImageTrainer(Core):
                         if i < skip:  # resumed inside this epoch: these minibatches were trained on
                             continue
                         b = self.config.train.batch_size
-                        run, (loss, error) = self.step(run, self._place(images, seeded, b), self._place(labels, seeded, b),
-                                                       hp)
+                        run, (loss, error) = self.step(run, self._place(images, seeded, b),
+                                                       self._place(labels, seeded, b), hp)
                         losses.append(loss)
                         errors.append(error)
                         # at the last one, finish the epoch; several processes agree on stopping at epoch ends only
@@ -435,7 +435,8 @@ def make_image_train(config: ml_collections.ConfigDict, train_source: Any, test_
     params = jax.eval_shape(lambda k, x: model.init(k, x, train=False)["params"], jax.random.key(0), x)  # traced, not compiled
     tx = make_optimizer(t, params, steps)
     return ImageTrainer(config=config, model=model, tx=tx, example_shape=tuple(train_source.image_shape),
-                        uses_tau=getattr(model, "scaling", None) == "tau", steps_per_epoch=int(steps), train_source=train_source,
+                        uses_tau=getattr(model, "scaling", None) == "tau", steps_per_epoch=int(steps),
+                        train_source=train_source,
                         test_source=test_source, mesh=mesh)
 
 
