@@ -64,7 +64,8 @@ def test_a_grid_is_every_combination_with_the_seed_fastest():
     assert grid(3).seeds == [0, 1, 2] and grid(3).hparams == {}
     for kwargs, match in [(dict(momentum=[0.9]), "momentum: not a hyperparameter"),
                           (dict(seeds=[0, 0]), "each seed once"), (dict(seeds=0), "seeds: want a positive count"),
-                          (dict(tau=[0.5, 0.5]), "tau: want distinct"), (dict(seeds=[1.5]), "seeds: want a non-empty list")]:
+                          (dict(tau=[0.5, 0.5]), "tau: want distinct"),
+                          (dict(seeds=[1.5]), "seeds: want a non-empty list")]:
         with pytest.raises(ValueError, match=match):
             grid(**kwargs)
     with pytest.raises(ValueError, match="no run of the grid"):
@@ -127,7 +128,8 @@ def test_a_resume_with_other_hparams_is_refused(tmp_path, feeder):
     trainer = _mlp(epochs=2) if feeder == "on-device" else _resnet(scaling="tau", norm="none")
     name = "learning_rate" if feeder == "on-device" else "tau"
     trainer.fit([0, 1], hparams={name: [0.1, 0.1]}, checkpoint_dir=tmp_path / "ckpt", epochs=1)
-    with pytest.raises(ValueError, match=rf"made with hparams\.{name}=\[0\.1, 0\.1\], this run asks for \[0\.01, 0\.01\]"):
+    refused = rf"made with hparams\.{name}=\[0\.1, 0\.1\], this run asks for \[0\.01, 0\.01\]"
+    with pytest.raises(ValueError, match=refused):
         trainer.fit([0, 1], hparams={name: [0.01, 0.01]}, checkpoint_dir=tmp_path / "ckpt")
     run, history = trainer.fit([0, 1], hparams={name: [0.1, 0.1]}, checkpoint_dir=tmp_path / "ckpt")
     assert history["epochs"] == 2  # the same hparams resume

@@ -199,17 +199,17 @@ class ImageTrainer(Core):
         The same call as the on-device feeder's ``Trainer.fit``.
 
         ``keys_or_state``: what ``init`` takes (a seed, a list of seeds: one run each, stepped together), or a
-        ``RunState`` to continue. ``epochs`` past ``config.train.epochs`` extends the run (from the state given
-        or its checkpoint in ``checkpoint_dir``) as if it had been made for ``epochs`` epochs
-        (``Core.with_epochs``: exactly so for a constant or step schedule). ``hparams``: per-run values that do
-        not change shapes (``learning_rate``, ``weight_decay``, and ``tau`` for a model with ``scaling='tau'``;
-        scalars or one per run), so a grid of seeds x hyperparameters is one program (``resjax.train.grid``); a
-        state continued keeps its learning rate and weight decay. ``checkpoint_dir``: save every
-        ``config.train.checkpoint_every`` epochs and when the call ends; with ``resume`` and a checkpoint there, continue from the newest one (when it is
+        ``RunState`` to continue. ``epochs`` past ``config.train.epochs`` extends the run (from the state given or
+        its checkpoint in ``checkpoint_dir``) as if it had been made for ``epochs`` epochs (``Core.with_epochs``:
+        exactly so for a constant or step schedule). ``hparams``: per-run values that do not change shapes
+        (``learning_rate``, ``weight_decay``, and ``tau`` for a model with ``scaling='tau'``; scalars or one per
+        run), so a grid of seeds x hyperparameters is one program (``resjax.train.grid``); a state continued keeps
+        its learning rate and weight decay. ``checkpoint_dir``: save every ``config.train.checkpoint_every`` epochs
+        and when the call ends; with ``resume`` and a checkpoint there, continue from the newest one (when it is
         further along than the state given; it must come from the same seeds, settings and ``hparams``).
-        ``resume=False`` refuses a directory that already holds checkpoints. ``progress``: True or a label for
-        a tqdm bar, or a callable; ``callback(epochs_done, summary)`` (the epoch's metrics as numpy arrays, per
-        run) after every epoch. A state passed in is consumed: the first step donates its buffers.
+        ``resume=False`` refuses a directory that already holds checkpoints. ``progress``: True or a label for a
+        tqdm bar, or a callable; ``callback(epochs_done, summary)`` (the epoch's metrics as numpy arrays, per run)
+        after every epoch. A state passed in is consumed: the first step donates its buffers.
         """
         total = self.config.train.epochs
         epochs = total if epochs is None else epochs
