@@ -209,16 +209,16 @@ def from_arrays(x_train: Any, y_train: Any, x_test: Any = None, y_test: Any = No
     scale = np.float64(255.0) if xt.dtype == np.uint8 else np.float64(1.0)
     channels = xt.shape[-1]
     axes = tuple(range(xt.ndim - 1))  # every axis but the channel (feature) axis
-    if mean is None:
-        mean = np.mean(xt / scale, axis=axes, dtype=np.float64)
+    if mean is None:  # accumulated in float64 without a float64 copy of the inputs
+        mean = np.mean(xt, axis=axes, dtype=np.float64) / scale
     if std is None:
-        std = np.std(xt / scale, axis=axes, dtype=np.float64)
+        std = np.std(xt, axis=axes, dtype=np.float64) / scale
         std = np.where(std > 0, std, 1.0)
     mean, std = _statistic("mean", mean, channels), _statistic("std", std, channels)
 
-    def normalised(x: np.ndarray) -> np.ndarray:
+    def normalised(x: np.ndarray) -> np.ndarray:  # in float32: one float32 copy of the inputs
         with np.errstate(over="ignore"):  # an overflow is reported below, naming the example
-            return ((x / scale - mean) / std).astype(np.float32)
+            return (x.astype(np.float32) / np.float32(scale) - mean.astype(np.float32)) / std.astype(np.float32)
 
     xt_n = normalised(xt)
     xe_n = xt_n if x_test is None else normalised(xe)
