@@ -343,7 +343,7 @@ def test_initialize_if_needed_only_when_asked(monkeypatch):
 
 @pytest.mark.parametrize("setting, value", [
     ("schedule", "linear"), ("warmup_epochs", -1.0), ("milestones", (-1,)), ("milestones", (3, 2)),
-    ("decay_factor", -0.1), ("optimizer", "rmsprop"), ("weight_decay_on", "biases"), ("scalar_lr_factor", -1.0),
+    ("decay_factor", -0.1), ("optimizer", "rmsprops"), ("weight_decay_on", "biases"), ("scalar_lr_factor", -1.0),
     ("momentum", 1.0), ("batch_size", 0), ("batch_size", 1000), ("eval_batch_size", 0), ("checkpoint_every", -1),
     ("learning_rate", -0.1), ("epochs", 0), ("weight_decay", -1.0), ("grad_clip_norm", -1.0), ("seed", -3),
     ("seed_axis", "pmap"),

@@ -1,6 +1,7 @@
 """Parity fixtures from the peers' PyTorch models, and a parity report (needs torch; CI never runs this).
 
     python tools/make_parity_fixtures.py --tau-resnet PATH --fixup PATH [--out tests/data/parity] [--check]
+        [--sgd-steps-only]
 
 ``--tau-resnet`` / ``--fixup``: a checkout of dayu11/tau-ResNet / hongyi-zhang/Fixup (or their
 ``cifar/models`` folder). The peers' model files are imported from there (``resnet_cifar.py``,
@@ -18,6 +19,19 @@ Writes, under ``--out``:
   the BatchNorm running statistics after the one training-mode forward pass. Keys: ``sd/<name>``,
   ``after/<name>``, ``grad/<name>``, ``x``, ``r``, ``logits_train``, ``logits_eval``, ``grad_x_train``,
   ``grad_x_eval``, ``meta`` (JSON: the resjax model settings and the torch version).
+- ``{tau_resnet_bn,tau_resnet_nobn,fixup}_sgd_steps.npz``: two SGD steps of each repository's own CIFAR
+  training (``cifar/cifar_train.py``, whose rules ``TRAINING`` restates with line numbers and checks are still
+  in the checkout's script) from exactly the weights in ``sd/*`` of ``{name}_resnet20.npz`` (checked equal),
+  float64, train mode, on two random batches of 4 (NCHW) with labels in 0..9, at epoch 0 with lr 0.1 and
+  the script's rules: its parameter groups (tau-ResNet: names containing ``bias1``/``bias2`` and ``tau`` at
+  lr / 10; Fixup: names containing ``bias`` and ``scale`` at base_lr / 10, the rest at base_lr * batch / 128),
+  momentum 0.9, no dampening or Nesterov, weight decay 1e-4 on every group, mean cross-entropy (Fixup's
+  criterion with ``--alpha 0``, no mixup), and tau-ResNet's ``scale_tau_grad`` between backward and step.
+  Keys: ``x1``, ``y1``, ``x2``, ``y2``, ``loss1``, ``loss2`` (the loss before each step), ``step1/<name>``
+  and ``step2/<name>`` (the state_dict after each step; as the full file would be over 3 MB, only entries
+  with <= 64 values, ``conv1.weight``, ``layer1.0.conv1.weight``, ``fc.*`` and the BN running statistics),
+  ``meta`` (JSON: script lines, every parameter group with its names and settings, lr and weight decay per
+  group, gradient scaling, loss, batch-size rule, torch version). ``--sgd-steps-only`` writes just these.
 - ``torchvision_resnet_layouts.txt`` (when torchvision is installed): ``<model> <state_dict name> <shape>``
   for torchvision's ResNet-18/34/50/101/152, buffers included.
 
@@ -101,14 +115,20 @@ def _torch_run(net, x, r, train: bool, torch, scale_tau: bool):
     return logits.detach().numpy(), x.grad.detach().numpy(), grads, state
 
 
+def _fixture_net(args, torch, name: str):
+    """The peer's ResNet-20 with the fixtures' random weights (float64) and the generator that drew them."""
+    repo, filename, ctor, ctor_args, _ = PEERS[name]
+    roots = {"tau-resnet": args.tau_resnet, "fixup": args.fixup}
+    net = getattr(_import_peer(roots[repo], filename), ctor)(*ctor_args).double()
+    gen = torch.Generator().manual_seed(1000 + list(PEERS).index(name))
+    _randomise(net, torch, gen, round_weights=True)
+    return net, gen
+
+
 def write_fixtures(args, torch) -> None:
     os.makedirs(args.out, exist_ok=True)
-    roots = {"tau-resnet": args.tau_resnet, "fixup": args.fixup}
-    for i, (name, (repo, filename, ctor, ctor_args, settings)) in enumerate(PEERS.items()):
-        module = _import_peer(roots[repo], filename)
-        net = getattr(module, ctor)(*ctor_args).double()
-        gen = torch.Generator().manual_seed(1000 + i)
-        _randomise(net, torch, gen, round_weights=True)
+    for name, (repo, filename, ctor, ctor_args, settings) in PEERS.items():
+        net, gen = _fixture_net(args, torch, name)
         x = torch.randn((BATCH, 3, 32, 32), generator=gen, dtype=torch.float64)
         r = torch.randn((BATCH, 10), generator=gen, dtype=torch.float64)
         logits_e, gx_e, _, _ = _torch_run(net, x, r, False, torch, True)
@@ -132,6 +152,198 @@ def write_fixtures(args, torch) -> None:
         path = os.path.join(args.out, f"{name}_resnet20.npz")
         np.savez_compressed(path, **out)
         print(f"wrote {path} ({os.path.getsize(path) / 1e6:.2f} MB; {meta['params']:,} parameters)")
+
+
+# ------------------------------------------------------------------------------------- the peers' SGD steps
+
+# How each repository's CIFAR training script trains (read from the scripts; no peer code is copied: the
+# rules are restated here and ``_script_check`` confirms the checkout's script still says them).
+TRAINING = {
+    "tau-resnet": {
+        "script": "cifar/cifar_train.py",
+        "lines": {"arguments (lr 0.1, weight_decay 1e-4, batchsize 128, tau %f)": "30-33, 36, 87",
+                  "loss nn.CrossEntropyLoss() (mean)": "102",
+                  "parameter groups and optim.SGD(momentum=0.9, weight_decay)": "103-113",
+                  "step: zero_grad, forward, loss, backward, net.module.scale_tau_grad() (try/except), step":
+                      "126-135",
+                  "adjust_learning_rate (epoch 0: lr = initial_lr)": "190-200, 209"},
+        "signature": ("'bias1' in p[0] or 'bias2' in p[0]", "'tau' in p[0]", "args.lr/10.", "momentum=0.9",
+                      "weight_decay=args.weight_decay", "scale_tau_grad()", "nn.CrossEntropyLoss()"),
+    },
+    "fixup": {
+        "script": "cifar/cifar_train.py",
+        "lines": {"arguments (alpha 1 = mixup, decay 1e-4, batchsize 128 per GPU, base_lr 0.1)": "35-40",
+                  "base_learning_rate = base_lr * batchsize / 128 (times the GPU count)": "54-59",
+                  "mixup soft-target criterion": "112, utils.py:18-38, 53-54",
+                  "parameter groups and optim.SGD(momentum=0.9, weight_decay)": "113-122",
+                  "step: mixup_data, zero_grad, forward, loss, backward, step": "135-142",
+                  "adjust_learning_rate (epoch 0; warm-up only when base_learning_rate > 0.1)": "197-219, 236",
+                  "CosineAnnealingLR built (sets initial_lr) whether or not --sgdr": "226"},
+        "signature": ("'bias' in p[0]", "'scale' in p[0]", "args.base_lr/10.", "args.batchsize / 128.",
+                      "momentum=0.9", "weight_decay=args.decay", "CosineAnnealingLR(optimizer"),
+    },
+}
+BASE_LR, WEIGHT_DECAY, MOMENTUM = 0.1, 1e-4, 0.9  # both scripts' defaults
+
+
+def _script_check(root: str, repo: str) -> str | None:
+    """The training script's path if it is found and still reads as TRAINING says, else None."""
+    for candidate in (os.path.join(root, "cifar", "cifar_train.py"), os.path.join(root, "..", "cifar_train.py"),
+                      os.path.join(root, "cifar_train.py")):
+        if os.path.exists(candidate):
+            with open(candidate) as f:
+                text = f.read()
+            missing = [s for s in TRAINING[repo]["signature"] if s not in text]
+            if missing:
+                raise SystemExit(f"{candidate} no longer reads as TRAINING[{repo!r}] says (missing {missing})")
+            return os.path.abspath(candidate)
+    print(f"warning: {repo} cifar_train.py not found near {root}; its training rules are taken as read")
+    return None
+
+
+def _peer_optimizer(repo: str, net, torch, batch: int):
+    """The optimiser of ``repo``'s CIFAR training script at epoch 0, for a batch of ``batch`` on one device."""
+    named = list(net.named_parameters())
+    if repo == "tau-resnet":
+        is_bias = lambda n: "bias1" in n or "bias2" in n  # noqa: E731 (the script's substring rules)
+        is_tau = lambda n: "tau" in n  # noqa: E731
+        groups = [("bias", is_bias, BASE_LR / 10), ("tau", is_tau, BASE_LR / 10),
+                  ("others", lambda n: not (is_bias(n) or is_tau(n)), None)]  # others: SGD's lr=args.lr
+        default_lr = BASE_LR
+        batch_rule = "none: lr 0.1 whatever --batchsize"
+    else:
+        n_gpu = 1
+        base_learning_rate = BASE_LR * batch / 128.0 * n_gpu
+        is_bias = lambda n: "bias" in n  # noqa: E731
+        is_scale = lambda n: "scale" in n  # noqa: E731
+        # the bias and scale groups get base_lr / 10 as given, NOT scaled by batch / 128
+        groups = [("bias", is_bias, BASE_LR / 10), ("scale", is_scale, BASE_LR / 10),
+                  ("others", lambda n: not (is_bias(n) or is_scale(n)), None)]
+        default_lr = base_learning_rate
+        batch_rule = (f"base_learning_rate = base_lr * batchsize / 128 * n_gpu = {BASE_LR} * {batch} / 128 * "
+                      f"{n_gpu} = {base_learning_rate!r} for the 'others' group only; bias and scale groups "
+                      f"base_lr / 10 = {BASE_LR / 10!r} unscaled; epoch-0 warm-up lr 0.1 only when "
+                      "base_learning_rate > 0.1")
+    spec = []
+    for label, rule, lr in groups:
+        entry = {"params": [p for n, p in named if rule(n)]}
+        if lr is not None:
+            entry["lr"] = lr
+        if repo == "tau-resnet":
+            entry["initial_lr"] = BASE_LR if lr is None else lr
+        spec.append(entry)
+    optimizer = torch.optim.SGD(spec, lr=default_lr, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
+    if repo == "tau-resnet":  # adjust_learning_rate(optimizer, 0): lr = initial_lr / 1
+        for group in optimizer.param_groups:
+            group["lr"] = group["initial_lr"] / 1.0
+    else:
+        # the script builds CosineAnnealingLR (which sets initial_lr = lr in every group) even without --sgdr,
+        # then adjust_learning_rate(optimizer, 0)
+        torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, 200, eta_min=0, last_epoch=-1)
+        lr = base_learning_rate
+        if lr > 0.1:  # epoch 0 of the warm-up: 0.1 + (base_learning_rate - 0.1) * 0 / 10
+            lr = 0.1 + (base_learning_rate - 0.1) * 0 / 10.0
+        for group in optimizer.param_groups:
+            if group["initial_lr"] == base_learning_rate:
+                group["lr"] = lr
+            else:  # epoch <= 9
+                group["lr"] = group["initial_lr"] * lr / base_learning_rate
+    names = {id(p): n for n, p in named}
+    described = []
+    for (label, _, _), group in zip(groups, optimizer.param_groups):
+        described.append({"group": label, "names": [names[id(p)] for p in group["params"]],
+                          **{k: v for k, v in group.items() if k != "params"}})
+    assert sum(len(g["names"]) for g in described) == len(named), "parameter groups overlap or miss a parameter"
+    return optimizer, described, batch_rule
+
+
+def _peer_loss(repo: str, logits, y, torch):
+    if repo == "tau-resnet":  # nn.CrossEntropyLoss(): mean over the batch
+        return torch.nn.functional.cross_entropy(logits, y)
+    # Fixup's soft-target criterion with --alpha 0 (ERM: lam = 1 for y, 1 - lam = 0 for y[index]); the
+    # second term is exactly zero, so this is the mean cross-entropy
+    log_p = torch.nn.functional.log_softmax(logits, dim=1)
+
+    def criterion(target, lam):
+        return (-log_p * torch.zeros(logits.size(), dtype=logits.dtype).scatter_(1, target.view(-1, 1),
+                                                                               lam.view(-1, 1))).sum(dim=1).mean()
+
+    lam = torch.ones(y.size(), dtype=logits.dtype)
+    return criterion(y, lam) + criterion(y, 1 - lam)
+
+
+def write_sgd_steps(args, torch) -> None:
+    """``{name}_sgd_steps.npz``: two SGD steps of each peer's training script from the fixture weights."""
+    os.makedirs(args.out, exist_ok=True)
+    roots = {"tau-resnet": args.tau_resnet, "fixup": args.fixup}
+    small = {"conv1.weight", "layer1.0.conv1.weight", "fc.weight", "fc.bias"}
+    for i, (name, (repo, filename, ctor, ctor_args, settings)) in enumerate(PEERS.items()):
+        script = _script_check(roots[repo], repo)
+        net, _ = _fixture_net(args, torch, name)
+        start = {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
+        existing = os.path.join(args.out, f"{name}_resnet20.npz")
+        if os.path.exists(existing):  # the steps start from exactly the weights in sd/* of that fixture
+            with np.load(existing) as f:
+                stored = {k[3:]: f[k] for k in f.files if k.startswith("sd/")}
+            bad = [k for k, v in start.items() if k not in stored or not np.array_equal(stored[k].astype(v.dtype), v)]
+            if bad or set(stored) != set(start):
+                raise SystemExit(f"{name}: the starting weights differ from sd/* of {existing}: {bad[:5]}")
+            same_start = f"sd/* of {name}_resnet20.npz (checked equal)"
+        else:
+            same_start = f"sd/* of {name}_resnet20.npz (not present to check)"
+        gen = torch.Generator().manual_seed(4000 + i)
+        batches = [(torch.randn((BATCH, 3, 32, 32), generator=gen, dtype=torch.float64),
+                    torch.randint(0, 10, (BATCH,), generator=gen)) for _ in range(2)]
+        optimizer, groups, batch_rule = _peer_optimizer(repo, net, torch, BATCH)
+        scaled = hasattr(net, "scale_tau_grad")
+        out, losses = {}, []
+        for step, (x, y) in enumerate(batches, 1):
+            net.train()
+            optimizer.zero_grad()
+            logits = net(x)
+            loss = _peer_loss(repo, logits, y, torch)
+            loss.backward()
+            if scaled:  # tau-ResNet: net.module.scale_tau_grad() between backward and step (see TRAINING)
+                net.scale_tau_grad()
+            missing = [n for n, p in net.named_parameters() if p.grad is None]
+            assert not missing, f"{name}: no gradient for {missing} (SGD would skip them, weight decay too)"
+            optimizer.step()
+            losses.append(loss.item())
+            out[f"x{step}"], out[f"y{step}"], out[f"loss{step}"] = x.numpy(), y.numpy(), np.float64(loss.item())
+            for k, v in net.state_dict().items():
+                out[f"step{step}/{k}"] = v.detach().numpy().copy()
+        meta = {
+            "repository_model": name, "depth": 20, "peer": f"{repo}:{filename}:{ctor}{ctor_args}",
+            "resjax": settings, "torch": torch.__version__, "batch": BATCH, "start": same_start,
+            "script": TRAINING[repo]["script"], "script_found": script is not None,
+            "script_lines": TRAINING[repo]["lines"],
+            "optimizer": "torch.optim.SGD (coupled weight decay: d = g + wd * p; first step buf = d, no "
+                         "dampening; then buf = momentum * buf + (1 - dampening) * d; p -= lr * buf)",
+            "param_groups": groups, "momentum": MOMENTUM, "nesterov": False, "dampening": 0.0,
+            "weight_decay": {g["group"]: g["weight_decay"] for g in groups},
+            "lr": {g["group"]: g["lr"] for g in groups},
+            "grad_scaling": ("tau.grad /= num_layers (9) by the model's scale_tau_grad() after backward, before "
+                             "step (the script calls net.module.scale_tau_grad() in try/except: it runs only "
+                             "under DataParallel, i.e. on CUDA; on CPU it is silently skipped)") if scaled else
+                            "none (no scale_tau_grad on this model)" if repo == "tau-resnet" else "none",
+            "loss": "nn.CrossEntropyLoss() (mean over the batch)" if repo == "tau-resnet" else
+                    "the script's soft-target criterion with --alpha 0 (no mixup; the default --alpha 1 mixes "
+                    "inputs and targets at random): mean cross-entropy",
+            "batch_rule": batch_rule, "epoch": 0, "train_mode": True, "gradient_clipping": "none",
+            "losses": losses,
+        }
+        path = os.path.join(args.out, f"{name}_sgd_steps.npz")
+        meta["stored"] = "every state_dict entry after each step"
+        np.savez_compressed(path, **out, meta=np.asarray(json.dumps(meta)))
+        if os.path.getsize(path) > 3e6:
+            keep = {k for k, v in start.items()
+                    if v.size <= 64 or k in small or k.endswith(("running_mean", "running_var"))}
+            out = {k: v for k, v in out.items() if not k.startswith("step") or k.split("/", 1)[1] in keep}
+            meta["stored"] = ("after each step: state_dict entries with <= 64 values, conv1.weight, "
+                              "layer1.0.conv1.weight, fc.weight, fc.bias and all BN running statistics")
+            np.savez_compressed(path, **out, meta=np.asarray(json.dumps(meta)))
+        print(f"wrote {path} ({os.path.getsize(path) / 1e6:.2f} MB; losses {losses[0]:.6f} {losses[1]:.6f}; "
+              f"lr {meta['lr']}; start {same_start})")
 
 
 def write_torchvision_layouts(args, torch) -> None:
@@ -273,13 +485,18 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "data", "parity"))
     parser.add_argument("--check", action="store_true", help="also print resjax's agreement (needs jax and resjax)")
     parser.add_argument("--no-write", action="store_true", help="only --check; write no fixtures")
+    parser.add_argument("--sgd-steps-only", action="store_true",
+                        help="write only the {name}_sgd_steps.npz files (checked against the existing fixtures)")
     parser.add_argument("--torchvision-depths", type=int, nargs="*", default=[18, 50])
     args = parser.parse_args(argv)
     import torch
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    if not args.no_write:
+    if args.sgd_steps_only:
+        write_sgd_steps(args, torch)
+    elif not args.no_write:
         write_fixtures(args, torch)
+        write_sgd_steps(args, torch)
         write_torchvision_layouts(args, torch)
     if args.check:
         check(args, torch)

@@ -4,7 +4,10 @@ Both feeders (``make_train``: on-device, the whole run a ``lax.scan``; ``make_im
 a host data source) read the same nested ``config.train``, an ``ml_collections.ConfigDict`` with these
 fields:
 
-  optimizer          'sgd' (with ``momentum`` > 0: heavy ball; with ``nesterov``: Nesterov) | 'adam'
+  optimizer          'sgd' (with ``momentum`` > 0: heavy ball; with ``nesterov``: Nesterov) | 'momentum' |
+                     'nesterov' | 'adam' (PyTorch's rules) | any optax optimiser by name ('adamw', 'lamb',
+                     'lars', 'lion', 'rmsprop', ...; ``resjax.train.optim``)
+  optimizer_args     dict: an optax optimiser's other arguments (``dict(b2=0.95)``)
   learning_rate      the base rate (a per-seed ``hparams`` value may replace it inside one program)
   momentum, nesterov SGD momentum ``buf = momentum * buf + g`` (PyTorch's, no dampening)
   adam_b1, adam_b2, adam_eps
@@ -12,9 +15,11 @@ fields:
   weight_decay_on    'all' (PyTorch's default: every parameter) | 'kernels' (Dense/Conv kernels only; the
                      lecture's L2 penalty on weights)
   scalar_lr_factor   learning-rate factor for 0-d parameters (Fixup, SkipInit, a learnable tau)
+  param_groups       tuple of parameter-group rules or preset names ('tau_resnet', 'fixup'): per-group
+                     learning-rate and weight-decay factors by path pattern or rank (``resjax.train.optim``)
   grad_clip_norm     global-norm clipping; 0 = off
-  schedule           'constant' | 'step' | 'cosine'; ``milestones``, ``decay_factor``, ``warmup_epochs``
-                     (see ``resjax.train.schedules``)
+  schedule           'constant' | 'step' | 'cosine' | an optax schedule's name with ``schedule_args``;
+                     ``milestones``, ``decay_factor``, ``warmup_epochs`` (see ``resjax.train.schedules``)
   batch_size, epochs, eval_batch_size (host feeder: evaluation batches)
   augment, shuffle   host feeder: the data source's augmentation and shuffling
   checkpoint_every   epochs between checkpoints (on-device: rounded to whole chunks); 0 = only at the end
@@ -41,7 +46,7 @@ import numpy as np
 
 from resjax.train.optim import check_optimizer
 
-__all__ = ["FLOAT_SETTINGS", "SEED_AXIS_MODES", "check_finite_settings", "check_train_config", "image_train_config",
+__all__ = ["DICT_SETTINGS", "FLOAT_SETTINGS", "SEED_AXIS_MODES", "check_finite_settings", "check_train_config", "image_train_config",
            "is_int", "is_number", "train_config"]
 
 #: The values of ``train.seed_axis``: how the host feeder steps several seeds (``seed_axis_mode``).
@@ -52,6 +57,7 @@ def train_config(**overrides: Any) -> ml_collections.ConfigDict:
     """The training settings (see the module docstring); defaults: the lecture's MNIST-1D setup."""
     c = ml_collections.ConfigDict()
     c.optimizer = "sgd"
+    c.optimizer_args = ml_collections.ConfigDict()
     c.learning_rate = 0.005
     c.momentum = 0.0
     c.nesterov = False
@@ -61,8 +67,10 @@ def train_config(**overrides: Any) -> ml_collections.ConfigDict:
     c.weight_decay = 0.0
     c.weight_decay_on = "kernels"
     c.scalar_lr_factor = 1.0
+    c.param_groups = ()
     c.grad_clip_norm = 0.0
     c.schedule = "constant"
+    c.schedule_args = ml_collections.ConfigDict()
     c.milestones = ()
     c.decay_factor = 0.1
     c.warmup_epochs = 0.0
@@ -80,6 +88,10 @@ def train_config(**overrides: Any) -> ml_collections.ConfigDict:
             raise ValueError(f"train.{name}: unknown setting; known: {sorted(c.keys())}")
         c[name] = tuple(value) if isinstance(value, list) else value
     return c
+
+
+#: The dict-valued settings of ``train_config`` (each a ``ConfigDict`` of an optax function's arguments).
+DICT_SETTINGS = ("optimizer_args", "schedule_args")
 
 
 def image_train_config(**overrides: Any) -> ml_collections.ConfigDict:

@@ -49,7 +49,7 @@ from resjax.train.checkpoint import CheckpointError, Checkpoints, _json, describ
 from resjax.train.config import check_train_config, is_int
 from resjax.train.distributed import to_host
 from resjax.train.optim import make_optimizer
-from resjax.train.schedules import make_schedule
+from resjax.train.schedules import float_dtype, make_schedule
 from resjax.train.state import RunState, TrainState, guarded_step
 
 __all__ = ["HPARAMS", "METRICS", "RESUME_FREE", "Core", "Progress", "check_run_config", "config_dict", "divergence",
@@ -94,22 +94,35 @@ class Core:
     example_shape: tuple  # one example's shape, for ``model.init``
     uses_tau: bool
     steps_per_epoch: int
+    # the trainers' own optimiser, schedule and parameter groups (``make_optimizer``'s keywords), if any
+    optim: dict = dataclasses.field(default_factory=dict)
 
     # ---- hyper-parameters ---------------------------------------------------------------------------
 
     def default_hparams(self) -> dict:
-        """The config's ``learning_rate`` and ``weight_decay`` as float32 scalars: the ``hparams`` of a run
-        given none."""
+        """The config's ``learning_rate`` and ``weight_decay`` as scalars of the default float dtype (float64
+        under ``jax_enable_x64``): the ``hparams`` of a run given none."""
         t = self.config.train
-        return {"learning_rate": jnp.float32(t.learning_rate), "weight_decay": jnp.float32(t.get("weight_decay", 0.0))}
+        dtype = float_dtype()
+        return {"learning_rate": jnp.asarray(t.learning_rate, dtype),
+                "weight_decay": jnp.asarray(t.get("weight_decay", 0.0), dtype)}
+
+    @property
+    def own_rate(self) -> bool:
+        """Whether the optimiser is a user's ``GradientTransformation`` object, which holds its own rate."""
+        return isinstance(self.optim.get("optimizer"), optax.GradientTransformation)
 
     def check_hparams(self, hparams: dict | None, num: int | None = None) -> dict:
-        """``hparams`` merged over the defaults, validated (``ValueError`` naming the entry), as float32
-        arrays; with ``num``, broadcast to ``(num,)``."""
+        """``hparams`` merged over the defaults, validated (``ValueError`` naming the entry), as arrays of the
+        default float dtype; with ``num``, broadcast to ``(num,)``."""
         allowed = {"learning_rate", "weight_decay"} | ({"tau"} if self.uses_tau else set())
+        if self.own_rate:
+            allowed.discard("learning_rate")
         unknown = set(hparams or {}) - allowed
         if unknown:
-            raise ValueError(f"hparams: {sorted(unknown)} cannot vary in this program; allowed: {sorted(allowed)}")
+            why = ("; the optimiser given as a GradientTransformation holds its own learning rate (pass a factory "
+                   "lambda learning_rate: ... to vary it)" if self.own_rate and "learning_rate" in unknown else "")
+            raise ValueError(f"hparams: {sorted(unknown)} cannot vary in this program; allowed: {sorted(allowed)}{why}")
         hp = {**self.default_hparams(), **(hparams or {})}
         for name, v in hp.items():
             v = np.asarray(v)
@@ -119,9 +132,10 @@ class Core:
                 raise ValueError(f"hparams.{name}: must be {'> 0' if name == 'tau' else '>= 0'}, got {v}")
             if num is not None and (v.ndim not in (0, 1) or (v.ndim == 1 and v.shape[0] != num)):
                 raise ValueError(f"hparams.{name}: must be a scalar or have one value per key ({num}), got shape {v.shape}")
+        dtype = float_dtype()
         if num is None:
-            return {k: jnp.asarray(v, jnp.float32) for k, v in hp.items()}
-        return {k: jnp.broadcast_to(jnp.asarray(v, jnp.float32), (num,)) for k, v in hp.items()}
+            return {k: jnp.asarray(v, dtype) for k, v in hp.items()}
+        return {k: jnp.broadcast_to(jnp.asarray(v, dtype), (num,)) for k, v in hp.items()}
 
     def run_hparams(self, run: RunState, hparams: dict | None = None) -> dict:
         """The ``hparams`` of an existing run state: its optimiser state's ``learning_rate`` and
@@ -155,7 +169,8 @@ class Core:
         config.train.epochs = int(epochs)
         x = jax.ShapeDtypeStruct((2, *self.example_shape), jnp.float32)
         params = jax.eval_shape(lambda k, x: self.model.init(k, x, train=False)["params"], jax.random.key(0), x)
-        longer = dataclasses.replace(self, config=config, tx=make_optimizer(config.train, params, self.steps_per_epoch))
+        tx = make_optimizer(config.train, params, self.steps_per_epoch, **self.optim)
+        longer = dataclasses.replace(self, config=config, tx=tx)
         object.__setattr__(longer, "_extends", True)  # its checkpoints may come from the shorter run (check_checkpoint)
         return longer
 
@@ -226,9 +241,13 @@ class Core:
         return jnp.sum(jnp.where(mask, loss, 0.0)), jnp.sum(jnp.where(mask, wrong, 0.0))
 
     def epoch_learning_rate(self, run: RunState) -> jax.Array:
-        """The learning rate of the first step of the run's current epoch (its own base rate)."""
+        """The learning rate of the first step of the run's current epoch (its own base rate); NaN for a
+        user's ``GradientTransformation``, whose rate resjax does not know."""
+        if self.own_rate:
+            return jnp.float32(jnp.nan)
         base = run.state.opt_state.hyperparams["learning_rate"]
-        return make_schedule(self.config.train, self.steps_per_epoch, base)(run.epoch * self.steps_per_epoch)
+        schedule = make_schedule(self.config.train, self.steps_per_epoch, base, self.optim.get("schedule"))
+        return schedule(run.epoch * self.steps_per_epoch)
 
     def end_epoch(self, run: RunState, metrics: dict) -> RunState:
         """Write ``metrics`` (name -> scalar; missing names NaN) as the epoch's history entry."""
@@ -384,7 +403,7 @@ def with_hyperparams(opt_state: Any, hparams: dict) -> Any:
     """``opt_state`` with its injected ``learning_rate`` / ``weight_decay`` set from ``hparams``."""
     for name in ("learning_rate", "weight_decay"):
         if name in hparams:
-            opt_state.hyperparams[name] = jnp.asarray(hparams[name], jnp.float32)
+            opt_state.hyperparams[name] = jnp.asarray(hparams[name], float_dtype())
     return opt_state
 
 

@@ -400,13 +400,15 @@ def _check_divides(name: str, value: int, mesh) -> None:
 
 
 def make_image_train(config: ml_collections.ConfigDict, train_source: Any, test_source: Any = None, *,
-                     model: nn.Module | None = None, mesh: Mesh | None = None) -> ImageTrainer:
+                     model: nn.Module | None = None, mesh: Mesh | None = None, optimizer: Any = None,
+                     schedule: Callable | None = None, param_groups: Any = None) -> ImageTrainer:
     """An ``ImageTrainer`` for the run config ``config`` (``config.train``, and ``config.model`` unless
     ``model``, a module, is given) on ``train_source`` (see the module docstring). ``mesh``: a
     ``jax.sharding.Mesh`` with axis ``'data'`` (``make_data_mesh()``) for data parallelism, or None for one
     device. ``train_source`` may also be a user's arrays (``resjax.data.from_arrays``): its ``source('train')``
     is trained on and, unless ``test_source`` is given, its ``source('test')`` evaluated. Validates every
-    setting (``ValueError`` naming it) before anything is traced."""
+    setting (``ValueError`` naming it) before anything is traced. ``optimizer``, ``schedule``, ``param_groups``: your own optax transformation (or a factory
+    of the learning rate), learning-rate multiplier and parameter-group rules (``resjax.train.optim``)."""
     from resjax.data import ArrayData
 
     if isinstance(train_source, ArrayData):
@@ -433,8 +435,10 @@ def make_image_train(config: ml_collections.ConfigDict, train_source: Any, test_
     steps = train_source.num_batches(t.batch_size, drop_remainder=True)
     x = jax.ShapeDtypeStruct((2, *train_source.image_shape), jnp.float32)
     params = jax.eval_shape(lambda k, x: model.init(k, x, train=False)["params"], jax.random.key(0), x)  # traced, not compiled
-    tx = make_optimizer(t, params, steps)
-    return ImageTrainer(config=config, model=model, tx=tx, example_shape=tuple(train_source.image_shape),
+    optim = {k: v for k, v in dict(optimizer=optimizer, schedule=schedule, param_groups=param_groups).items()
+             if v is not None}
+    tx = make_optimizer(t, params, steps, **optim)
+    return ImageTrainer(config=config, model=model, tx=tx, example_shape=tuple(train_source.image_shape), optim=optim,
                         uses_tau=getattr(model, "scaling", None) == "tau", steps_per_epoch=int(steps),
                         train_source=train_source,
                         test_source=test_source, mesh=mesh)

@@ -253,12 +253,14 @@ def shard_over_seeds(tree: Any) -> Any:
 
 def make_train(config: ml_collections.ConfigDict, data: Dataset | ArrayData | None = None, *,
                model: nn.Module | None = None, step_hook: Callable | None = None,
-               epoch_hook: Callable | None = None) -> Trainer:
+               epoch_hook: Callable | None = None, optimizer: Any = None, schedule: Callable | None = None,
+               param_groups: Any = None) -> Trainer:
     """A ``Trainer`` for the run config ``config`` (``config.data``, ``config.model``, ``config.train``;
     ``resjax.train.run_config``). ``data`` overrides ``config.data``; ``model`` (a module) overrides
     ``build_model(config.model)``. Validates every setting (``ValueError`` naming it) before anything is
     traced. ``data`` may be a user's arrays (``resjax.data.from_arrays``; without augmentation: this feeder
-    trains on the arrays as they are)."""
+    trains on the arrays as they are). ``optimizer``, ``schedule``, ``param_groups``: your own optax transformation (or a factory
+    of the learning rate), learning-rate multiplier and parameter-group rules (``resjax.train.optim``)."""
     check_run_config(config)
     if isinstance(data, ArrayData) and data.augment != "none":
         raise ValueError(f"augment: {data.augment!r} is for the host feeder (make_image_train); the on-device "
@@ -275,6 +277,8 @@ def make_train(config: ml_collections.ConfigDict, data: Dataset | ArrayData | No
     x = jax.ShapeDtypeStruct((2, *data.x_train.shape[1:]), jnp.float32)
     uses_tau = getattr(model, "scaling", None) == "tau"
     params = jax.eval_shape(lambda k, x: model.init(k, x, train=False)["params"], jax.random.key(0), x)
-    tx = make_optimizer(t, params, steps)
-    return Trainer(config=config, model=model, tx=tx, example_shape=tuple(data.x_train.shape[1:]), uses_tau=uses_tau,
+    optim = {k: v for k, v in dict(optimizer=optimizer, schedule=schedule, param_groups=param_groups).items()
+             if v is not None}
+    tx = make_optimizer(t, params, steps, **optim)
+    return Trainer(config=config, model=model, tx=tx, optim=optim, example_shape=tuple(data.x_train.shape[1:]), uses_tau=uses_tau,
                    steps_per_epoch=steps, data=data, step_hook=step_hook, epoch_hook=epoch_hook)

@@ -1,27 +1,72 @@
-"""Optimisers for image training: ``make_optimizer(config, params, steps_per_epoch)``.
+"""Optimisers: ``make_optimizer(config, params, steps_per_epoch)``, any optax optimiser by name or as an object.
 
-The update is built as one ``optax.chain`` in the order PyTorch applies it:
+The update is one ``optax.chain``, wrapped in ``optax.inject_hyperparams`` so that the learning rate and
+the weight decay live in the optimiser state (``opt_state.hyperparams``) and may differ between the seeds
+of one vmapped program (``hparams``):
 
   1. ``grad_clip_norm > 0``: clip the gradient to that global norm (``clip_grad_norm_`` before ``step``);
-  2. coupled L2 weight decay, ``g + weight_decay * w``, added to the gradient as ``torch.optim.SGD`` (and
-     ``Adam``) do with ``weight_decay`` -- not AdamW's decoupled decay. ``weight_decay_on``:
-     'all' (PyTorch's default: every parameter, BatchNorm scales and biases and scalars included, as the
-     tau-ResNet and Fixup repositories train) or 'kernels' (only leaves named ``kernel``);
-  3. 'sgd': momentum ``buf = momentum * buf + g`` (no dampening), the update ``buf`` or with
-     ``nesterov`` ``g + momentum * buf``, exactly ``torch.optim.SGD``; 'adam': ``optax.scale_by_adam``
-     with ``adam_b1``, ``adam_b2``, ``adam_eps`` (PyTorch's Adam);
-  4. times the learning-rate schedule (``resjax.train.schedules``), and for scalar parameters (0-d leaves:
-     Fixup's scalar biases and multiplier, SkipInit's alpha, a learnable tau) additionally times
-     ``scalar_lr_factor`` (1.0 by default; the Fixup and tau-ResNet repositories use 0.1).
+  2. coupled L2 weight decay, ``g + weight_decay * f_wd * w``, added to the gradient as ``torch.optim.SGD``
+     (and ``Adam``) do with ``weight_decay`` -- for every optimiser that has no weight decay of its own;
+  3. the direction: the built-in names below, or ``optax.<optimizer>(learning_rate=rate, **optimizer_args)``;
+  4. the learning rate ``rate`` (``resjax.train.schedules``: ``learning_rate`` times the schedule, in the
+     parameters' float dtype -- float64 under ``jax_enable_x64``);
+  5. each parameter group's learning-rate factor ``f_lr`` (below).
 
-Scalars and kernels are told apart per leaf by masks that are functions of the parameter tree, so the
-same transformation works inside ``jax.vmap`` over seeds. For plain SGD one step is
-``w <- w - lr * f * (g + wd * w)`` with ``f`` the scalar factor (1 for non-scalars).
+``train.optimizer``:
+
+  'sgd'        ``buf = momentum * buf + g`` (no dampening), the update ``buf`` or with ``nesterov``
+               ``g + momentum * buf``: exactly ``torch.optim.SGD`` (plain SGD when ``momentum`` is 0)
+  'momentum'   'sgd' that needs ``momentum > 0``; 'nesterov': 'sgd' with ``nesterov=True``
+  'adam'       ``optax.scale_by_adam(adam_b1, adam_b2, adam_eps)``: ``torch.optim.Adam`` with its coupled
+               ``weight_decay``
+  any other    the optax optimiser of that name (``adamw``, ``lamb``, ``lars``, ``lion``, ``rmsprop``,
+               ``adagrad``, ``nadamw``, ``adan``, ...) called with ``learning_rate=rate`` and
+               ``train.optimizer_args`` (a dict of its other arguments: ``dict(b2=0.95)``). One that takes a
+               ``weight_decay`` (adamw, lamb, lars, lion, ...) gets ``train.weight_decay`` there -- its own,
+               decoupled decay, exactly optax's (AdamW's ``w -= rate * (adam + weight_decay * w)``) -- and,
+               through its ``mask`` / ``weight_decay_mask``, which parameters decay; the others get the
+               coupled L2 of step 2, as PyTorch's ``weight_decay`` does.
+
+Parameter groups (``train.param_groups``, PyTorch's ``param_groups``): a tuple of rules, each a dict
+``dict(match=REGEX | rank=R | where=FN, lr_factor=1.0, weight_decay_factor=...)`` or a preset's name
+(``PARAM_GROUP_PRESETS``). A rule selects the parameters whose path (``'stage1/block0/conv1/kernel'``)
+``re.search``-es ``match``, whose rank (number of axes) is ``rank`` (an int or a tuple of them), or for
+which ``where(path, leaf)`` is true (a function: through the API's ``param_groups=``, not in a config, which
+must stay JSON), and gives them ``lr_factor`` times the learning rate and ``weight_decay_factor`` times the
+weight decay (default: what ``weight_decay_on`` says). The first rule that selects a parameter decides it;
+a rule that selects nothing is refused (a misspelt name would otherwise change nothing). ``weight_decay_on``
+sets the default weight-decay factor: 'all' (PyTorch's default: every parameter, BatchNorm scales and
+biases and scalars included, as the tau-ResNet and Fixup repositories train) or 'kernels' (leaves named
+``kernel`` only). ``scalar_lr_factor`` (default 1.0) is shorthand for a last rule ``dict(rank=0,
+lr_factor=scalar_lr_factor)``.
+
+Presets (the peers' training rules, parity-tested against their own training steps at float64):
+
+  'tau_resnet'   dayu11/tau-ResNet: its scalars (tau) at lr/10 -- ``dict(rank=0, lr_factor=0.1)``
+  'fixup'        hongyi-zhang/Fixup ``cifar_train.py``: every parameter whose name holds ``bias`` or
+                 ``scale`` (the scalar biases and multipliers and the classifier's bias) at lr/10.
+                 Fixup's script also multiplies the base rate, and only the base rate, by ``batch/128``:
+                 ``fixup_param_groups(batch_size)`` gives that rule's group for another batch size
+                 (``learning_rate = 0.1 * batch / 128`` with it keeps the bias/scale rate at 0.01).
+
+Your own optimiser: ``make_optimizer(..., optimizer=tx)`` (and ``make_train`` / ``make_image_train``'s
+``optimizer=``) takes an ``optax.GradientTransformation``, used as the direction and rate together (steps
+1, 2 and 5 still apply: clipping, coupled L2 when ``weight_decay > 0`` -- set it to 0 to leave the decay to
+your transformation -- and the groups' factors); or a factory ``f(learning_rate) -> GradientTransformation``
+that receives resjax's schedule (a function of the step, the per-seed rate inside) -- so ``hparams`` may
+still vary the learning rate. With a transformation given as an object, the rate is its own: ``hparams``
+may not vary ``learning_rate`` and the history's ``lr`` is NaN.
+
+Masks and factors are functions of the parameter tree's paths and ranks, so the same transformation works
+inside ``jax.vmap`` over seeds. For plain SGD one step is ``w <- w - lr * f_lr * (g + wd * f_wd * w)``.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -29,12 +74,43 @@ import optax
 
 from resjax.train.schedules import _get, check_schedule, make_schedule
 
-__all__ = ["OPTIMIZERS", "WEIGHT_DECAY_ON", "check_optimizer", "kernel_mask", "make_optimizer", "scalar_mask"]
+__all__ = ["BUILTIN_OPTIMIZERS", "PARAM_GROUP_PRESETS", "WEIGHT_DECAY_ON", "check_optimizer", "fixup_param_groups",
+           "group_factors", "kernel_mask", "make_optimizer", "optax_optimizer", "param_path", "scalar_mask"]
 
-#: The values of ``train.optimizer``.
-OPTIMIZERS = ("sgd", "adam")
+#: The optimisers resjax builds itself (PyTorch's exact update rules); every other name is optax's.
+BUILTIN_OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam")
 #: The values of ``train.weight_decay_on``.
 WEIGHT_DECAY_ON = ("all", "kernels")
+#: optax names that are not a ``learning_rate -> GradientTransformation`` optimiser usable here.
+_REFUSED = {"lbfgs": "its update needs the loss function (value_fn), which a training step does not pass",
+            "polyak_sgd": "its update needs the loss value, which a training step does not pass",
+            "noisy_sgd": "it draws its own random numbers from a fixed seed, outside the run's key"}
+#: The keys a parameter-group rule may have.
+_RULE_KEYS = ("match", "rank", "where", "lr_factor", "weight_decay_factor")
+
+
+def fixup_param_groups(batch_size: int = 128) -> tuple[dict, ...]:
+    """Fixup's ``cifar_train.py`` rule for ``batch_size``: parameters whose name holds ``bias`` or ``scale``
+    train at ``0.1 * base`` while the base rate is multiplied by ``batch_size / 128``, i.e. a group factor of
+    ``0.1 * 128 / batch_size`` relative to ``learning_rate = base * batch_size / 128``."""
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size: must be an integer >= 1, got {batch_size!r}")
+    return (dict(match=r"bias|scale", lr_factor=0.1 * 128 / batch_size),)
+
+
+#: Named parameter-group rules (see the module docstring).
+PARAM_GROUP_PRESETS: dict[str, tuple[dict, ...]] = {
+    "tau_resnet": (dict(rank=0, lr_factor=0.1),),
+    "fixup": fixup_param_groups(128),
+}
+
+
+def param_path(path: tuple) -> str:
+    """A key path of ``jax.tree_util`` as ``'a/b/c'`` (dict keys, attribute names, sequence indices)."""
+    parts = []
+    for k in path:
+        parts.append(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))))
+    return "/".join(parts)
 
 
 def kernel_mask(params: Any) -> Any:
@@ -47,73 +123,274 @@ def scalar_mask(params: Any) -> Any:
     return jax.tree_util.tree_map(lambda p: p.ndim == 0, params)
 
 
+def optax_optimizer(name: str) -> Callable[..., optax.GradientTransformation]:
+    """The optax optimiser ``optax.<name>`` (a function taking ``learning_rate``); ``ValueError`` naming
+    ``optimizer`` when there is none usable by that name."""
+    if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
+        raise ValueError(f"optimizer: must be an optimiser's name, got {name!r}")
+    if name in _REFUSED:
+        raise ValueError(f"optimizer: optax.{name} cannot train here: {_REFUSED[name]}")
+    fn = getattr(optax, name, None)
+    params = _parameters(fn)
+    if params is None or not params or params[0] != "learning_rate":
+        known = ", ".join(BUILTIN_OPTIMIZERS + ("adamw", "lamb", "lars", "lion", "rmsprop", "adagrad", "..."))
+        raise ValueError(f"optimizer: unknown optimizer {name!r}; choose a built-in or optax optimiser ({known})")
+    return fn
+
+
+def _parameters(fn) -> list[str] | None:
+    if not callable(fn) or inspect.isclass(fn) or inspect.ismodule(fn):
+        return None
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def _decay_argument(fn) -> tuple[str | None, str | None]:
+    """``(weight-decay argument, its mask argument)`` of an optax optimiser (None when it has none)."""
+    params = _parameters(fn) or []
+    wd = "weight_decay" if "weight_decay" in params else None
+    mask = next((m for m in ("mask", "weight_decay_mask") if m in params), None) if wd else None
+    return wd, mask
+
+
+def _as_dict(value: Any) -> dict:
+    """A dict setting (``ConfigDict``, mapping or None) as a plain dict."""
+    if value is None:
+        return {}
+    return value.to_dict() if hasattr(value, "to_dict") else dict(value)
+
+
+def _number(config, field, default, low=0.0, high=None, low_open=False) -> None:
+    v = _get(config, field, default)
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    ok = ok and (v > low if low_open else v >= low) and (high is None or v < high)
+    if not ok:
+        span = f"{'>' if low_open else '>='} {low}" if high is None else f"in [{low}, {high})"
+        raise ValueError(f"{field}: must be a finite number {span}, got {v!r}")
+
+
 def check_optimizer(config: Any) -> None:
     """Raise ``ValueError`` naming the first bad optimiser setting of ``config`` (a ``train_config``, or any
-    mapping or object with its fields)."""
+    mapping or object with its fields): unknown optimisers and arguments, ranges, parameter-group rules."""
     name = _get(config, "optimizer", "sgd")
-    if name not in OPTIMIZERS:
-        raise ValueError(f"optimizer: unknown optimizer {name!r}; choose one of {OPTIMIZERS}")
-    momentum = _get(config, "momentum", 0.9)
-    if name == "sgd" and not (momentum is not None and 0 <= momentum < 1):
-        raise ValueError(f"momentum: must be in [0, 1), got {momentum!r}")
-    if name == "sgd" and _get(config, "nesterov", False) and not momentum:
-        raise ValueError("nesterov: needs momentum > 0")
-    for field in ("weight_decay", "grad_clip_norm"):
-        v = _get(config, field, 0.0)
-        if v is None or not math.isfinite(v) or v < 0:
-            raise ValueError(f"{field}: must be a finite number >= 0, got {v!r}")
-    f = _get(config, "scalar_lr_factor", 1.0)
-    if f is None or not math.isfinite(f) or f < 0:
-        raise ValueError(f"scalar_lr_factor: must be a finite number >= 0, got {f!r}")
+    args = _as_dict(_get(config, "optimizer_args", None))
+    if name in BUILTIN_OPTIMIZERS:
+        if args:
+            raise ValueError(f"optimizer_args: the built-in {name!r} takes its settings from train.momentum, "
+                             f"nesterov, adam_b1, ... (got {sorted(args)}); optimizer_args is for optax's optimisers")
+        if name in ("sgd", "momentum", "nesterov"):
+            _number(config, "momentum", 0.9, 0.0, 1.0)
+            if (name == "nesterov" or _get(config, "nesterov", False)) and not _get(config, "momentum", 0.9):
+                raise ValueError("nesterov: needs momentum > 0")
+            if name == "momentum" and not _get(config, "momentum", 0.9):
+                raise ValueError("momentum: optimizer 'momentum' needs momentum > 0")
+        else:
+            _number(config, "adam_b1", 0.9, 0.0, 1.0)
+            _number(config, "adam_b2", 0.999, 0.0, 1.0)
+            _number(config, "adam_eps", 1e-8, 0.0, low_open=True)
+    else:
+        fn = optax_optimizer(name)
+        params = _parameters(fn)
+        wd, mask = _decay_argument(fn)
+        own = {"learning_rate", *(p for p in (wd, mask) if p)}
+        for key in args:
+            if key in own:
+                raise ValueError(f"optimizer_args.{key}: set by resjax (train.learning_rate, train.weight_decay, "
+                                 "train.param_groups / weight_decay_on); leave it out of optimizer_args")
+            if key not in params:
+                raise ValueError(f"optimizer_args.{key}: optax.{name} has no argument {key!r}; its arguments: "
+                                 f"{', '.join(p for p in params if p not in own)}")
+    for field in ("weight_decay", "grad_clip_norm", "scalar_lr_factor"):
+        _number(config, field, 1.0 if field == "scalar_lr_factor" else 0.0)
     on = _get(config, "weight_decay_on", "all")
     if on not in WEIGHT_DECAY_ON:
         raise ValueError(f"weight_decay_on: unknown choice {on!r}; choose one of {WEIGHT_DECAY_ON}")
-    if name == "adam":
-        for field, default in (("adam_b1", 0.9), ("adam_b2", 0.999)):
-            v = _get(config, field, default)
-            if not 0 <= v < 1:
-                raise ValueError(f"{field}: must be in [0, 1), got {v!r}")
-        if not _get(config, "adam_eps", 1e-8) > 0:
-            raise ValueError(f"adam_eps: must be > 0, got {_get(config, 'adam_eps', 1e-8)!r}")
+    check_param_groups(_get(config, "param_groups", ()), allow_functions=False)
 
 
-def make_optimizer(config: Any, params: Any = None, steps_per_epoch: int = 1) -> optax.GradientTransformation:
+def _rules(groups: Any) -> list[tuple[str, dict]]:
+    """``groups`` (rules and preset names) as ``[(label, rule)]``, presets expanded (their labels name the
+    preset)."""
+    if groups is None:
+        return []
+    if isinstance(groups, (str, Mapping)):
+        groups = (groups,)
+    out = []
+    for i, g in enumerate(groups):
+        if isinstance(g, str):
+            if g not in PARAM_GROUP_PRESETS:
+                raise ValueError(f"param_groups[{i}]: unknown preset {g!r}; presets: {sorted(PARAM_GROUP_PRESETS)}")
+            out += [(f"param_groups[{i}] ({g!r})", dict(r)) for r in PARAM_GROUP_PRESETS[g]]
+        elif isinstance(g, Mapping):
+            out.append((f"param_groups[{i}]", dict(g)))
+        else:
+            raise ValueError(f"param_groups[{i}]: must be a dict rule or a preset name, got {g!r}")
+    return out
+
+
+def check_param_groups(groups: Any, allow_functions: bool = True) -> None:
+    """Raise ``ValueError`` naming the rule when a parameter-group rule is malformed (see the module docstring)."""
+    for label, rule in _rules(groups):
+        unknown = set(rule) - set(_RULE_KEYS)
+        if unknown:
+            raise ValueError(f"{label}: unknown keys {sorted(unknown)}; a rule has {_RULE_KEYS}")
+        selectors = [k for k in ("match", "rank", "where") if rule.get(k) is not None]
+        if len(selectors) != 1:
+            raise ValueError(f"{label}: give exactly one of match (a regex), rank (an int) or where (a function), "
+                             f"got {selectors or 'none'}")
+        if "match" in selectors:
+            try:
+                re.compile(rule["match"])
+            except (re.error, TypeError) as e:
+                raise ValueError(f"{label}.match: not a regular expression ({e}): {rule['match']!r}") from None
+        if "rank" in selectors:
+            ranks = rule["rank"] if isinstance(rule["rank"], (tuple, list)) else (rule["rank"],)
+            if not ranks or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
+                raise ValueError(f"{label}.rank: must be an integer >= 0 or a tuple of them, got {rule['rank']!r}")
+        if "where" in selectors and (not allow_functions or not callable(rule["where"])):
+            raise ValueError(f"{label}.where: " + ("a function goes through the API's param_groups= (a config stays "
+                                                    "JSON)" if not allow_functions else f"must be callable, got {rule['where']!r}"))
+        for key in ("lr_factor", "weight_decay_factor"):
+            v = rule.get(key)
+            if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                                      and v >= 0):
+                raise ValueError(f"{label}.{key}: must be a finite number >= 0, got {v!r}")
+
+
+def group_factors(params: Any, groups: Any = (), weight_decay_on: str = "all",
+                  scalar_lr_factor: float = 1.0) -> tuple[Any, Any]:
+    """``(lr_factors, weight_decay_factors)``: trees of Python floats like ``params``, from the parameter-group
+    rules ``groups`` (see the module docstring; ``ValueError`` naming a rule that selects nothing)."""
+    rules = _rules(groups)
+    if scalar_lr_factor != 1.0:
+        rules.append(("scalar_lr_factor", dict(rank=0, lr_factor=float(scalar_lr_factor))))
+    used = [False] * len(rules)
+
+    def factors(path, leaf):
+        name, rank = param_path(path), len(leaf.shape)
+        wd = 1.0 if weight_decay_on == "all" or getattr(path[-1], "key", None) == "kernel" else 0.0
+        for i, (_, rule) in enumerate(rules):
+            ranks = rule.get("rank")
+            ranks = ranks if isinstance(ranks, (tuple, list)) else (ranks,)
+            if ((rule.get("match") is not None and re.search(rule["match"], name))
+                    or (rule.get("rank") is not None and rank in ranks)
+                    or (rule.get("where") is not None and rule["where"](name, leaf))):
+                used[i] = True
+                f_wd = rule.get("weight_decay_factor")
+                return float(rule.get("lr_factor", 1.0)), wd if f_wd is None else float(f_wd)
+        return 1.0, wd
+
+    pairs = jax.tree_util.tree_map_with_path(factors, params)
+    for (label, _), u in zip(rules, used):  # a preset may select nothing (tau-ResNet with BN has no scalars)
+        if not u and label != "scalar_lr_factor" and "(" not in label:
+            raise ValueError(f"{label}: selects no parameter of this model")
+    is_pair = lambda x: isinstance(x, tuple)  # noqa: E731
+    return (jax.tree_util.tree_map(lambda p: p[0], pairs, is_leaf=is_pair),
+            jax.tree_util.tree_map(lambda p: p[1], pairs, is_leaf=is_pair))
+
+
+def _scale_leaves(factors_of: Callable[[Any], Any]) -> optax.GradientTransformation:
+    """Multiply each update leaf by its factor (``factors_of(updates)``: a tree of floats); leaves at 1.0
+    are left as they are (no multiply)."""
+    def update(updates, state, params=None):
+        factors = factors_of(updates)
+        return jax.tree_util.tree_map(lambda u, f: u if f == 1.0 else u * f, updates, factors), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def _coupled_decay(weight_decay, factors_of: Callable[[Any], Any]) -> optax.GradientTransformation:
+    """``g + weight_decay * f * w`` per leaf (``f`` its weight-decay factor; leaves at 0 untouched)."""
+    def update(updates, state, params=None):
+        if params is None:
+            raise ValueError("weight_decay: the optimiser's update needs the parameters")
+        factors = factors_of(updates)
+
+        def one(g, w, f):
+            if f == 0.0:
+                return g
+            return g + (weight_decay if f == 1.0 else weight_decay * f) * w
+
+        return jax.tree_util.tree_map(one, updates, params, factors), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def make_optimizer(config: Any, params: Any = None, steps_per_epoch: int = 1, *,
+                   optimizer: optax.GradientTransformation | Callable | None = None,
+                   schedule: Callable | None = None, param_groups: Any = None) -> optax.GradientTransformation:
     """The optax transformation for ``config`` (see the module docstring).
 
     The learning rate and the weight decay are ``optax.inject_hyperparams`` values: they live in the
     optimiser state (``opt_state.hyperparams['learning_rate' | 'weight_decay']``), start at the config's,
     and a seed-vmapped run may set them per seed (``resjax.train.core.with_hyperparams``). The rate at a step
-    is ``make_schedule(config, steps_per_epoch, learning_rate)`` of the optimiser's own step count.
+    is ``make_schedule(config, steps_per_epoch, learning_rate, schedule)`` of the optimiser's own step count.
 
-    ``params`` (one seed's parameter tree, or its shapes) is only checked: with ``weight_decay_on='kernels'``
-    and ``weight_decay > 0`` it must hold a ``kernel``.
+    ``params``: one seed's parameter tree (or its shapes); the groups' factors are checked against it (a rule
+    selecting nothing, ``weight_decay_on='kernels'`` with no ``kernel``). ``optimizer``: your own
+    transformation or factory (module docstring); ``schedule``: a learning-rate multiplier function of the step
+    (``resjax.train.schedules``); ``param_groups``: rules added before the config's (they may hold ``where``
+    functions).
     """
     check_optimizer(config)
     check_schedule(config, steps_per_epoch)
+    check_param_groups(param_groups)
+    if optimizer is not None and not (isinstance(optimizer, optax.GradientTransformation) or callable(optimizer)):
+        raise ValueError(f"optimizer: must be an optax.GradientTransformation or a function of the learning rate "
+                         f"returning one, got {optimizer!r}")
     name = _get(config, "optimizer", "sgd")
     on = _get(config, "weight_decay_on", "all")
     wd = float(_get(config, "weight_decay", 0.0))
-    if params is not None and wd > 0 and on == "kernels" and not any(jax.tree_util.tree_leaves(kernel_mask(params))):
-        raise ValueError("weight_decay_on: 'kernels' but the model has no parameter named 'kernel'")
+    mine = (param_groups,) if isinstance(param_groups, (str, Mapping)) else tuple(param_groups or ())
+    groups = mine + tuple(_get(config, "param_groups", ()) or ())
+    scalar = float(_get(config, "scalar_lr_factor", 1.0))
+
+    def factors(tree):
+        return group_factors(tree, groups, on, scalar)
+
+    if params is not None:
+        if wd > 0 and on == "kernels" and not any(jax.tree_util.tree_leaves(kernel_mask(params))):
+            raise ValueError("weight_decay_on: 'kernels' but the model has no parameter named 'kernel'")
+        factors(params)  # a rule that selects nothing is refused here, before tracing
     clip = float(_get(config, "grad_clip_norm", 0.0))
-    momentum = float(_get(config, "momentum", 0.9)) if name == "sgd" else 0.0
-    nesterov = bool(_get(config, "nesterov", False))
+    momentum = float(_get(config, "momentum", 0.9)) if name in ("sgd", "momentum", "nesterov") else 0.0
+    nesterov = bool(_get(config, "nesterov", False)) or name == "nesterov"
     adam = tuple(float(_get(config, k, d)) for k, d in (("adam_b1", 0.9), ("adam_b2", 0.999), ("adam_eps", 1e-8)))
-    factor = float(_get(config, "scalar_lr_factor", 1.0))
+    args = _as_dict(_get(config, "optimizer_args", None))
+    own = optimizer is None and name not in BUILTIN_OPTIMIZERS
+    decay_arg, mask_arg = _decay_argument(optax_optimizer(name)) if own else (None, None)
 
     def chain(learning_rate, weight_decay):
-        parts = []
-        if clip > 0:
-            parts.append(optax.clip_by_global_norm(clip))
-        parts.append(optax.add_decayed_weights(weight_decay, mask=kernel_mask if on == "kernels" else None))
-        if name == "sgd":
+        rate = make_schedule(config, steps_per_epoch, learning_rate, schedule)
+        parts = [optax.clip_by_global_norm(clip)] if clip > 0 else []
+        if decay_arg is None:  # always: a per-seed hparams weight decay may be > 0 where the config's is 0
+            parts.append(_coupled_decay(weight_decay, lambda t: factors(t)[1]))
+        if optimizer is not None:
+            parts.append(optimizer if isinstance(optimizer, optax.GradientTransformation) else optimizer(rate))
+        elif own:
+            kwargs = dict(args)
+            if decay_arg is not None:
+                kwargs[decay_arg] = weight_decay
+                if mask_arg is not None:
+                    kwargs[mask_arg] = lambda tree: jax.tree_util.tree_map(lambda f: f != 0.0, factors(tree)[1])
+            parts.append(optax_optimizer(name)(learning_rate=rate, **kwargs))
+        else:
             if momentum > 0:
                 parts.append(optax.trace(decay=momentum, nesterov=nesterov))
-        else:
-            parts.append(optax.scale_by_adam(b1=adam[0], b2=adam[1], eps=adam[2]))
-        parts.append(optax.scale_by_learning_rate(make_schedule(config, steps_per_epoch, learning_rate)))
-        if factor != 1.0:
-            parts.append(optax.masked(optax.scale(factor), scalar_mask))
+            elif name == "adam":
+                parts.append(optax.scale_by_adam(b1=adam[0], b2=adam[1], eps=adam[2]))
+            parts.append(optax.scale_by_learning_rate(rate))
+        parts.append(_scale_leaves(lambda t: factors(t)[0]))
         return optax.chain(*parts)
 
+    if own and decay_arg is not None and params is not None:
+        wd_factors = jax.tree_util.tree_leaves(factors(params)[1])
+        if any(f not in (0.0, 1.0) for f in wd_factors):
+            raise ValueError(f"param_groups: weight_decay_factor other than 0 or 1 needs coupled weight decay; "
+                             f"optax.{name} applies its own decoupled decay, which only a mask can switch per parameter")
+        if mask_arg is None and wd > 0 and 0.0 in wd_factors:
+            raise ValueError(f"weight_decay_on: optax.{name} decays every parameter (it has no mask); "
+                             "use weight_decay_on='all' or another optimiser")
     return optax.inject_hyperparams(chain)(learning_rate=float(_get(config, "learning_rate", None)), weight_decay=wd)

@@ -4,7 +4,7 @@ Every schedule is a pure function of the optimiser step (an ``optax.Schedule``),
 exactly the learning rates an unstopped one would. Settings read from the config:
 
   learning_rate   the peak (base) learning rate
-  schedule        'constant' | 'step' | 'cosine'
+  schedule        'constant' | 'step' | 'cosine' | the name of any optax schedule (below)
   milestones      'step': epochs at which the rate is multiplied by ``decay_factor`` (the CIFAR ResNet
                   recipe: (100, 150) of 200 epochs, He et al. and the tau-ResNet repository)
   decay_factor    'step': the factor (default 0.1)
@@ -17,18 +17,36 @@ Warm-up multiplies the schedule by ``min(1, (step + 1) / warmup_steps)``, so the
 the weights and step ``warmup_steps - 1`` is at the full rate; ``warmup_steps`` is
 ``round(warmup_epochs * steps_per_epoch)`` (at least 1 when ``warmup_epochs > 0``). 'cosine' starts its
 half-period after the warm-up and reaches 0 at the run's last step boundary.
+
+Every schedule is ``learning_rate`` times a multiplier of the step (big_vision's convention), so a
+per-seed learning rate (``hparams``) scales the whole schedule. Beyond the three built-ins:
+
+  optax by name   ``schedule='exponential_decay'`` (or ``'linear_schedule'``, ``'cosine_onecycle_schedule'``,
+                  ``'piecewise_constant_schedule'``, ``'warmup_cosine_decay_schedule'``, ...) with
+                  ``schedule_args`` (its arguments, in optimiser steps). It gives the multiplier, so its
+                  rate-valued arguments are relative: ``init_value``, ``peak_value`` and ``value``, when not
+                  given, are 1.0 (``schedule_args=dict(transition_steps=1000, decay_rate=0.5)`` halves the
+                  rate every 1000 steps).
+  a function      ``make_schedule(..., schedule=fn)`` (and the trainers' ``schedule=``): ``fn(step)`` is the
+                  multiplier; pass ``optax.cosine_decay_schedule(1.0, steps)``, not a schedule of rates.
+
+``warmup_epochs`` multiplies every schedule. The rate is computed in the default float dtype: float32, or
+float64 under ``jax_enable_x64`` (so a float64 run's rate is exactly 0.1, not 0.10000000149).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
+from collections.abc import Callable
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import optax
 from jax.typing import ArrayLike
 
-__all__ = ["SCHEDULES", "check_schedule", "make_schedule"]
+__all__ = ["SCHEDULES", "check_schedule", "float_dtype", "make_schedule", "optax_schedule"]
 
 #: The values of ``train.schedule``.
 SCHEDULES = ("constant", "step", "cosine")
@@ -38,12 +56,50 @@ def _get(config, name, default):
     return config.get(name, default) if hasattr(config, "get") else getattr(config, name, default)
 
 
+def float_dtype() -> Any:
+    """The default float dtype: float64 under ``jax_enable_x64``, else float32."""
+    return jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+
+
+#: Rate-valued arguments of optax schedules that default to 1.0 (the schedule is a multiplier).
+_UNIT_ARGS = ("init_value", "peak_value", "value")
+
+
+def optax_schedule(name: str, args: dict | None = None) -> optax.Schedule:
+    """``optax.<name>(**args)``, with ``init_value`` / ``peak_value`` / ``value`` 1.0 when it takes them and
+    they are not given; ``ValueError`` naming ``schedule`` or ``schedule_args.<arg>`` when it cannot be built."""
+    fn = getattr(optax, name, None) if isinstance(name, str) and name.isidentifier() else None
+    try:
+        params = inspect.signature(fn).parameters if callable(fn) and name.endswith(("schedule", "decay")) else None
+    except (TypeError, ValueError):
+        params = None
+    if params is None:
+        raise ValueError(f"schedule: unknown schedule {name!r}; choose one of {SCHEDULES} or an optax schedule "
+                         "('exponential_decay', 'linear_schedule', 'cosine_onecycle_schedule', ...)")
+    args = args.to_dict() if hasattr(args, "to_dict") else dict(args or {})
+    for key in args:
+        if key not in params:
+            raise ValueError(f"schedule_args.{key}: optax.{name} has no argument {key!r}; its arguments: "
+                             f"{', '.join(params)}")
+    args = {**{k: 1.0 for k in _UNIT_ARGS if k in params}, **args}
+    missing = [k for k, p in params.items() if p.default is inspect.Parameter.empty and k not in args]
+    if missing:
+        raise ValueError(f"schedule_args: optax.{name} needs {', '.join(missing)}")
+    try:
+        return fn(**args)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"schedule_args: optax.{name}({args}) failed: {e}") from None
+
+
 def check_schedule(config: Any, steps_per_epoch: int) -> None:
     """Raise ``ValueError`` naming the first bad schedule setting of ``config`` (a ``train_config``, or any
     mapping or object with its fields) or a bad ``steps_per_epoch``."""
     name = _get(config, "schedule", "constant")
     if name not in SCHEDULES:
-        raise ValueError(f"schedule: unknown schedule {name!r}; choose one of {SCHEDULES}")
+        optax_schedule(name, _get(config, "schedule_args", None))
+    elif len(_get(config, "schedule_args", None) or {}):
+        raise ValueError(f"schedule_args: the built-in schedule {name!r} takes its settings from train.milestones, "
+                         "decay_factor, warmup_epochs; schedule_args is for optax's schedules")
     if not isinstance(steps_per_epoch, int) or steps_per_epoch < 1:
         raise ValueError(f"steps_per_epoch: must be an integer >= 1, got {steps_per_epoch!r}")
     lr = _get(config, "learning_rate", None)
@@ -69,39 +125,50 @@ def check_schedule(config: Any, steps_per_epoch: int) -> None:
             raise ValueError(f"warmup_epochs: {warmup} leaves no cosine phase in {epochs} epochs")
 
 
-def make_schedule(config: Any, steps_per_epoch: int, learning_rate: ArrayLike | None = None) -> optax.Schedule:
+def make_schedule(config: Any, steps_per_epoch: int, learning_rate: ArrayLike | None = None,
+                  schedule: Callable | None = None) -> optax.Schedule:
     """The learning rate as a function of the step (see the module docstring). ``learning_rate`` (default
     ``config.learning_rate``) may be a traced value: the optimiser passes the per-seed rate it holds in its
-    state, so one program trains seeds at different rates on the same schedule."""
+    state, so one program trains seeds at different rates on the same schedule. ``schedule``: a multiplier
+    function of the step that replaces ``config.schedule``."""
     check_schedule(config, steps_per_epoch)
+    if schedule is not None and not callable(schedule):
+        raise ValueError(f"schedule: must be a function of the step (a multiplier), got {schedule!r}")
     name = _get(config, "schedule", "constant")
+    dtype = float_dtype()
     lr = float(_get(config, "learning_rate", None)) if learning_rate is None else learning_rate
+    lr = jnp.asarray(lr, dtype) if isinstance(lr, float) else lr
     warmup_epochs = float(_get(config, "warmup_epochs", 0.0))
     warmup_steps = max(1, round(warmup_epochs * steps_per_epoch)) if warmup_epochs > 0 else 0
 
-    if name == "constant":
+    if schedule is not None or name not in SCHEDULES:
+        multiplier = schedule if schedule is not None else optax_schedule(name, _get(config, "schedule_args", None))
+
         def base(step):
-            return jnp.broadcast_to(jnp.asarray(lr, jnp.float32), jnp.shape(step))
+            return lr * jnp.asarray(multiplier(step), dtype)
+    elif name == "constant":
+        def base(step):
+            return jnp.broadcast_to(jnp.asarray(lr, dtype), jnp.shape(step))
     elif name == "step":
         factor = float(_get(config, "decay_factor", 0.1))
         boundaries = [round(m * steps_per_epoch) for m in _get(config, "milestones", ())]
 
         def base(step):
             passed = sum((step >= b).astype(jnp.int32) for b in boundaries) if boundaries else jnp.zeros_like(step)
-            return lr * jnp.power(jnp.float32(factor), passed.astype(jnp.float32))
+            return lr * jnp.power(jnp.asarray(factor, dtype), passed.astype(dtype))
     else:  # cosine
         total = int(_get(config, "epochs", None)) * steps_per_epoch
         span = max(1, total - warmup_steps)
 
         def base(step):
-            t = jnp.clip((step - warmup_steps).astype(jnp.float32) / span, 0.0, 1.0)
+            t = jnp.clip((step - warmup_steps).astype(dtype) / span, 0.0, 1.0)
             return 0.5 * lr * (1.0 + jnp.cos(jnp.pi * t))
 
-    def schedule(step):
+    def rate(step):
         step = jnp.asarray(step, jnp.int32)
         value = base(step)
         if warmup_steps:
-            value = value * jnp.minimum(1.0, (step + 1).astype(jnp.float32) / warmup_steps)
-        return value.astype(jnp.float32)
+            value = value * jnp.minimum(1.0, (step + 1).astype(dtype) / warmup_steps)
+        return value.astype(dtype)
 
-    return schedule
+    return rate
