@@ -28,7 +28,7 @@ from typing import Any, Callable
 import ml_collections
 import numpy as np
 
-from resjax.train.config import is_int  # noqa: F401  (experiments use common.is_int)
+from resjax.train.config import DICT_SETTINGS, is_int  # noqa: F401  (experiments use common.is_int)
 
 SIZES = ("quick", "default", "full")
 
@@ -53,10 +53,14 @@ class Claim:
 
 
 def flatten(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, Any]:
+    """``{'train.learning_rate': 0.005, ...}``: every setting by its flag name; a dict setting (an optax
+    function's arguments, ``train.optimizer_args``) is one setting, a dict."""
     out = {}
     for key, value in config.items():
         name = f"{prefix}{key}"
-        if isinstance(value, ml_collections.ConfigDict):
+        if isinstance(value, ml_collections.ConfigDict) and key in DICT_SETTINGS:
+            out[name] = value.to_dict()
+        elif isinstance(value, ml_collections.ConfigDict):
             out.update(flatten(value, name + "."))
         else:
             out[name] = value
@@ -83,12 +87,26 @@ def _parse(text: str, default: Any) -> Any:
             raise ValueError(f"expected a number, got {text!r}") from None
     if isinstance(default, str):
         return text
+    if isinstance(default, dict):  # --train.optimizer_args "dict(b2=0.95)" or "{'b2': 0.95}"
+        try:
+            tree = ast.parse(text, mode="eval").body
+            if isinstance(tree, ast.Call) and getattr(tree.func, "id", None) == "dict" and not tree.args:
+                value = {k.arg: ast.literal_eval(k.value) for k in tree.keywords}
+            else:
+                value = ast.literal_eval(tree)
+        except (ValueError, SyntaxError, TypeError):
+            value = None
+        if not isinstance(value, dict):
+            raise ValueError(f"expected a dict such as \"dict(b2=0.95)\", got {text!r}")
+        return value
     if isinstance(default, (tuple, list)):
         try:
             value = ast.literal_eval(text)
         except (ValueError, SyntaxError):
-            if default and all(isinstance(v, str) for v in default):  # --taus 1,L^-1/2
-                return tuple(v.strip() for v in text.split(",") if v.strip())
+            parts = [v.strip() for v in text.split(",") if v.strip()]
+            if (default and all(isinstance(v, str) for v in default)) or (  # --taus 1,L^-1/2
+                    not default and parts and all(v.isidentifier() for v in parts)):  # --train.param_groups fixup
+                return tuple(parts)
             example = f"({', '.join(repr(v) for v in default[:2])},)" if default else "(1, 2)"
             raise ValueError(f"expected a tuple such as {example!r}, got {text!r}") from None
         return tuple(value) if isinstance(value, (tuple, list)) else (value,)
@@ -347,7 +365,12 @@ def run_experiment(module, config: ml_collections.ConfigDict, out_dir: pathlib.P
         print(f"{module.NAME}: {path} exists and will be replaced when this run ends: "
               f"{describe_results(path, module)}", flush=True)
     start = time.time()
-    metrics = module.run(config, out_dir)
+    from resjax.train.monitor import log_to
+
+    # metrics.jsonl (and with RESJAX_TENSORBOARD=1 TensorBoard files) in out_dir as training goes; progress lines
+    with log_to(out_dir, name=module.NAME, progress=True, fresh=True,
+                tensorboard=os.environ.get("RESJAX_TENSORBOARD", "0") not in ("", "0")):
+        metrics = module.run(config, out_dir)
     results = {
         "experiment": module.NAME,
         "config": to_jsonable(config),

@@ -235,8 +235,9 @@ def check(config) -> None:
     common.build_models([{**config.model, **m} for m in models], data.num_classes)
 
 
-def train_cell(config, model: dict, batch_size: int, data, learning_rates) -> dict:
-    """Train one model at one batch size for every seed (x learning rate) in one vmapped program."""
+def train_cell(config, model: dict, batch_size: int, data, learning_rates, name: str | None = None) -> dict:
+    """Train one model at one batch size for every seed (x learning rate) in one vmapped program (``name``:
+    the cell's name in progress lines and ``metrics.jsonl``)."""
     train = ml_collections.ConfigDict(config.train.to_dict())
     train.batch_size, train.learning_rate = batch_size, float(learning_rates[0])
     trainer = make_train(run_config({**config.model, **model}, train, config.data), data)
@@ -244,7 +245,7 @@ def train_cell(config, model: dict, batch_size: int, data, learning_rates) -> di
     keys = jax.numpy.concatenate([seeds] * len(learning_rates))
     lrs = np.repeat(np.asarray(learning_rates, np.float32), config.num_seeds)
     _, metrics = trainer.sweep(keys, {"learning_rate": lrs}, chunk_epochs=config.chunk_epochs,
-                               progress=f"B={batch_size} {model['kind']}")
+                               progress=f"B={batch_size} {name or model['kind']}")
     return metrics
 
 
@@ -276,7 +277,7 @@ def run(config, out_dir) -> dict:
         main_cell = b == config.train.batch_size
         start = time.time()
         for name, model in CONFIGS.items():
-            metrics = train_cell(config, model, b, data, [config.train.learning_rate])
+            metrics = train_cell(config, model, b, data, [config.train.learning_rate], name)
             if b in config.sweep_batch_sizes:
                 _record(out, f"batch_sweep.B{b}.", name, metrics, curves=False)
             if main_cell:
@@ -289,9 +290,11 @@ def run(config, out_dir) -> dict:
         out["batch_sweep.selected_batch_size"] = select_batch_size(out, config.sweep_batch_sizes)
     if config.ablations:
         for name, model in ABLATIONS.items():
-            _record(out, "", name, train_cell(config, model, config.train.batch_size, data, [config.train.learning_rate]), True)
+            _record(out, "", name, train_cell(config, model, config.train.batch_size, data,
+                                              [config.train.learning_rate], name), True)
         lrs = list(ABLATION_LEARNING_RATES.values())
-        both = train_cell(config, CONFIGS["residual_d32"], config.train.batch_size, data, lrs)
+        both = train_cell(config, CONFIGS["residual_d32"], config.train.batch_size, data, lrs,
+                          "residual_d32 at " + ", ".join(f"lr {lr:g}" for lr in lrs))
         for name, metrics in zip(ABLATION_LEARNING_RATES, runs_of(both, config.num_seeds)):
             _record(out, "", name, metrics, True)
     plot(out, config, out_dir / f"{NAME}.png")

@@ -10,7 +10,8 @@ Exported here: the feeders and their builders (``Trainer``, ``make_train``, ``sh
 ``ImageTrainer``, ``make_image_train``, ``seed_axis_mode``), the configs (``run_config``, ``train_config``,
 ``image_train_config``, ``check_train_config``), the state (``RunState``, ``TrainState``), the core
 (``Core``, ``METRICS``), grids of runs (``grid``, ``fit_grid``, ``Grid``, ``GridResult``: seeds x hyperparameters,
-labelled results), the optimiser and schedule builders, checkpoints (``Checkpoints``,
+labelled results), the optimiser and schedule builders, run logs (``RunLog``, ``log_to``: ``metrics.jsonl`` and
+TensorBoard as training goes), checkpoints (``Checkpoints``,
 ``CheckpointError``), the stop-signal exit (``Preempted``) and data parallelism (``make_data_mesh``,
 ``initialize_if_needed``). Everything else stays in its submodule (``resjax.train.checkpoint.save`` ...),
 each of which lists its public names in ``__all__``.
@@ -24,6 +25,7 @@ from resjax.train.core import METRICS, Core, run_config
 from resjax.train.distributed import initialize_if_needed, make_data_mesh
 from resjax.train.grid import Grid, GridResult, fit_grid, grid
 from resjax.train.host import ImageTrainer, make_image_train, seed_axis_mode
+from resjax.train.monitor import RunLog, log_to
 from resjax.train.ondevice import Trainer, make_train, shard_over_seeds
 from resjax.train.optim import make_optimizer
 from resjax.train.preemption import Preempted
@@ -31,7 +33,7 @@ from resjax.train.schedules import make_schedule
 from resjax.train.state import RunState, TrainState
 
 __all__ = ["METRICS", "CheckpointError", "Checkpoints", "Core", "Grid", "GridResult", "ImageTrainer", "Preempted",
-           "RunState", "TrainState", "Trainer", "check_train_config", "fit_grid", "grid", "image_train_config",
-           "initialize_if_needed", "make_data_mesh",
+           "RunLog", "RunState", "TrainState", "Trainer", "check_train_config", "fit_grid", "grid", "image_train_config",
+           "initialize_if_needed", "log_to", "make_data_mesh",
            "make_image_train", "make_optimizer", "make_schedule", "make_train", "run_config", "seed_axis_mode",
            "shard_over_seeds", "train_config"]

@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -48,6 +48,7 @@ from jax.typing import ArrayLike
 from resjax.train.checkpoint import CheckpointError, Checkpoints, _json, describe_model
 from resjax.train.config import check_train_config, is_int
 from resjax.train.distributed import to_host
+from resjax.train.monitor import Progress, progress_bar
 from resjax.train.optim import make_optimizer
 from resjax.train.schedules import float_dtype, make_schedule
 from resjax.train.state import RunState, TrainState, guarded_step
@@ -464,45 +465,6 @@ def seed_handles(key: int | Sequence[int] | np.ndarray | jax.Array | None, num_s
     draw = lambda k: (jax.random.bits(jax.random.fold_in(k, _DATA_SEED_TAG), (), jnp.uint32) >> 1).astype(jnp.int32)  # noqa: E731
     data_seeds = np.asarray(jax.device_get(jax.vmap(draw)(key) if seeded else draw(key)))
     return key, data_seeds, seeded
-
-
-class Progress:
-    """One progress display for both feeders: a tqdm bar (``progress`` True or a label; silent when not a
-    terminal) or ``progress(epochs_done, summary)`` called with the last epoch's metrics (numpy, per seed)."""
-
-    def __init__(self, total: int, done: int, progress: bool | str | Callable[[int, dict], None]) -> None:
-        self.callback = progress if callable(progress) else None
-        self.bar = None
-        if self.callback is None:
-            from tqdm.auto import tqdm
-
-            desc = progress if isinstance(progress, str) else "epochs"
-            self.bar = tqdm(total=total, initial=done, desc=desc, unit="epoch", leave=False, disable=None)
-
-    def update(self, done: int, last: int, summary: dict) -> None:
-        """Report ``done`` epochs complete (``last`` at the previous report): the callback gets ``(done,
-        summary)``; the bar advances by ``done - last`` and shows the mean over seeds of ``summary``'s
-        ``train_loss`` and ``test_error``."""
-        if self.callback is not None:
-            self.callback(done, summary)
-            return
-        self.bar.update(done - last)
-        post = {}
-        for name in ("train_loss", "test_error"):
-            v = np.asarray(summary[name])
-            post[name] = f"{np.nanmean(v) if np.isfinite(v).any() else np.nan:.4f}"
-        self.bar.set_postfix(**post)
-
-    def close(self) -> None:
-        """Close the bar (nothing to do for a callback)."""
-        if self.bar is not None:
-            self.bar.close()
-
-
-def progress_bar(total: int, done: int, progress: bool | str | Callable[[int, dict], None] | None) -> Progress | None:
-    """A ``Progress`` for ``progress`` (True, a label or a callback) over ``total`` epochs, ``done`` already
-    done; None when ``progress`` is false or None (no display)."""
-    return Progress(total, done, progress) if progress else None
 
 
 def check_run_config(config: ml_collections.ConfigDict) -> None:

@@ -64,6 +64,7 @@ from resjax.train import distributed
 from resjax.train.config import SEED_AXIS_MODES, image_train_config, is_int
 from resjax.train.core import Core, check_run_config, progress_bar, seed_handles
 from resjax.train.distributed import make_data_mesh, to_host
+from resjax.train.monitor import resolve_log
 from resjax.train.optim import make_optimizer
 from resjax.train.preemption import StopSignals
 from resjax.train.state import RunState
@@ -194,7 +195,7 @@ class ImageTrainer(Core):
     def fit(self, keys_or_state: RunState | int | Sequence[int] | jax.Array | None = None, *,
             hparams: dict | None = None, epochs: int | None = None, checkpoint_dir: str | os.PathLike | None = None,
             resume: bool = True, progress: bool | str | Callable[[int, dict], None] | None = None,
-            callback: Callable[[int, dict], None] | None = None) -> tuple[RunState, dict]:
+            callback: Callable[[int, dict], None] | None = None, log: Any = None) -> tuple[RunState, dict]:
         """Train until ``epochs`` (default ``config.train.epochs``) epochs are done; returns ``(run, history)``.
         The same call as the on-device feeder's ``Trainer.fit``.
 
@@ -209,7 +210,9 @@ class ImageTrainer(Core):
         further along than the state given; it must come from the same seeds, settings and ``hparams``).
         ``resume=False`` refuses a directory that already holds checkpoints. ``progress``: True or a label for a
         tqdm bar, or a callable; ``callback(epochs_done, summary)`` (the epoch's metrics as numpy arrays, per run)
-        after every epoch. A state passed in is consumed: the first step donates its buffers.
+        after every epoch. ``log``: a directory (or ``resjax.train.monitor.RunLog``) for ``metrics.jsonl``,
+        a line per run after every epoch (default: the ``monitor.log_to`` block's, if any; the cell is named by
+        the ``progress`` label). A state passed in is consumed: the first step donates its buffers.
         """
         total = self.config.train.epochs
         epochs = total if epochs is None else epochs
@@ -218,7 +221,7 @@ class ImageTrainer(Core):
         if epochs > total:  # extend: the same run, made for `epochs` epochs (see Core.with_epochs)
             return self.with_epochs(epochs).fit(keys_or_state, hparams=hparams, epochs=epochs,
                                                 checkpoint_dir=checkpoint_dir, resume=resume, progress=progress,
-                                                callback=callback)
+                                                callback=callback, log=log)
         run = keys_or_state if isinstance(keys_or_state, RunState) else self.init(keys_or_state, hparams=hparams)
         run = self.extend_history(run)
         hp = self.run_hparams(run, hparams)
@@ -229,6 +232,9 @@ class ImageTrainer(Core):
         data_seeds = np.atleast_1d(to_host(run.data_seed)).tolist()
         done = int(np.max(to_host(run.epoch)))
         every = self.config.train.get("checkpoint_every", 0)
+        log, progress = resolve_log(log, progress)
+        if log is not None:
+            log.start(done)
         bar = progress_bar(epochs, done, progress)
         end_epoch, lr = self._compiled("end_epoch", seeded), self._compiled("lr", seeded)
         try:
@@ -260,9 +266,11 @@ class ImageTrainer(Core):
                     done += 1
                     if ckpt is not None and every and done % every == 0:
                         self.save(ckpt, run, done, num_seeds, hparams=hp)
-                    if bar is not None or callback is not None:
+                    if bar is not None or callback is not None or log is not None:
                         summary = to_host(metrics)
                         summary.setdefault("test_error", np.full(np.shape(summary["train_loss"]), np.nan))
+                        if log is not None:
+                            log.write(done - 1, summary)
                         if bar is not None:
                             bar.update(done, done - 1, summary)
                         if callback is not None:
@@ -275,6 +283,8 @@ class ImageTrainer(Core):
         finally:
             if bar is not None:
                 bar.close()
+            if log is not None:
+                log.close()
             if ckpt is not None:
                 ckpt.close()
         return run, self.history(run)

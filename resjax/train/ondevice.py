@@ -50,6 +50,7 @@ from resjax.nn import build_model
 from resjax.train.config import is_int
 from resjax.train.core import Core, check_run_config, divergence, progress_bar, seed_handles
 from resjax.train.distributed import to_host
+from resjax.train.monitor import resolve_log
 from resjax.train.optim import make_optimizer
 from resjax.train.preemption import StopSignals
 from resjax.train.state import RunState
@@ -128,26 +129,26 @@ class Trainer(Core):
     def fit(self, keys: jax.Array | int | Sequence[int] | None = None, *, hparams: dict | None = None,
             epochs: int | None = None, checkpoint_dir: str | os.PathLike | None = None, resume: bool = True,
             progress: bool | str | Callable[[int, dict], None] | None = None,
-            callback: Callable[[int, dict], None] | None = None,
+            callback: Callable[[int, dict], None] | None = None, log: Any = None,
             chunk_epochs: int | None = None) -> tuple[RunState, dict]:
         """The host feeder's call (``ImageTrainer.fit``) on this feeder: ``sweep`` with the same arguments.
 
         ``keys``: a seed integer (default ``config.train.seed``: one run, no seed axis, as ``ImageTrainer.fit``
         returns it), a list of seed integers or ``(S,)`` PRNG keys (one run each, a leading seed axis).
-        ``hparams``, ``epochs``, ``checkpoint_dir``, ``resume``, ``progress``, ``callback``: as ``sweep``'s.
-        Returns ``(run, history)``."""
+        ``hparams``, ``epochs``, ``checkpoint_dir``, ``resume``, ``progress``, ``callback``, ``log``: as
+        ``sweep``'s. Returns ``(run, history)``."""
         keys = self.config.train.get("seed", 0) if keys is None else keys
         _, _, seeded = seed_handles(keys, None)
         run, metrics = self.sweep(keys, hparams, chunk_epochs, progress, callback, checkpoint_dir, resume,
-                                  epochs=epochs)
+                                  epochs=epochs, log=log)
         if seeded:
             return run, metrics
         return run.select(0), {k: v[0] if np.ndim(v) else v for k, v in metrics.items()}
 
     def sweep(self, keys: jax.Array | Sequence[int], hparams: dict | None = None, chunk_epochs: int | None = None,
-              progress: bool | str = False, callback: Callable[[int, dict], None] | None = None,
+              progress: bool | str | None = None, callback: Callable[[int, dict], None] | None = None,
               checkpoint_dir: str | os.PathLike | None = None, resume: bool = True,
-              epochs: int | None = None) -> tuple[RunState, dict]:
+              epochs: int | None = None, log: Any = None) -> tuple[RunState, dict]:
         """Every seed (and hparam setting) in one vmapped program, run in jitted chunks of epochs.
 
         ``keys``: ``(S,)`` PRNG keys (or a list of seed integers). ``hparams``: dict of scalars or ``(S,)``
@@ -160,6 +161,8 @@ class Trainer(Core):
         ``config.train.epochs``, so a run stopped early and resumed is the unstopped run); more than
         ``config.train.epochs`` extends the runs, from their checkpoint in ``checkpoint_dir``, as if they had
         been made for ``epochs`` epochs (``Core.with_epochs``: exactly so for a constant or step schedule).
+        ``log``: a directory (or ``resjax.train.monitor.RunLog``) for ``metrics.jsonl`` written after every
+        chunk (default: the ``monitor.log_to`` block's, if any; the cell is named by the ``progress`` label).
         """
         total = self.config.train.epochs
         epochs = total if epochs is None else epochs
@@ -167,7 +170,7 @@ class Trainer(Core):
             raise ValueError(f"epochs: must be an integer >= 1, got {epochs!r}")
         if epochs > total:  # extend: the same runs, made for `epochs` epochs (see Core.with_epochs)
             return self.with_epochs(epochs).sweep(keys, hparams, chunk_epochs, progress, callback, checkpoint_dir,
-                                                  resume, epochs=epochs)
+                                                  resume, epochs=epochs, log=log)
         keys, _, seeded = seed_handles(keys, None)
         if not seeded:
             keys = keys[None]
@@ -183,6 +186,9 @@ class Trainer(Core):
         run = self._init_fn(keys, hp)
         ckpt, run, _ = self.open_checkpoints(checkpoint_dir, run, num + pad, resume, hp)
         done = int(np.max(to_host(run.epoch)))
+        log, progress = resolve_log(log, progress)
+        if log is not None:
+            log.start(done)
         records, bar = [], progress_bar(epochs, done, progress)
         if (self.step_hook or self.epoch_hook) and done:
             raise ValueError(f"checkpoint_dir: {checkpoint_dir} holds a run {done} epochs in; the hooks' records "
@@ -196,8 +202,11 @@ class Trainer(Core):
                     last, done = done, done + n
                     if ckpt is not None and (done == epochs or (every and done % every == 0)):
                         self.save(ckpt, run, done, num + pad, hparams=hp)
-                    if bar is not None or callback is not None:
-                        summary = {k: v[:num, done - 1] for k, v in self.history(run).items() if k in run.history}
+                    if bar is not None or callback is not None or log is not None:
+                        history = {k: v[:num] for k, v in self.history(run).items() if k in run.history}
+                        summary = {k: v[:, done - 1] for k, v in history.items()}
+                        if log is not None:
+                            log.write(last, {k: v[:, last:done] for k, v in history.items()})
                         if bar is not None:
                             bar.update(done, last, summary)
                         if callback is not None:
@@ -208,6 +217,8 @@ class Trainer(Core):
         finally:
             if bar is not None:
                 bar.close()
+            if log is not None:
+                log.close()
             if ckpt is not None:
                 ckpt.close()
         keep = lambda a: a[:num]  # noqa: E731  (drop the padding runs)

@@ -1,0 +1,264 @@
+"""Watching a run: a metrics file written as training goes, TensorBoard event files, and progress that
+shows in a log file.
+
+``RunLog(directory)`` (or ``fit(..., log=directory)`` / ``sweep(..., log=directory)``) appends one JSON line
+per run and epoch to ``directory/metrics.jsonl`` as each epoch (on-device: each chunk of epochs) ends::
+
+    {"cell": "B=16 plain_d32", "run": 0, "epoch": 3, "train_loss": 0.71, "test_error": 0.31, ...,
+     "elapsed_s": 12.4, "time": 1764619200.1}
+
+``epoch`` counts completed epochs (1-based), ``run`` indexes the runs of one call (seeds, grid points), and
+metrics are the history's (``resjax.train.core.METRICS``; errors as fractions; ``null`` where NaN). The file
+is flushed after every write, so ``tail -f`` and ``pandas.read_json(path, lines=True)`` read it while the run
+goes on. A run resumed from a checkpoint first drops the lines of its cell past the checkpoint's epoch, so
+after a preemption every epoch is in the file once. With ``tensorboard=True`` the same numbers go to
+TensorBoard event files in ``directory`` through tensorboardX (``pip install resjax[tensorboard]``; no
+TensorFlow needed): ``tensorboard --logdir directory``, tags ``<cell>/<metric>/run<i>``. Only process 0 of
+a multi-process run writes.
+
+``log_to(directory)`` makes a ``RunLog`` the default of every ``fit`` and ``sweep`` inside the ``with``
+block (the experiments wrap each run in it, so ``--out DIR`` gets ``DIR/metrics.jsonl``); each call is a
+cell, named by its ``progress`` label (made unique by a ``#2``, ``#3``, ... suffix in call order).
+
+Progress (``progress=True`` or a label): a tqdm bar on a terminal; when stderr is not a terminal (a log
+file, a cluster job), one plain line per epoch or chunk on stdout instead, with elapsed and estimated time::
+
+    [B=16 plain_d32] epoch 30/300 (10%) 0:00:12 elapsed, ~0:01:48 left; train_loss 0.7100 test_error 0.3100
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import pathlib
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+__all__ = ["METRICS_FILE", "Progress", "RunLog", "current_log", "format_seconds", "log_to", "progress_bar"]
+
+#: The metrics file's name inside a log directory.
+METRICS_FILE = "metrics.jsonl"
+_CURRENT: list[RunLog] = []  # the RunLog of the innermost log_to block
+
+
+def format_seconds(seconds: float) -> str:
+    """``h:mm:ss`` (``'?'`` when not finite)."""
+    if not math.isfinite(seconds):
+        return "?"
+    s = int(round(max(seconds, 0.0)))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def _is_main() -> bool:
+    from resjax.train.distributed import is_main_process
+
+    return is_main_process()
+
+
+def _number(v: Any) -> float | None:
+    """A JSON number (a float32 value written as its shortest decimal, 0.005 not 0.004999999888), or None for
+    NaN and infinities."""
+    if not math.isfinite(float(v)):
+        return None
+    return float(str(v)) if isinstance(v, np.float32) else float(v)
+
+
+class RunLog:
+    """A metrics file (``metrics.jsonl``) and, optionally, TensorBoard event files in ``directory``; see
+    the module docstring. ``cell``: the name written on every line (``cell()`` gives a copy for another)."""
+
+    def __init__(self, directory: str | os.PathLike, cell: str | None = None, tensorboard: bool = False,
+                 progress: bool = False) -> None:
+        if directory is None or str(directory) == "":
+            raise ValueError("log: needs a directory, got an empty path")
+        self.directory = pathlib.Path(directory)
+        if self.directory.exists() and not self.directory.is_dir():
+            raise ValueError(f"log: {self.directory} is a file, not a directory")
+        self.path = self.directory / METRICS_FILE
+        self.name = cell
+        self.progress = bool(progress)  # calls given no progress= show progress, labelled by their cell
+        self.tensorboard = bool(tensorboard)
+        if self.tensorboard:
+            try:
+                import tensorboardX  # noqa: F401
+            except ImportError:
+                raise ValueError("log: tensorboard=True needs tensorboardX (pip install 'resjax[tensorboard]')") from None
+        self._writer = None
+        self._names: dict[str, int] = {}
+        self._start = time.time()
+
+    def cell(self, name: str | None) -> RunLog:
+        """This log for the cell ``name`` (a repeated name gets ``#2``, ``#3``, ...: cells are told apart in
+        call order, the same in a resumed process)."""
+        name = name or self.name or "run"
+        count = self._names[name] = self._names.get(name, 0) + 1
+        other = RunLog.__new__(RunLog)
+        other.__dict__.update(self.__dict__)
+        other.name = name if count == 1 else f"{name}#{count}"
+        other._writer, other._start = None, time.time()
+        return other
+
+    def start(self, done: int) -> None:
+        """Begin (or resume) this cell ``done`` epochs in: lines of this cell past epoch ``done`` (written
+        by a run that was stopped after its last checkpoint) are dropped, so every epoch is logged once."""
+        self._start = time.time()
+        if not _is_main():
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if not self.path.exists():
+            return
+        lines = self.path.read_text().splitlines(keepends=True)
+        keep = [line for line in lines if not self._later(line, done)]
+        if len(keep) != len(lines):
+            tmp = self.path.with_name(f".{METRICS_FILE}.{os.getpid()}.tmp")
+            tmp.write_text("".join(keep))
+            os.replace(tmp, self.path)
+
+    def _later(self, line: str, done: int) -> bool:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            return True  # a line cut short by a kill: dropped
+        return row.get("cell") == self.name and int(row.get("epoch", 0)) > done
+
+    def write(self, first: int, metrics: dict) -> None:
+        """Log epochs ``first + 1 ...`` from ``metrics``: name -> array ``(runs, epochs)``, or for one epoch
+        ``(runs,)`` or a scalar (one run)."""
+        if not _is_main():
+            return
+        shaped = {}
+        for k, v in metrics.items():
+            v = np.asarray(v)
+            v = v if v.dtype == np.float32 else v.astype(np.float64)
+            shaped[k] = v.reshape(-1, 1) if v.ndim <= 1 else v
+        runs, epochs = next(iter(shaped.values())).shape if shaped else (0, 0)
+        now, elapsed = time.time(), time.time() - self._start
+        rows = []
+        for e in range(epochs):
+            for r in range(runs):
+                row = {"cell": self.name, "run": r, "epoch": first + e + 1}
+                row.update({k: _number(v[r, e]) for k, v in shaped.items()})
+                row.update(elapsed_s=round(elapsed, 3), time=round(now, 3))
+                rows.append(row)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write("".join(json.dumps(row) + "\n" for row in rows))
+            f.flush()
+        if self.tensorboard:
+            writer = self._tensorboard()
+            for row in rows:
+                for k, v in row.items():
+                    if k not in ("cell", "run", "epoch", "time") and v is not None:
+                        writer.add_scalar(f"{self.name}/{k}/run{row['run']}", v, row["epoch"])
+            writer.flush()
+
+    def _tensorboard(self):
+        if self._writer is None:
+            from tensorboardX import SummaryWriter
+
+            self._writer = SummaryWriter(str(self.directory))
+        return self._writer
+
+    def close(self) -> None:
+        """Close the TensorBoard writer (the metrics file is closed after every write)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+@contextlib.contextmanager
+def log_to(directory: str | os.PathLike, name: str | None = None, tensorboard: bool = False, progress: bool = False,
+           fresh: bool = False) -> Iterator[RunLog]:
+    """Inside the block, every ``fit``/``sweep`` given no ``log`` logs to ``directory`` (a cell per call, named
+    by its progress label or else ``name``; see the module docstring). ``progress``: calls given no
+    ``progress`` show it (labelled by their cell). ``fresh``: start a new ``metrics.jsonl`` (the old one is
+    removed)."""
+    log = RunLog(directory, cell=name, tensorboard=tensorboard, progress=progress)
+    if fresh and _is_main() and log.path.exists():
+        log.path.unlink()
+    _CURRENT.append(log)
+    try:
+        yield log
+    finally:
+        _CURRENT.remove(log)
+        log.close()
+
+
+def current_log() -> RunLog | None:
+    """The ``RunLog`` of the innermost ``log_to`` block, or None."""
+    return _CURRENT[-1] if _CURRENT else None
+
+
+def resolve_log(log: RunLog | str | os.PathLike | None, progress: Any) -> tuple[RunLog | None, Any]:
+    """``(cell log, progress)`` of one ``fit``/``sweep`` call: ``log`` (a ``RunLog`` or a directory) or the
+    ``log_to`` default, named by the call's progress label; ``progress`` None becomes the cell's name when
+    the log asks for progress."""
+    if log is None:
+        log = current_log()
+        if log is None:
+            return None, progress
+    elif not isinstance(log, RunLog):
+        log = RunLog(log)
+    cell = log.cell(progress if isinstance(progress, str) else None)
+    return cell, (cell.name if progress is None and log.progress else progress)
+
+
+class Progress:
+    """One progress display for both feeders: a tqdm bar (``progress`` True or a label) on a terminal, plain
+    lines when stderr is not one (see the module docstring), or ``progress(epochs_done, summary)`` called with
+    the last epoch's metrics (numpy, per seed)."""
+
+    def __init__(self, total: int, done: int, progress: bool | str | Callable[[int, dict], None],
+                 stream: Any = None) -> None:
+        self.callback = progress if callable(progress) else None
+        self.bar = None
+        self.label = progress if isinstance(progress, str) else "epochs"
+        self.total, self.first, self.start = total, done, time.time()
+        self.lines = False
+        if self.callback is None:
+            err = sys.stderr if stream is None else stream
+            self.lines = not (hasattr(err, "isatty") and err.isatty())
+            if not self.lines:
+                from tqdm.auto import tqdm
+
+                self.bar = tqdm(total=total, initial=done, desc=self.label, unit="epoch", leave=False, file=err)
+
+    def update(self, done: int, last: int, summary: dict) -> None:
+        """Report ``done`` epochs complete (``last`` at the previous report): the callback gets ``(done,
+        summary)``; the bar advances by ``done - last`` (or a line is printed) and shows the mean over seeds
+        of ``summary``'s ``train_loss`` and ``test_error``."""
+        if self.callback is not None:
+            self.callback(done, summary)
+            return
+        post = {}
+        for name in ("train_loss", "test_error"):
+            v = np.asarray(summary.get(name, np.nan), np.float64)
+            post[name] = f"{np.nanmean(v) if np.isfinite(v).any() else np.nan:.4f}"
+        if self.bar is not None:
+            self.bar.update(done - last)
+            self.bar.set_postfix(**post)
+            return
+        if _is_main():
+            elapsed = time.time() - self.start
+            rate = elapsed / (done - self.first) if done > self.first else math.nan
+            left = rate * (self.total - done)
+            print(f"[{self.label}] epoch {done}/{self.total} ({100 * done / self.total:.0f}%) {format_seconds(elapsed)} "
+                  f"elapsed, ~{format_seconds(left)} left; " + " ".join(f"{k} {v}" for k, v in post.items()),
+                  flush=True)
+
+    def close(self) -> None:
+        """Close the bar (nothing to do for a callback or lines)."""
+        if self.bar is not None:
+            self.bar.close()
+
+
+def progress_bar(total: int, done: int, progress: bool | str | Callable[[int, dict], None] | None) -> Progress | None:
+    """A ``Progress`` for ``progress`` (True, a label or a callback) over ``total`` epochs, ``done`` already
+    done; None when ``progress`` is false or None (no display)."""
+    return Progress(total, done, progress) if progress else None
