@@ -137,6 +137,36 @@ def rebuild_report(out="runs", size_name: str = "default", names=None) -> pathli
     return path
 
 
+#: The committed report's results (default size): each experiment's time there weighs the time-left estimate.
+REFERENCE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "report"
+
+
+def _expected_seconds(name: str, label: str) -> float | None:
+    """The experiment's time in the committed default-size report (None for other sizes or when absent)."""
+    path = REFERENCE / name / "results.json"
+    if label != "default" or not path.exists():
+        return None
+    try:
+        return float(json.loads(path.read_text())["seconds"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _whereabouts(start: float, expected: list, k: int) -> str:
+    """``'12:03 elapsed, about 20:00 left'``: the time left is the reference report's times of the remaining
+    experiments scaled by how this machine compares on the finished ones (by count when no times are known)."""
+    from resjax.train.monitor import format_seconds
+
+    elapsed = time.time() - start
+    if k == 0:
+        return f"{format_seconds(elapsed)} elapsed"
+    known = [e for e in expected if e is not None]
+    mean = sum(known) / len(known) if known else 1.0
+    weights = [mean if e is None else e for e in expected]
+    left = elapsed * sum(weights[k:]) / max(sum(weights[:k]), 1e-9)
+    return f"{format_seconds(elapsed)} elapsed, about {format_seconds(left)} left"
+
+
 def main(argv=None) -> pathlib.Path:
     common.start()
     parser = argparse.ArgumentParser(prog="python -m experiments.reproduce", description=__doc__.split("\n\n")[0])
@@ -174,11 +204,13 @@ def main(argv=None) -> pathlib.Path:
             parser.error(f"{name}: {' '.join(str(err).split())}")
         plan.append((module, config, label, missing, out / f"{name}{suffix}"))
     sections, experiment_seconds, reused = [], 0.0, []
-    for module, config, label, missing, folder in plan:
+    expected = [_expected_seconds(module.NAME, label) for module, _, label, _, _ in plan]
+    for k, (module, config, label, missing, folder) in enumerate(plan):
         name = module.NAME
         results = _previous(folder, config) if args.reuse else None
         if results is None:
-            print(f"reproduce: running {name} ({label})", flush=True)
+            print(f"reproduce: [{k + 1}/{len(plan)}] running {name} ({label}); {_whereabouts(start, expected, k)}",
+                  flush=True)
             results = common.run_experiment(module, config, folder)
         else:
             print(f"reproduce: reusing {folder / 'results.json'}", flush=True)

@@ -75,8 +75,8 @@ def test_adamw_decays_only_what_weight_decay_on_and_the_groups_say():
                                             weight_decay_on="kernels"), PARAMS), grads=zero)
     assert np.all(out["stem"]["bias"] == 1.0) and np.allclose(out["stem"]["kernel"], 1 - 0.1 * 0.5)
     with pytest.raises(ValueError, match="weight_decay_factor other than 0 or 1"):
-        make_optimizer(train_config(optimizer="adamw", weight_decay=0.1, param_groups=(dict(rank=0, weight_decay_factor=0.5),)),
-                       PARAMS)
+        make_optimizer(train_config(optimizer="adamw", weight_decay=0.1,
+                                    param_groups=(dict(rank=0, weight_decay_factor=0.5),)), PARAMS)
 
 
 def test_param_groups_select_by_pattern_rank_and_function():

@@ -23,7 +23,8 @@ TOL = 1e-12
 
 def _fixtures(name):
     with np.load(DATA / f"{name}_resnet20.npz") as f:
-        start = {k[3:]: f[k].astype(np.float64) if f[k].dtype.kind == "f" else f[k] for k in f.files if k.startswith("sd/")}
+        start = {k[3:]: f[k].astype(np.float64) if f[k].dtype.kind == "f" else f[k]
+                 for k in f.files if k.startswith("sd/")}
         meta = json.loads(str(f["meta"]))
     with np.load(DATA / f"{name}_sgd_steps.npz") as f:
         steps = {k: f[k] for k in f.files}

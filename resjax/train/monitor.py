@@ -40,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["METRICS_FILE", "Progress", "RunLog", "current_log", "format_seconds", "log_to", "progress_bar"]
+__all__ = ["METRICS_FILE", "Progress", "RunLog", "current_log", "format_seconds", "log_to", "progress_bar",
+           "resolve_log"]
 
 #: The metrics file's name inside a log directory.
 METRICS_FILE = "metrics.jsonl"
@@ -88,7 +89,8 @@ class RunLog:
             try:
                 import tensorboardX  # noqa: F401
             except ImportError:
-                raise ValueError("log: tensorboard=True needs tensorboardX (pip install 'resjax[tensorboard]')") from None
+                raise ValueError("log: tensorboard=True needs tensorboardX "
+                                 "(pip install 'resjax[tensorboard]')") from None
         self._writer = None
         self._names: dict[str, int] = {}
         self._start = time.time()
@@ -248,7 +250,8 @@ class Progress:
             elapsed = time.time() - self.start
             rate = elapsed / (done - self.first) if done > self.first else math.nan
             left = rate * (self.total - done)
-            print(f"[{self.label}] epoch {done}/{self.total} ({100 * done / self.total:.0f}%) {format_seconds(elapsed)} "
+            print(f"[{self.label}] epoch {done}/{self.total} ({100 * done / self.total:.0f}%) "
+                  f"{format_seconds(elapsed)} "
                   f"elapsed, ~{format_seconds(left)} left; " + " ".join(f"{k} {v}" for k, v in post.items()),
                   flush=True)
 

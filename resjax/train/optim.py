@@ -74,7 +74,8 @@ import optax
 
 from resjax.train.schedules import _get, check_schedule, make_schedule
 
-__all__ = ["BUILTIN_OPTIMIZERS", "PARAM_GROUP_PRESETS", "WEIGHT_DECAY_ON", "check_optimizer", "fixup_param_groups",
+__all__ = ["BUILTIN_OPTIMIZERS", "PARAM_GROUP_PRESETS", "WEIGHT_DECAY_ON", "check_optimizer", "check_param_groups",
+           "fixup_param_groups",
            "group_factors", "kernel_mask", "make_optimizer", "optax_optimizer", "param_path", "scalar_mask"]
 
 #: The optimisers resjax builds itself (PyTorch's exact update rules); every other name is optax's.
@@ -249,9 +250,10 @@ def check_param_groups(groups: Any, allow_functions: bool = True) -> None:
             ranks = rule["rank"] if isinstance(rule["rank"], (tuple, list)) else (rule["rank"],)
             if not ranks or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
                 raise ValueError(f"{label}.rank: must be an integer >= 0 or a tuple of them, got {rule['rank']!r}")
-        if "where" in selectors and (not allow_functions or not callable(rule["where"])):
-            raise ValueError(f"{label}.where: " + ("a function goes through the API's param_groups= (a config stays "
-                                                    "JSON)" if not allow_functions else f"must be callable, got {rule['where']!r}"))
+        if "where" in selectors and not allow_functions:
+            raise ValueError(f"{label}.where: a function goes through the API's param_groups= (a config stays JSON)")
+        if "where" in selectors and not callable(rule["where"]):
+            raise ValueError(f"{label}.where: must be callable, got {rule['where']!r}")
         for key in ("lr_factor", "weight_decay_factor"):
             v = rule.get(key)
             if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
@@ -389,7 +391,8 @@ def make_optimizer(config: Any, params: Any = None, steps_per_epoch: int = 1, *,
         wd_factors = jax.tree_util.tree_leaves(factors(params)[1])
         if any(f not in (0.0, 1.0) for f in wd_factors):
             raise ValueError(f"param_groups: weight_decay_factor other than 0 or 1 needs coupled weight decay; "
-                             f"optax.{name} applies its own decoupled decay, which only a mask can switch per parameter")
+                             f"optax.{name} applies its own decoupled decay, which only a mask can switch per "
+                             "parameter")
         if mask_arg is None and wd > 0 and 0.0 in wd_factors:
             raise ValueError(f"weight_decay_on: optax.{name} decays every parameter (it has no mask); "
                              "use weight_decay_on='all' or another optimiser")
