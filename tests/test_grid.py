@@ -11,6 +11,7 @@ from resjax.train import image_train_config, make_image_train, make_train, run_c
 from resjax.train.grid import fit_grid, grid
 from resjax.train.host import ImageTrainer
 from resjax.train.ondevice import Trainer
+from tests.small_data import separable_arrays
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -18,15 +19,9 @@ def _fast(fast_compiles):
     yield
 
 
-def _arrays(n, shape, classes=3, seed=0):
-    rng = np.random.default_rng(seed)
-    protos = np.random.default_rng(11).normal(size=(classes, *shape))
-    y = np.arange(n) % classes
-    return (protos[y] + rng.normal(0, 1.0, (n, *shape))).astype(np.float32), y
-
-
-IMAGES = from_arrays(*_arrays(32, (12, 12, 1)), *_arrays(16, (12, 12, 1), seed=1), augment="flip")
-VECTORS = from_arrays(*_arrays(64, (10,)), *_arrays(32, (10,), seed=1))
+IMAGES = from_arrays(*separable_arrays(32, (12, 12, 1)), *separable_arrays(16, (12, 12, 1), seed=1),
+                     augment="flip")
+VECTORS = from_arrays(*separable_arrays(64, (10,)), *separable_arrays(32, (10,), seed=1))
 SEEDS, RATES = [0, 1, 2, 3], [0.1, 0.03, 0.01]
 METRICS = ("train_loss", "batch_error", "test_loss", "test_error", "lr")
 

@@ -15,6 +15,7 @@ import pytest
 from resjax.data import from_arrays
 from resjax.train import RunLog, log_to, make_image_train, make_train, run_config, train_config
 from resjax.train.monitor import Progress
+from tests.small_data import separable_arrays
 
 ROOT = Path(__file__).resolve().parents[1]
 LINE = re.compile(r"^\[(?P<cell>.+)\] epoch (?P<done>\d+)/(?P<total>\d+) \(\d+%\) \d+:\d\d:\d\d elapsed, "
@@ -26,14 +27,7 @@ def _fast(fast_compiles):
     yield
 
 
-def _arrays(n, shape, classes=3, seed=0):
-    rng = np.random.default_rng(seed)
-    protos = np.random.default_rng(11).normal(size=(classes, *shape))
-    y = np.arange(n) % classes
-    return (protos[y] + rng.normal(0, 1.0, (n, *shape))).astype(np.float32), y
-
-
-VECTORS = from_arrays(*_arrays(64, (10,)), *_arrays(32, (10,), seed=1))
+VECTORS = from_arrays(*separable_arrays(64, (10,)), *separable_arrays(32, (10,), seed=1))
 
 
 def _rows(path):

@@ -12,6 +12,7 @@ from experiments import common, degradation
 from resjax.data import from_arrays
 from resjax.train import make_image_train, make_optimizer, make_schedule, make_train, run_config, train_config
 from resjax.train.optim import group_factors
+from tests.small_data import separable_arrays
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -19,14 +20,7 @@ def _fast(fast_compiles):
     yield
 
 
-def _arrays(n, shape, classes=3, seed=0):
-    rng = np.random.default_rng(seed)
-    protos = np.random.default_rng(11).normal(size=(classes, *shape))
-    y = np.arange(n) % classes
-    return (protos[y] + rng.normal(0, 1.0, (n, *shape))).astype(np.float32), y
-
-
-VECTORS = from_arrays(*_arrays(64, (10,)), *_arrays(32, (10,), seed=1))
+VECTORS = from_arrays(*separable_arrays(64, (10,)), *separable_arrays(32, (10,), seed=1))
 MODEL = dict(kind="residual_mlp", width=8, num_blocks=2, norm="batch")
 PARAMS = {"stem": {"kernel": jnp.ones((3, 2)), "bias": jnp.ones((2,))}, "block_0": {"scale": jnp.ones((2,))},
           "tau": jnp.float32(1.0)}
