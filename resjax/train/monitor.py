@@ -29,6 +29,7 @@ file, a cluster job), one plain line per epoch or chunk on stdout instead, with 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import os
@@ -100,8 +101,7 @@ class RunLog:
         call order, the same in a resumed process)."""
         name = name or self.name or "run"
         count = self._names[name] = self._names.get(name, 0) + 1
-        other = RunLog.__new__(RunLog)
-        other.__dict__.update(self.__dict__)
+        other = copy.copy(self)  # shares the count of names (self._names) with this log
         other.name = name if count == 1 else f"{name}#{count}"
         other._writer, other._start = None, time.time()
         return other
@@ -222,11 +222,9 @@ class Progress:
         self.bar = None
         self.label = progress if isinstance(progress, str) else "epochs"
         self.total, self.first, self.start = total, done, time.time()
-        self.lines = False
         if self.callback is None:
             err = sys.stderr if stream is None else stream
-            self.lines = not (hasattr(err, "isatty") and err.isatty())
-            if not self.lines:
+            if hasattr(err, "isatty") and err.isatty():  # a terminal: a bar; otherwise update prints lines
                 from tqdm.auto import tqdm
 
                 self.bar = tqdm(total=total, initial=done, desc=self.label, unit="epoch", leave=False, file=err)

@@ -114,9 +114,13 @@ def param_path(path: tuple) -> str:
     return "/".join(parts)
 
 
+def _is_kernel(path: tuple) -> bool:
+    return getattr(path[-1], "key", None) == "kernel"
+
+
 def kernel_mask(params: Any) -> Any:
     """True for leaves named ``kernel`` (Dense and Conv weights)."""
-    return jax.tree_util.tree_map_with_path(lambda path, _: getattr(path[-1], "key", None) == "kernel", params)
+    return jax.tree_util.tree_map_with_path(lambda path, _: _is_kernel(path), params)
 
 
 def scalar_mask(params: Any) -> Any:
@@ -211,9 +215,9 @@ def check_optimizer(config: Any) -> None:
     check_param_groups(_get(config, "param_groups", ()), allow_functions=False)
 
 
-def _rules(groups: Any) -> list[tuple[str, dict]]:
-    """``groups`` (rules and preset names) as ``[(label, rule)]``, presets expanded (their labels name the
-    preset)."""
+def _rules(groups: Any) -> list[tuple[str, dict, bool]]:
+    """``groups`` (rules and preset names) as ``[(label, rule, own)]``, presets expanded (``own`` False for a
+    preset's rules, which may select nothing)."""
     if groups is None:
         return []
     if isinstance(groups, (str, Mapping)):
@@ -223,9 +227,9 @@ def _rules(groups: Any) -> list[tuple[str, dict]]:
         if isinstance(g, str):
             if g not in PARAM_GROUP_PRESETS:
                 raise ValueError(f"param_groups[{i}]: unknown preset {g!r}; presets: {sorted(PARAM_GROUP_PRESETS)}")
-            out += [(f"param_groups[{i}] ({g!r})", dict(r)) for r in PARAM_GROUP_PRESETS[g]]
+            out += [(f"param_groups[{i}] ({g!r})", dict(r), False) for r in PARAM_GROUP_PRESETS[g]]
         elif isinstance(g, Mapping):
-            out.append((f"param_groups[{i}]", dict(g)))
+            out.append((f"param_groups[{i}]", dict(g), True))
         else:
             raise ValueError(f"param_groups[{i}]: must be a dict rule or a preset name, got {g!r}")
     return out
@@ -233,7 +237,7 @@ def _rules(groups: Any) -> list[tuple[str, dict]]:
 
 def check_param_groups(groups: Any, allow_functions: bool = True) -> None:
     """Raise ``ValueError`` naming the rule when a parameter-group rule is malformed (see the module docstring)."""
-    for label, rule in _rules(groups):
+    for label, rule, _ in _rules(groups):
         unknown = set(rule) - set(_RULE_KEYS)
         if unknown:
             raise ValueError(f"{label}: unknown keys {sorted(unknown)}; a rule has {_RULE_KEYS}")
@@ -267,13 +271,13 @@ def group_factors(params: Any, groups: Any = (), weight_decay_on: str = "all",
     rules ``groups`` (see the module docstring; ``ValueError`` naming a rule that selects nothing)."""
     rules = _rules(groups)
     if scalar_lr_factor != 1.0:
-        rules.append(("scalar_lr_factor", dict(rank=0, lr_factor=float(scalar_lr_factor))))
+        rules.append(("scalar_lr_factor", dict(rank=0, lr_factor=float(scalar_lr_factor)), False))
     used = [False] * len(rules)
 
     def factors(path, leaf):
         name, rank = param_path(path), len(leaf.shape)
-        wd = 1.0 if weight_decay_on == "all" or getattr(path[-1], "key", None) == "kernel" else 0.0
-        for i, (_, rule) in enumerate(rules):
+        wd = 1.0 if weight_decay_on == "all" or _is_kernel(path) else 0.0
+        for i, (_, rule, _) in enumerate(rules):
             ranks = rule.get("rank")
             ranks = ranks if isinstance(ranks, (tuple, list)) else (ranks,)
             if ((rule.get("match") is not None and re.search(rule["match"], name))
@@ -285,8 +289,8 @@ def group_factors(params: Any, groups: Any = (), weight_decay_on: str = "all",
         return 1.0, wd
 
     pairs = jax.tree_util.tree_map_with_path(factors, params)
-    for (label, _), u in zip(rules, used):  # a preset may select nothing (tau-ResNet with BN has no scalars)
-        if not u and label != "scalar_lr_factor" and "(" not in label:
+    for (label, _, own), u in zip(rules, used):  # a preset may select nothing (tau-ResNet with BN has no scalars)
+        if own and not u:
             raise ValueError(f"{label}: selects no parameter of this model")
     is_pair = lambda x: isinstance(x, tuple)  # noqa: E731
     return (jax.tree_util.tree_map(lambda p: p[0], pairs, is_leaf=is_pair),
