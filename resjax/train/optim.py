@@ -72,7 +72,7 @@ from typing import Any
 import jax
 import optax
 
-from resjax.train.schedules import _get, check_schedule, make_schedule
+from resjax.train.schedules import _as_dict, _get, check_schedule, make_schedule
 
 __all__ = ["BUILTIN_OPTIMIZERS", "PARAM_GROUP_PRESETS", "WEIGHT_DECAY_ON", "check_optimizer", "check_param_groups",
            "fixup_param_groups",
@@ -158,13 +158,6 @@ def _decay_argument(fn) -> tuple[str | None, str | None]:
     wd = "weight_decay" if "weight_decay" in params else None
     mask = next((m for m in ("mask", "weight_decay_mask") if m in params), None) if wd else None
     return wd, mask
-
-
-def _as_dict(value: Any) -> dict:
-    """A dict setting (``ConfigDict``, mapping or None) as a plain dict."""
-    if value is None:
-        return {}
-    return value.to_dict() if hasattr(value, "to_dict") else dict(value)
 
 
 def _number(config, field, default, low=0.0, high=None, low_open=False) -> None:

@@ -56,6 +56,13 @@ def _get(config, name, default):
     return config.get(name, default) if hasattr(config, "get") else getattr(config, name, default)
 
 
+def _as_dict(value: Any) -> dict:
+    """A dict setting (``ConfigDict``, mapping or None) as a plain dict."""
+    if value is None:
+        return {}
+    return value.to_dict() if hasattr(value, "to_dict") else dict(value)
+
+
 def float_dtype() -> Any:
     """The default float dtype: float64 under ``jax_enable_x64``, else float32."""
     return jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
@@ -76,7 +83,7 @@ def optax_schedule(name: str, args: dict | None = None) -> optax.Schedule:
     if params is None:
         raise ValueError(f"schedule: unknown schedule {name!r}; choose one of {SCHEDULES} or an optax schedule "
                          "('exponential_decay', 'linear_schedule', 'cosine_onecycle_schedule', ...)")
-    args = args.to_dict() if hasattr(args, "to_dict") else dict(args or {})
+    args = _as_dict(args)
     for key in args:
         if key not in params:
             raise ValueError(f"schedule_args.{key}: optax.{name} has no argument {key!r}; its arguments: "
@@ -97,7 +104,7 @@ def check_schedule(config: Any, steps_per_epoch: int) -> None:
     name = _get(config, "schedule", "constant")
     if name not in SCHEDULES:
         optax_schedule(name, _get(config, "schedule_args", None))
-    elif len(_get(config, "schedule_args", None) or {}):
+    elif _as_dict(_get(config, "schedule_args", None)):
         raise ValueError(f"schedule_args: the built-in schedule {name!r} takes its settings from train.milestones, "
                          "decay_factor, warmup_epochs; schedule_args is for optax's schedules")
     if not isinstance(steps_per_epoch, int) or steps_per_epoch < 1:
