@@ -310,3 +310,42 @@ def test_batchnorm_class_default_momentum_is_pytorch_rho():
         np.testing.assert_allclose(stats["mean"], 0.1 * x.mean(0), rtol=1e-5)
         np.testing.assert_allclose(stats["var"], 0.9 + 0.1 * x.var(0), rtol=1e-5)
     assert BatchNorm().momentum == 0.9 and BatchNorm().epsilon == 1e-5
+
+
+# ---- issue #22 item 6: settings refused or named before training ------------------------------------------
+
+
+def test_a_misspelt_setting_raises_instead_of_being_ignored():
+    """Configs are locked once built (``config.train.lr = 0.5`` used to be silently ignored); existing settings
+    and an optax function's argument dicts stay settable."""
+    c = train_config()
+    with pytest.raises(AttributeError, match='"lr" does not exist'):  # mutation: remove c.lock() -> fails (seen)
+        c.lr = 0.5
+    c.learning_rate = 0.5
+    c.optimizer_args.b2 = 0.95  # mutation: remove the unlock of DICT_SETTINGS in train_config -> AttributeError
+    assert c.learning_rate == 0.5 and c.optimizer_args.b2 == 0.95
+    with pytest.raises(AttributeError, match='"lr" does not exist'):
+        image_train_config().lr = 0.5
+
+
+def test_a_trainer_without_data_and_an_empty_checkpoint_dir_are_named():
+    from resjax.data import from_arrays
+    from resjax.train import make_image_train
+
+    with pytest.raises(ValueError, match="data: make_train needs data"):
+        make_train(run_config(dict(kind="plain_mlp", depth=1, width=4), train_config()))
+    with pytest.raises(ValueError, match="train_source: make_image_train needs data"):
+        make_image_train(run_config(dict(kind="plain_mlp", depth=1, width=4), train_config()), None)
+    rng = np.random.default_rng(0)
+    data = from_arrays(rng.normal(size=(8, 4)).astype(np.float32), np.arange(8) % 2)
+    trainer = make_train(run_config(dict(kind="plain_mlp", depth=1, width=4), train_config(batch_size=4, epochs=1)),
+                         data)
+    with pytest.raises(ValueError, match="checkpoint_dir: an empty path"):
+        trainer.fit(0, checkpoint_dir="")
+
+
+def test_milestones_past_the_run_are_warned_about_naming_both_numbers():
+    from resjax.train.schedules import check_schedule
+
+    with pytest.warns(UserWarning, match=r"milestones: \(100, 150\) at or past the run's epochs=3"):
+        check_schedule(image_train_config(epochs=3), 1)

@@ -87,6 +87,9 @@ def train_config(**overrides: Any) -> ml_collections.ConfigDict:
         if name not in c:
             raise ValueError(f"train.{name}: unknown setting; known: {sorted(c.keys())}")
         c[name] = tuple(value) if isinstance(value, list) else value
+    c.lock()  # a misspelt setting (config.train.lr = 0.5) raises instead of being ignored
+    for name in DICT_SETTINGS:  # an optax function's arguments stay open (config.train.optimizer_args.b2 = 0.95)
+        c[name].unlock()
     return c
 
 

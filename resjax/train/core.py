@@ -378,6 +378,9 @@ class Core:
         the checkpoint's."""
         if checkpoint_dir is None:
             return None, run, None
+        if str(checkpoint_dir).strip() == "":
+            raise ValueError("checkpoint_dir: an empty path (it would mean the current folder); give a directory, "
+                             "or None for no checkpoints")
         ckpt = Checkpoints(checkpoint_dir, keep=self.config.train.get("checkpoint_keep", 2))
         meta = None
         if ckpt.latest() is not None:

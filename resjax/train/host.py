@@ -421,6 +421,9 @@ def make_image_train(config: ml_collections.ConfigDict, train_source: Any, test_
     of the learning rate), learning-rate multiplier and parameter-group rules (``resjax.train.optim``)."""
     from resjax.data import ArrayData
 
+    if train_source is None:
+        raise ValueError("train_source: make_image_train needs data: a source (resjax.data.load_image_dataset, "
+                         "synthetic_image_dataset) or a user's arrays (resjax.data.from_arrays)")
     if isinstance(train_source, ArrayData):
         data, train_source = train_source, train_source.source("train")
         test_source = data.source("test") if test_source is None else test_source

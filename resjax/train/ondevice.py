@@ -276,6 +276,9 @@ def make_train(config: ml_collections.ConfigDict, data: Dataset | ArrayData | No
     if isinstance(data, ArrayData) and data.augment != "none":
         raise ValueError(f"augment: {data.augment!r} is for the host feeder (make_image_train); the on-device "
                          "feeder trains on the arrays as they are (from_arrays(..., augment='none'))")
+    if data is None and "data" not in config:
+        raise ValueError("data: make_train needs data: pass data= (resjax.data.from_arrays(x, y, ...) or a "
+                         "resjax.data.Dataset) or name a data set in config.data (e.g. 'mnist1d')")
     data = load_dataset(config.data) if data is None else check_finite(data)  # refuses NaN or inf examples
     t = config.train
     if t.batch_size > len(data.y_train):

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -124,6 +125,11 @@ def check_schedule(config: Any, steps_per_epoch: int) -> None:
             raise ValueError(f"milestones: every milestone must be an epoch >= 0, got {milestones}")
         if list(milestones) != sorted(milestones):
             raise ValueError(f"milestones: must be increasing, got {milestones}")
+        epochs = _get(config, "epochs", None)
+        late = [m for m in milestones if isinstance(epochs, int) and m >= epochs]
+        if late:  # image_train_config(epochs=3) keeps He et al.'s (100, 150): the rate would never fall
+            warnings.warn(f"milestones: {tuple(late)} at or past the run's epochs={epochs}; the learning rate will "
+                          "not fall there (set train.milestones for this run's length)", stacklevel=3)
     if name == "cosine":
         epochs = _get(config, "epochs", None)
         if not isinstance(epochs, int) or epochs < 1:
