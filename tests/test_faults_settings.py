@@ -349,3 +349,28 @@ def test_milestones_past_the_run_are_warned_about_naming_both_numbers():
 
     with pytest.warns(UserWarning, match=r"milestones: \(100, 150\) at or past the run's epochs=3"):
         check_schedule(image_train_config(epochs=3), 1)
+
+
+# ---- issue #22 item 7: labels checked where a Dataset enters the on-device feeder -------------------------
+
+
+@pytest.mark.parametrize("y_train, y_test, match", [
+    ([0, 1, 2, 1], [0, 1000], r"data.y_test: example 1 has label 1000, a class the training split never has"),
+    ([0, 1, -1, 1], [0, 1], r"data.y_train: example 2 has label -1"),
+    ([0.0, 1.5, 1.0, 0.0], [0, 1], r"data.y_train: want integer class labels, got dtype float64"),
+    ([0, 1, 1], [0, 1], r"data.y_train: 3 labels for the 4 examples of data.x_train"),
+])
+def test_bad_labels_of_a_dataset_are_named_before_training(y_train, y_test, match):
+    # mutation: remove check_labels from make_train -> a 1001-class model, a wrapped -1, truncated floats
+    x = np.zeros((4, 3), np.float32)
+    data = Dataset(x, np.asarray(y_train), np.zeros((len(y_test), 3), np.float32), np.asarray(y_test))
+    with pytest.raises(ValueError, match=match):
+        make_train(run_config(dict(kind="plain_mlp", depth=1, width=4), train_config(batch_size=2)), data)
+
+
+def test_a_label_outside_the_given_models_classes_is_named():
+    data = Dataset(np.zeros((4, 3), np.float32), np.asarray([0, 1, 2, 10]), np.zeros((2, 3), np.float32),
+                   np.asarray([0, 1]))
+    with pytest.raises(ValueError, match=r"data.y_train: example 3 has label 10, outside the model's 0 .. 9"):
+        make_train(run_config(train=train_config(batch_size=2)), data, model=PlainMLP(width=4, depth=1,
+                                                                                      num_classes=10))

@@ -36,7 +36,7 @@ import numpy as np
 
 from resjax.data.source import BatchSource
 
-__all__ = ["AUGMENTATIONS", "ArrayData", "ArraySource", "Dataset", "check_finite", "from_arrays"]
+__all__ = ["AUGMENTATIONS", "ArrayData", "ArraySource", "Dataset", "check_finite", "check_labels", "from_arrays"]
 
 #: The augmentations ``from_arrays`` knows (by name).
 AUGMENTATIONS = ("none", "flip", "crop_flip")
@@ -84,6 +84,28 @@ def check_finite(data: Any, name: str = "data") -> Any:
         if bad is not None:
             raise ValueError(f"{name}.{split}: example {bad[0]} has a non-finite value ({bad[1]}); refusing to "
                              "train on it")
+    return data
+
+
+def check_labels(data: Any, num_classes: int | None = None, name: str = "data") -> Any:
+    """``data`` itself (a ``Dataset`` or anything with its four arrays) if its labels are ``[N]`` integers
+    >= 0, one per example, and every test label is a class of the training split (and, given the model's
+    ``num_classes``, below it); else ``ValueError`` naming the array and the first bad example. Without this a
+    label 1000 in the test split silently builds a 1001-class model, and -1 trains with a finite loss."""
+    yt = _labels(f"{name}.y_train", data.y_train, len(data.x_train), f"{name}.x_train")
+    ye = _labels(f"{name}.y_test", data.y_test, len(data.x_test), f"{name}.x_test")
+    if len(yt) == 0:
+        raise ValueError(f"{name}.y_train: empty; want at least one training example")
+    classes = int(data.num_classes) if isinstance(data, ArrayData) else int(yt.max()) + 1  # ArrayData: declared
+    if len(ye) and (ye >= classes).any():
+        i = int(np.argmax(ye >= classes))
+        raise ValueError(f"{name}.y_test: example {i} has label {int(ye[i])}, a class the training split never has "
+                         f"(its labels are 0 .. {classes - 1})")
+    if num_classes is not None and not (int(yt.max()) < num_classes and (not len(ye) or int(ye.max()) < num_classes)):
+        split, y = ("y_train", yt) if int(yt.max()) >= num_classes else ("y_test", ye)
+        i = int(np.argmax(y >= num_classes))
+        raise ValueError(f"{name}.{split}: example {i} has label {int(y[i])}, outside the model's 0 .. "
+                         f"{num_classes - 1} (num_classes={num_classes})")
     return data
 
 

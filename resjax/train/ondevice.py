@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from resjax.data import ArrayData, Dataset, check_finite, load_dataset
+from resjax.data import ArrayData, Dataset, check_finite, check_labels, load_dataset
 from resjax.nn import build_model
 from resjax.train.config import is_int
 from resjax.train.core import Core, check_run_config, divergence, progress_bar, seed_handles
@@ -287,6 +287,7 @@ def make_train(config: ml_collections.ConfigDict, data: Dataset | ArrayData | No
         if "model" not in config:
             raise ValueError("config.model: no model config and no model given")
         model = build_model(config.model, num_classes=data.num_classes)
+    check_labels(data, getattr(model, "num_classes", None))  # integers >= 0, each a class of the model
     steps = len(data.y_train) // t.batch_size
     x = jax.ShapeDtypeStruct((2, *data.x_train.shape[1:]), jnp.float32)
     uses_tau = getattr(model, "scaling", None) == "tau"
