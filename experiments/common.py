@@ -21,6 +21,7 @@ import math
 import os
 import pathlib
 import re
+import sys
 import tempfile
 import time
 from typing import Any, Callable
@@ -369,7 +370,7 @@ def run_experiment(module, config: ml_collections.ConfigDict, out_dir: pathlib.P
 
     # metrics.jsonl (and with RESJAX_TENSORBOARD=1 TensorBoard files) in out_dir as training goes; progress lines
     with log_to(out_dir, name=module.NAME, progress=True, fresh=True,
-                tensorboard=os.environ.get("RESJAX_TENSORBOARD", "0") not in ("", "0")):
+                tensorboard=os.environ.get("RESJAX_TENSORBOARD", "0") not in ("", "0")), _deferred_figures() as figures:
         metrics = module.run(config, out_dir)
     results = {
         "experiment": module.NAME,
@@ -381,10 +382,43 @@ def run_experiment(module, config: ml_collections.ConfigDict, out_dir: pathlib.P
         return results
     if path.exists():
         print(f"{module.NAME}: replacing {describe_results(path, module)}", flush=True)
-    tmp = path.with_name(f".results.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(results, indent=1))
-    os.replace(tmp, path)
+    _write_atomically(path, lambda tmp: tmp.write_text(json.dumps(results, indent=1)))
+    for fig, figure_path, dpi in figures:  # after the results: a figure that cannot be written loses nothing else
+        try:
+            _write_figure(fig, figure_path, dpi)
+        except OSError as err:
+            print(f"{module.NAME}: could not write the figure {figure_path} ({err}); {path} was written",
+                  file=sys.stderr, flush=True)
+        finally:
+            pyplot().close(fig)
     return results
+
+
+def _write_atomically(path: pathlib.Path, write: Callable[[pathlib.Path], Any]) -> None:
+    """``write(tmp)`` then ``tmp`` renamed to ``path``: ``path`` is the old file or the whole new one, never a
+    part; a failed write leaves no temporary file behind."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+_FIGURES: list[list] = []  # figures held back by run_experiment until its results are written
+
+
+@contextlib.contextmanager
+def _deferred_figures():
+    """Inside the block ``save_figure`` keeps its figures (yielded as ``[(fig, path, dpi)]``) instead of writing
+    them, so that ``run_experiment`` writes ``results.json`` first."""
+    held: list = []
+    _FIGURES.append(held)
+    try:
+        yield held
+    finally:
+        _FIGURES.remove(held)
 
 
 def pyplot():
@@ -398,12 +432,21 @@ def pyplot():
 
 
 def save_figure(fig, path, dpi: int = 110, tight: bool = True) -> None:
-    """Lay out (``tight_layout`` unless ``tight=False``), write and close ``fig`` (written by process 0 only)."""
+    """Lay out (``tight_layout`` unless ``tight=False``), write and close ``fig`` (written by process 0 only).
+    Inside ``run_experiment`` the figure is written, atomically, after ``results.json``."""
     if is_main():
         if tight:
             fig.tight_layout()
-        fig.savefig(path, dpi=dpi)
+        if _FIGURES:
+            _FIGURES[-1].append((fig, path, dpi))
+            return
+        _write_figure(fig, path, dpi)
     pyplot().close(fig)
+
+
+def _write_figure(fig, path, dpi: int) -> None:
+    path = pathlib.Path(path)
+    _write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png"))
 
 
 def is_main() -> bool:
@@ -432,8 +475,6 @@ def main(module, argv=None) -> dict:
     """The command line of ``module`` (a module or its name, e.g. ``__name__``)."""
     start()
     if isinstance(module, str):
-        import sys
-
         module = sys.modules[module]
     config, out_dir = parse_args(module, argv, check=True)
     results = run_experiment(module, config, out_dir)

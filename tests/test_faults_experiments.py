@@ -196,3 +196,37 @@ def test_streamed_image_batches_with_non_finite_values_are_refused():
     with pytest.raises(ValueError, match=rf"^cifar10/train: epoch 1, batch 1: example {bad} \(row 2 of the batch\) "
                                          r"has a non-finite value \(nan\); refusing to train on it"):
         list(source.epoch(1, 8, seed=3))
+
+
+# ---- issue #22 item 5: results before figures, each written whole ---------------------------------------------
+
+
+def test_a_figure_that_cannot_be_written_loses_no_results(tmp_path, monkeypatch, capsys):
+    """A full disk at the figure (savefig raising ENOSPC): results.json is already written, whole; no 0-byte PNG
+    and no temporary file is left, and the failure is named. Mutation: write the figure inside run() before the
+    results (as before) -> results.json is never written."""
+    import errno
+    import types
+
+    import matplotlib.figure
+
+    plt = common.pyplot()
+
+    def run(config, out_dir):
+        fig, ax = plt.subplots()
+        ax.plot([0, 1], [1, 0])
+        common.save_figure(fig, out_dir / "fake.png")
+        return {"answer": 42}
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    module = types.SimpleNamespace(NAME="fake", run=run, get_config=lambda size="default": None)
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full)
+    results = common.run_experiment(module, {}, tmp_path)
+    assert json.loads((tmp_path / "results.json").read_text())["metrics"] == {"answer": 42} == results["metrics"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]  # no fake.png, no .tmp
+    assert "could not write the figure" in capsys.readouterr().err
+    monkeypatch.undo()
+    common.run_experiment(module, {}, tmp_path)  # with room: the figure is written after the results
+    assert (tmp_path / "fake.png").stat().st_size > 0
