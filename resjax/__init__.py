@@ -92,7 +92,8 @@ def enable_compilation_cache(path: str | os.PathLike | None = None, min_compile_
 
     Call it before JAX compiles (the experiments' entry points call it first, after ``use_every_cpu_core``;
     the benchmarks do not, as they time compilation); programs compiled earlier in the process are not
-    written. Imports JAX. Returns the folder in use, or ``None`` when the cache is off.
+    written. Imports JAX. Returns the folder in use, or ``None`` when the cache is off (also, with a warning,
+    when its folder cannot be made or written).
     """
     env = os.environ.get("RESJAX_COMPILATION_CACHE")
     if path is None and env is not None and env.strip().lower() in OFF_VALUES + ("",):
@@ -106,7 +107,16 @@ def enable_compilation_cache(path: str | os.PathLike | None = None, min_compile_
         base = os.environ.get("RESJAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "resjax"))
         path = env if env else os.path.join(base, "jax")
     path = os.fspath(path)
-    os.makedirs(path, mode=0o700, exist_ok=True)
+    try:  # an optional cache: a folder that cannot be made or written is a warning, not a failed run (#22)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        if not os.access(path, os.W_OK):
+            raise PermissionError(f"{path} is not writable")
+    except OSError as err:
+        import warnings
+
+        warnings.warn(f"compilation cache: cannot use {path} ({err}); going on without it "
+                      "(RESJAX_COMPILATION_CACHE=0 silences this)", stacklevel=2)
+        return None
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_time_secs))
     return path

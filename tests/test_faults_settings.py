@@ -374,3 +374,34 @@ def test_a_label_outside_the_given_models_classes_is_named():
     with pytest.raises(ValueError, match=r"data.y_train: example 3 has label 10, outside the model's 0 .. 9"):
         make_train(run_config(train=train_config(batch_size=2)), data, model=PlainMLP(width=4, depth=1,
                                                                                       num_classes=10))
+
+
+# ---- issue #22 item 5: optional caches that cannot be written -----------------------------------------------
+
+
+def test_an_unwritable_compilation_cache_is_a_warning(tmp_path):
+    """In a fresh process (this one's JAX already has the test run's cache folder): a cache folder through a
+    file warns and the run goes on without it. Mutation: drop the try in enable_compilation_cache -> OSError."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "file").write_text("")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env["RESJAX_COMPILATION_CACHE"] = str(tmp_path / "file" / "jax")
+    code = "import resjax, jax.numpy as jnp; print(resjax.enable_compilation_cache(), float(jnp.ones(2).sum()))"
+    out = subprocess.run([sys.executable, "-W", "always", "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["None", "2.0"], out.stderr[-2000:]
+    assert "compilation cache: cannot use" in out.stderr
+
+
+def test_an_unwritable_mnist1d_cache_is_a_warning_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    from resjax.data import mnist1d
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("RESJAX_CACHE", str(tmp_path / "file"))
+    with pytest.warns(UserWarning, match="mnist1d cache: could not write"):
+        data = mnist1d.load_mnist1d()
+    assert data.x_train.shape == (4000, 40)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]

@@ -63,8 +63,21 @@ def load_mnist1d(cache: bool = True) -> Dataset:
     data = Dataset(raw["x"].astype(np.float32), raw["y"].astype(np.int32),
                    raw["x_test"].astype(np.float32), raw["y_test"].astype(np.int32))
     if cache:
+        _write_cache(path, data)
+    return check_finite(data)
+
+
+def _write_cache(path: pathlib.Path, data: Dataset) -> None:
+    """Write the cache file atomically; a cache that cannot be written (a read-only or full disk, a path
+    through a file) is a warning and leaves no temporary file: the data is generated again next time."""
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
         np.savez(tmp, **data._asdict())
         os.replace(tmp, path)
-    return check_finite(data)
+    except OSError as err:
+        warnings.warn(f"mnist1d cache: could not write {path} ({err}); going on without it (the data is generated "
+                      "again next time; RESJAX_CACHE chooses the folder)", stacklevel=3)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
