@@ -45,8 +45,9 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
 def check(config) -> None:
     """The preflight hook (``experiments.common.preflight``): a 1-d minibatch, epsilon >= 0, rho in (0, 1]."""
     h = np.asarray(config.minibatch, np.float32)
-    if h.ndim != 1:
-        raise ValueError(f"minibatch: a list of numbers, got {config.minibatch!r}")
+    if h.ndim != 1 or h.size < 2:
+        raise ValueError(f"minibatch: a list of at least 2 numbers (batch statistics need a spread), got "
+                         f"{config.minibatch!r}")
     if config.epsilon < 0:
         raise ValueError(f"epsilon: must be >= 0, got {config.epsilon}")
     bn.check_rho(config.rho)

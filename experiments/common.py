@@ -200,10 +200,20 @@ def check_counts(config: ml_collections.ConfigDict) -> None:
         if name.startswith("train.") or "warmup" in leaf or not COUNT_SETTING.match(leaf):
             continue
         for v in value if isinstance(value, (tuple, list)) else (value,):
+            if is_int(v) and v > 2**31 - 1:  # --depths 100000000000: an OverflowError deep inside, once
+                raise ValueError(f"{name}: {v} is more than any array size here can be (2**31 - 1)")
             if not is_int(v) or v < 1:
                 what = "every entry must be an integer >= 1" if isinstance(value, (tuple, list)) else \
                     "must be an integer >= 1"
                 raise ValueError(f"{name}: {what}, got {v!r}")
+
+
+def check_seeds(config: ml_collections.ConfigDict) -> None:
+    """Every setting named ``seed`` (an experiment's, ``train.seed``, ...) is an integer in ``[0, 2**31)``, the
+    range of ``jax.random.key`` seeds that resjax accepts (``--seed -1`` used to run)."""
+    for name, value in flatten(config).items():
+        if name.rsplit(".", 1)[-1] == "seed" and (not is_int(value) or not 0 <= value < 2**31):
+            raise ValueError(f"{name}: must be an integer in [0, 2**31), got {value!r}")
 
 
 def check_out_dir(out_dir) -> None:
@@ -242,6 +252,10 @@ def check_train(train, num_examples: int | None = None, prefix: str = "train") -
         check_train_config(train)
     if num_examples is not None:
         check_batch_sizes(f"{prefix}.batch_size", train.batch_size, num_examples)
+        from resjax.train.config import check_step_count
+
+        with setting_prefix(prefix):
+            check_step_count(train.epochs, num_examples // train.batch_size)
 
 
 def check_batch_sizes(name: str, sizes, num_examples: int, minimum: int = 1) -> None:
@@ -277,6 +291,7 @@ def preflight(module, config: ml_collections.ConfigDict, out_dir=None) -> None:
     train config checks) and the output folder. Raises ``ValueError`` naming the first bad setting."""
     check_finite(config)
     check_counts(config)
+    check_seeds(config)
     if hasattr(module, "check"):
         module.check(config)
     if out_dir is not None:

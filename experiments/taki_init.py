@@ -209,6 +209,7 @@ def check(config) -> None:
         T._check_int(setting, config[setting])
     T._check_int("batch_size", config.batch_size, 2)
     T._check_positive("c", config.c)
+    T._check_positive("input_variance", config.input_variance)
     for q in tuple(config.n_var_w_values) + (config.bn_n_var_w,):
         T._check_positive("n_var_w_values", q)
     L = config.num_blocks

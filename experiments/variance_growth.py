@@ -178,6 +178,11 @@ def check(config) -> None:
     """The preflight hook (``experiments.common.preflight``): integer sizes; BatchNorm needs a batch of 2."""
     for setting in ("num_blocks", "width", "batch_size", "num_networks"):
         prop._check_int(setting, config[setting], 2 if setting == "batch_size" else 1)
+    from resjax.nn import INITIALIZERS
+
+    if config.kernel_init not in INITIALIZERS:  # found before any network is built
+        raise ValueError(f"kernel_init: unknown initialiser {config.kernel_init!r}; choose one of "
+                         f"{tuple(INITIALIZERS)}")
 
 
 def run(config, out_dir) -> dict:

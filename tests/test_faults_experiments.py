@@ -230,3 +230,26 @@ def test_a_figure_that_cannot_be_written_loses_no_results(tmp_path, monkeypatch,
     monkeypatch.undo()
     common.run_experiment(module, {}, tmp_path)  # with room: the figure is written after the results
     assert (tmp_path / "fake.png").stat().st_size > 0
+
+
+# ---- issue #22 item 6: settings that used to pass the preflight and fail later (or hang) ---------------------
+
+
+@pytest.mark.parametrize("name, argv, message", [
+    ("degradation", ["--train.schedule", "bogus"], "argument --train.schedule: unknown schedule 'bogus'"),
+    ("degradation", ["--seed", "-1"], "argument --seed: must be an integer in [0, 2**31), got -1"),
+    ("degradation", ["--seed", "2147483648"], "argument --seed: must be an integer in [0, 2**31)"),
+    ("degradation", ["--train.epochs", "1000000000000"], "more than the int32 step counter holds"),
+    ("variance_growth", ["--kernel_init", "bogus"], "argument --kernel_init: unknown initialiser 'bogus'"),
+    ("taki_init", ["--input_variance", "-1"], "argument --input_variance: must be a finite number > 0"),
+    ("batchnorm_example", ["--minibatch", "()"], "argument --minibatch: a list of at least 2 numbers"),
+    ("tau_training", ["--depths", "(100000000000,)"], "argument --depths: 100000000000 is more than any array"),
+])
+def test_settings_are_refused_by_the_preflight_with_exit_2(name, argv, message, capsys, tmp_path):
+    # mutation: drop the matching check (check_schedule in check_train_config, check_seeds, check_step_count,
+    # the experiment's own check, the 2**31 bound of check_counts) -> a traceback seconds in, or a hang
+    module = importlib.import_module(f"experiments.{name}")
+    with pytest.raises(SystemExit) as stopped:
+        common.parse_args(module, ["--quick", *argv, "--out", str(tmp_path)], check=True)
+    assert stopped.value.code == 2
+    assert message in capsys.readouterr().err

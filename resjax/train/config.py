@@ -45,9 +45,10 @@ import ml_collections
 import numpy as np
 
 from resjax.train.optim import check_optimizer
+from resjax.train.schedules import check_schedule
 
-__all__ = ["DICT_SETTINGS", "FLOAT_SETTINGS", "SEED_AXIS_MODES", "check_finite_settings", "check_train_config", "image_train_config",
-           "is_int", "is_number", "train_config"]
+__all__ = ["DICT_SETTINGS", "FLOAT_SETTINGS", "MAX_STEPS", "SEED_AXIS_MODES", "check_finite_settings",
+           "check_step_count", "check_train_config", "image_train_config", "is_int", "is_number", "train_config"]
 
 #: The values of ``train.seed_axis``: how the host feeder steps several seeds (``seed_axis_mode``).
 SEED_AXIS_MODES = ("auto", "vmap", "unroll", "loop")
@@ -163,3 +164,16 @@ def check_train_config(c: ml_collections.ConfigDict) -> None:
     if mode not in SEED_AXIS_MODES:
         raise ValueError(f"seed_axis: unknown value {mode!r}; choose one of {SEED_AXIS_MODES}")
     check_optimizer(c)
+    check_schedule(c, 1)  # names and ranges (an unknown schedule is refused here, not when the optimiser is built)
+
+
+#: The optimiser's step counter is an int32: a run of more steps would wrap it.
+MAX_STEPS = 2**31 - 1
+
+
+def check_step_count(epochs: int, steps_per_epoch: int) -> None:
+    """``ValueError`` naming ``epochs`` when ``epochs * steps_per_epoch`` training steps would overflow the int32
+    step counter (``MAX_STEPS``): ``--train.epochs 1000000000000`` is refused with the reason, not run."""
+    if epochs * steps_per_epoch > MAX_STEPS:
+        raise ValueError(f"epochs: {epochs} epochs of {steps_per_epoch} steps is {epochs * steps_per_epoch:.3g} "
+                         f"steps, more than the int32 step counter holds ({MAX_STEPS})")

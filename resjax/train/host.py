@@ -61,7 +61,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from resjax.train import distributed
-from resjax.train.config import SEED_AXIS_MODES, image_train_config, is_int
+from resjax.train.config import SEED_AXIS_MODES, check_step_count, image_train_config, is_int
 from resjax.train.core import Core, check_run_config, progress_bar, seed_handles
 from resjax.train.distributed import make_data_mesh, to_host
 from resjax.train.monitor import resolve_log
@@ -446,6 +446,7 @@ def make_image_train(config: ml_collections.ConfigDict, train_source: Any, test_
 
         model = build_model(config.model, num_classes=train_source.num_classes)
     steps = train_source.num_batches(t.batch_size, drop_remainder=True)
+    check_step_count(t.epochs, int(steps))
     x = jax.ShapeDtypeStruct((2, *train_source.image_shape), jnp.float32)
     params = jax.eval_shape(lambda k, x: model.init(k, x, train=False)["params"], jax.random.key(0), x)  # traced, not compiled
     optim = {k: v for k, v in dict(optimizer=optimizer, schedule=schedule, param_groups=param_groups).items()

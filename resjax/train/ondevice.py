@@ -47,7 +47,7 @@ import numpy as np
 
 from resjax.data import ArrayData, Dataset, check_finite, check_labels, load_dataset
 from resjax.nn import build_model
-from resjax.train.config import is_int
+from resjax.train.config import check_step_count, is_int
 from resjax.train.core import Core, check_run_config, divergence, progress_bar, seed_handles
 from resjax.train.distributed import to_host
 from resjax.train.monitor import resolve_log
@@ -289,6 +289,7 @@ def make_train(config: ml_collections.ConfigDict, data: Dataset | ArrayData | No
         model = build_model(config.model, num_classes=data.num_classes)
     check_labels(data, getattr(model, "num_classes", None))  # integers >= 0, each a class of the model
     steps = len(data.y_train) // t.batch_size
+    check_step_count(t.epochs, steps)
     x = jax.ShapeDtypeStruct((2, *data.x_train.shape[1:]), jnp.float32)
     uses_tau = getattr(model, "scaling", None) == "tau"
     params = jax.eval_shape(lambda k, x: model.init(k, x, train=False)["params"], jax.random.key(0), x)
