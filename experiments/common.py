@@ -373,6 +373,13 @@ def run_experiment(module, config: ml_collections.ConfigDict, out_dir: pathlib.P
     An existing ``results.json`` there is replaced, and what it held is printed (``describe_results``).
     With several processes every process runs the experiment and returns the results; process 0 alone
     writes them (and the figures, ``save_figure``)."""
+    from resjax.train.lock import DirectoryLock
+
+    with DirectoryLock(out_dir, "out"):  # a second run into this folder is refused while this one runs (#22)
+        return _run_experiment(module, config, out_dir)
+
+
+def _run_experiment(module, config: ml_collections.ConfigDict, out_dir: pathlib.Path) -> dict:
     main = is_main()
     if main:
         out_dir.mkdir(parents=True, exist_ok=True)

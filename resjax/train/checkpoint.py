@@ -120,6 +120,7 @@ class Checkpoints:
         if keep is not None and (not isinstance(keep, int) or keep < 1):
             raise ValueError(f"checkpoint_keep: must be an integer >= 1 or None, got {keep!r}")
         self.directory = os.path.abspath(os.fspath(directory))
+        self.lock = None  # a training run's DirectoryLock (resjax.train.lock), released by close()
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False)
         self._manager = ocp.CheckpointManager(self.directory, item_names=("state", "meta"), options=options)
 
@@ -213,8 +214,13 @@ class Checkpoints:
         return target
 
     def close(self) -> None:
-        """Close the Orbax checkpoint manager (done on leaving a ``with`` block)."""
-        self._manager.close()
+        """Close the Orbax checkpoint manager (done on leaving a ``with`` block) and release the directory's
+        lock when a training run holds it (``Core.open_checkpoints``)."""
+        try:
+            self._manager.close()
+        finally:
+            if self.lock is not None:
+                self.lock.release()
 
     def __enter__(self) -> Checkpoints:
         return self

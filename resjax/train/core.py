@@ -48,6 +48,7 @@ from jax.typing import ArrayLike
 from resjax.train.checkpoint import CheckpointError, Checkpoints, _json, describe_model
 from resjax.train.config import check_train_config, is_int
 from resjax.train.distributed import to_host
+from resjax.train.lock import DirectoryLock
 from resjax.train.monitor import Progress, progress_bar
 from resjax.train.optim import make_optimizer
 from resjax.train.schedules import float_dtype, make_schedule
@@ -373,15 +374,22 @@ class Core:
 
     def open_checkpoints(self, checkpoint_dir: str | os.PathLike | None, run: RunState, num_seeds: int | None,
                          resume: bool, hparams: dict | None = None) -> tuple[Checkpoints | None, RunState, dict | None]:
-        """``(Checkpoints or None, run, meta)``: the directory opened and, with ``resume``, the run resumed
-        (``meta``: the checkpoint's, None when nothing was resumed); ``hparams``: the run's, compared with
-        the checkpoint's."""
+        """``(Checkpoints or None, run, meta)``: the directory locked (``resjax.train.lock``: a directory another
+        running process trains into is refused) and opened and, with ``resume``, the run resumed (``meta``: the
+        checkpoint's, None when nothing was resumed); ``hparams``: the run's, compared with the checkpoint's. The
+        lock is released by the ``Checkpoints``' ``close``."""
         if checkpoint_dir is None:
             return None, run, None
         if str(checkpoint_dir).strip() == "":
             raise ValueError("checkpoint_dir: an empty path (it would mean the current folder); give a directory, "
                              "or None for no checkpoints")
-        ckpt = Checkpoints(checkpoint_dir, keep=self.config.train.get("checkpoint_keep", 2))
+        lock = DirectoryLock(checkpoint_dir).acquire()  # a second run into this directory is refused here (#22)
+        try:
+            ckpt = Checkpoints(checkpoint_dir, keep=self.config.train.get("checkpoint_keep", 2))
+        except BaseException:
+            lock.release()
+            raise
+        ckpt.lock = lock  # released by ckpt.close()
         meta = None
         if ckpt.latest() is not None:
             if not resume:
