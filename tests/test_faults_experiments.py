@@ -165,6 +165,33 @@ def test_corrupt_mnist1d_cache_is_named_and_rebuilt(tmp_path, monkeypatch):
     assert source.exists()
 
 
+@pytest.mark.parametrize("damage, what", [
+    (lambda d: d._replace(y_train=d.y_train - 1), r"y_train holds labels -1 \.\. 8"),
+    (lambda d: d._replace(y_test=d.y_test * 11), r"y_test holds labels 0 \.\. 99"),
+    (lambda d: d._replace(y_train=d.y_train.astype(np.float32)), "not float32 inputs and int32 labels"),
+    (lambda d: d._replace(x_train=d.x_train[:, :20], x_test=d.x_test[:, :20]), "are not the default MNIST-1D"),
+])
+def test_a_readable_mnist1d_cache_with_wrong_content_is_rebuilt(tmp_path, monkeypatch, damage, what):
+    """Issue #22 item 7: a valid .npz whose labels are -1 or 0..99, float, or whose inputs have length 20 was
+    accepted. Mutation: drop the shape/dtype/label checks of _read_cache -> the damaged data are returned."""
+    good = load_dataset("mnist1d")
+    monkeypatch.setenv("RESJAX_CACHE", str(tmp_path))
+    np.savez(tmp_path / "mnist1d_default.npz", **damage(good)._asdict())
+    with pytest.warns(RuntimeWarning, match=what):
+        data = mnist1d_module.load_mnist1d()
+    for a, b in zip(data, good):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_mnist1d_cache_path_that_is_a_directory_is_a_warning(tmp_path, monkeypatch):
+    good = load_dataset("mnist1d")
+    monkeypatch.setenv("RESJAX_CACHE", str(tmp_path))
+    (tmp_path / "mnist1d_default.npz").mkdir()
+    with pytest.warns(Warning):  # unreadable, then not writable: the data are generated and used
+        data = mnist1d_module.load_mnist1d()
+    np.testing.assert_array_equal(data.y_test, good.y_test)
+
+
 def test_non_finite_data_is_refused_naming_split_and_index():
     data = load_dataset("mnist1d")
     assert check_finite(data) is data

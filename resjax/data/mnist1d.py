@@ -35,8 +35,15 @@ def _read_cache(path: pathlib.Path) -> Dataset | None:
     try:
         with np.load(path) as f:
             data = Dataset(*(np.asarray(f[k]) for k in Dataset._fields))
-        if data.x_train.ndim != 2 or len(data.x_train) != len(data.y_train) or len(data.x_test) != len(data.y_test):
-            raise ValueError(f"arrays of shapes {[a.shape for a in data]} are not an MNIST-1D data set")
+        shapes = [a.shape for a in data]
+        if shapes != [(4000, 40), (4000,), (1000, 40), (1000,)]:  # the package's default arguments
+            raise ValueError(f"arrays of shapes {shapes} are not the default MNIST-1D data set")
+        dtypes = [a.dtype for a in data]
+        if dtypes != [np.float32, np.int32, np.float32, np.int32]:
+            raise ValueError(f"arrays of dtypes {[str(d) for d in dtypes]}, not float32 inputs and int32 labels")
+        for name, y in (("y_train", data.y_train), ("y_test", data.y_test)):
+            if y.min() < 0 or y.max() > 9:
+                raise ValueError(f"{name} holds labels {int(y.min())} .. {int(y.max())}, not the classes 0 .. 9")
         return check_finite(data)  # generated data are finite: a NaN here is damage
     except Exception as err:  # noqa: BLE001 (zip, pickle, key and shape errors alike mean "rebuild it")
         warnings.warn(f"MNIST-1D cache {path} is unreadable ({type(err).__name__}: {err}); generating the data "
