@@ -62,3 +62,13 @@ def test_a_checkpoint_dir_that_is_a_file_is_named_before_training(tmp_path):
     with pytest.raises(ValueError, match="checkpoint_dir: cannot write into"):
         _trainer().fit(0, checkpoint_dir=tmp_path / "f")
     np.testing.assert_equal((tmp_path / "f").read_text(), "")
+
+
+def test_a_refused_resume_gives_the_lock_up(tmp_path):
+    """A run refused after locking (resume=False on a directory that holds checkpoints) leaves no lock behind:
+    found by CI, when a refused damaged-checkpoint resume left ``.resjax.lock`` in the directory."""
+    trainer = _trainer()
+    trainer.fit(0, checkpoint_dir=tmp_path)
+    with pytest.raises(ValueError, match="already holds checkpoints"):
+        trainer.fit(0, checkpoint_dir=tmp_path, resume=False)
+    assert not (tmp_path / LOCK_FILE).exists()

@@ -32,11 +32,13 @@ several processes are gathered to compute their checksums.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -48,7 +50,8 @@ from resjax.train.distributed import barrier, is_main_process, to_host
 if TYPE_CHECKING:
     import flax.linen as nn
 
-__all__ = ["CheckpointError", "Checkpoints", "array_checksums", "describe_model", "latest", "restore", "save"]
+__all__ = ["CheckpointError", "Checkpoints", "array_checksums", "closed_on_error", "describe_model", "latest", "restore",
+           "save"]
 
 
 def _is_key(x) -> bool:
@@ -269,3 +272,15 @@ def restore(directory: str | os.PathLike, template: Any, step: int | None = None
     """The state saved in ``directory`` at ``step`` (default: the newest); see ``Checkpoints.restore``."""
     with Checkpoints(directory) as ckpt:
         return ckpt.restore(template, step)
+
+
+@contextlib.contextmanager
+def closed_on_error(ckpt: Checkpoints | None) -> Iterator[None]:
+    """Close ``ckpt`` (releasing its directory's lock) when the block raises; a run that never starts training
+    must not keep its checkpoint directory locked."""
+    try:
+        yield
+    except BaseException:
+        if ckpt is not None:
+            ckpt.close()
+        raise

@@ -391,11 +391,15 @@ class Core:
             raise
         ckpt.lock = lock  # released by ckpt.close()
         meta = None
-        if ckpt.latest() is not None:
-            if not resume:
-                raise ValueError(f"checkpoint_dir: {ckpt.directory} already holds checkpoints; pass resume=True "
-                                 "or use an empty directory")
-            run, meta = self.resume(ckpt, run, num_seeds, hparams)
+        try:
+            if ckpt.latest() is not None:
+                if not resume:
+                    raise ValueError(f"checkpoint_dir: {ckpt.directory} already holds checkpoints; pass resume=True "
+                                     "or use an empty directory")
+                run, meta = self.resume(ckpt, run, num_seeds, hparams)
+        except BaseException:  # refused: nothing trains, so the directory is closed and its lock given up here
+            ckpt.close()
+            raise
         return ckpt, run, meta
 
 

@@ -62,6 +62,7 @@ from jax.sharding import Mesh
 
 from resjax.train import distributed
 from resjax.train.config import SEED_AXIS_MODES, check_step_count, image_train_config, is_int
+from resjax.train.checkpoint import closed_on_error
 from resjax.train.core import Core, check_run_config, progress_bar, seed_handles
 from resjax.train.distributed import make_data_mesh, to_host
 from resjax.train.monitor import resolve_log
@@ -232,9 +233,10 @@ class ImageTrainer(Core):
         data_seeds = np.atleast_1d(to_host(run.data_seed)).tolist()
         done = int(np.max(to_host(run.epoch)))
         every = self.config.train.get("checkpoint_every", 0)
-        log, progress = resolve_log(log, progress)
-        if log is not None:
-            log.start(done)
+        with closed_on_error(ckpt):  # the directory's lock is given up if this fails before training
+            log, progress = resolve_log(log, progress)
+            if log is not None:
+                log.start(done)
         bar = progress_bar(epochs, done, progress)
         end_epoch, lr = self._compiled("end_epoch", seeded), self._compiled("lr", seeded)
         try:

@@ -47,6 +47,7 @@ import numpy as np
 
 from resjax.data import ArrayData, Dataset, check_finite, check_labels, load_dataset
 from resjax.nn import build_model
+from resjax.train.checkpoint import closed_on_error
 from resjax.train.config import check_step_count, is_int
 from resjax.train.core import Core, check_run_config, divergence, progress_bar, seed_handles
 from resjax.train.distributed import to_host
@@ -186,13 +187,14 @@ class Trainer(Core):
         run = self._init_fn(keys, hp)
         ckpt, run, _ = self.open_checkpoints(checkpoint_dir, run, num + pad, resume, hp)
         done = int(np.max(to_host(run.epoch)))
-        log, progress = resolve_log(log, progress)
-        if log is not None:
-            log.start(done)
+        with closed_on_error(ckpt):  # the directory's lock is given up if this fails before training
+            if (self.step_hook or self.epoch_hook) and done:
+                raise ValueError(f"checkpoint_dir: {checkpoint_dir} holds a run {done} epochs in; the hooks' records "
+                                 "of those epochs were not saved, so a run with hooks cannot resume")
+            log, progress = resolve_log(log, progress)
+            if log is not None:
+                log.start(done)
         records, bar = [], progress_bar(epochs, done, progress)
-        if (self.step_hook or self.epoch_hook) and done:
-            raise ValueError(f"checkpoint_dir: {checkpoint_dir} holds a run {done} epochs in; the hooks' records "
-                             "of those epochs were not saved, so a run with hooks cannot resume")
         try:
             with StopSignals(enabled=ckpt is not None) as stop:
                 while done < epochs:
