@@ -132,21 +132,288 @@ def default_out(name: str, size: str) -> pathlib.Path:
     return pathlib.Path("runs") / (f"{name}-quick" if size == "quick" else name)
 
 
+# ---- help: every flag's meaning, units and allowed values ----------------------------------------------
+
+#: Help for the settings of ``resjax.train.train_config`` (``--train.<setting>``), shared by every experiment
+#: that trains; an experiment's own ``HELP`` entry replaces one of these where the experiment reads it otherwise.
+TRAIN_HELP = {
+    "train.optimizer": "optimiser: 'sgd' (heavy ball when train.momentum > 0), 'momentum', 'nesterov', 'adam' "
+                       "(PyTorch's rules) or any optax optimiser by name ('adamw', 'lamb', 'lars', 'lion', 'rmsprop', ...)",
+    "train.optimizer_args": "an optax optimiser's other arguments, a dict such as \"dict(b2=0.95)\"; empty: none",
+    "train.learning_rate": "base learning rate (step size), a number >= 0",
+    "train.momentum": "SGD momentum in [0, 1): buf = momentum * buf + g (PyTorch's, no dampening); 0 = plain SGD",
+    "train.nesterov": "true/false: Nesterov momentum for 'sgd' with train.momentum > 0",
+    "train.adam_b1": "Adam's first-moment decay rate beta1 (optimizer 'adam')",
+    "train.adam_b2": "Adam's second-moment decay rate beta2 (optimizer 'adam')",
+    "train.adam_eps": "Adam's epsilon, added to the root of the second moment (optimizer 'adam')",
+    "train.weight_decay": "coupled L2 weight decay: the step uses g + weight_decay * w (PyTorch's weight_decay); 0 = off",
+    "train.weight_decay_on": "which parameters weight decay applies to: 'all' (every parameter, PyTorch's default) or "
+                             "'kernels' (Dense/Conv kernels only)",
+    "train.scalar_lr_factor": "learning-rate factor for 0-d parameters (Fixup's and SkipInit's scalars, a learnable tau)",
+    "train.param_groups": "parameter-group rules or preset names ('tau_resnet', 'fixup'), comma-separated: per-group "
+                          "learning-rate and weight-decay factors (resjax.train.optim); empty: one group",
+    "train.grad_clip_norm": "clip gradients to this global L2 norm; 0 = no clipping",
+    "train.schedule": "learning-rate schedule: 'constant', 'step' (times train.decay_factor at each of "
+                      "train.milestones), 'cosine', or an optax schedule's name with train.schedule_args",
+    "train.schedule_args": "an optax schedule's other arguments, a dict such as \"dict(decay_rate=0.5)\"",
+    "train.milestones": "epochs at which a 'step' schedule multiplies the learning rate by train.decay_factor, "
+                        "e.g. \"(100, 150)\"",
+    "train.decay_factor": "factor applied to the learning rate at each milestone of a 'step' schedule",
+    "train.warmup_epochs": "epochs of linear learning-rate warm-up from 0 (fractions allowed); 0 = none",
+    "train.batch_size": "minibatch size: training examples per SGD step (the last partial batch of an epoch is dropped)",
+    "train.eval_batch_size": "examples per evaluation batch (host-fed image runs; does not change any result)",
+    "train.epochs": "training epochs (passes over the training set)",
+    "train.augment": "true/false: random crops and flips of the training images (host-fed image runs)",
+    "train.shuffle": "true/false: a fresh order of the training set every epoch (host-fed image runs)",
+    "train.checkpoint_every": "epochs between checkpoints (on-device runs: rounded to whole chunks); 0 = only at the end",
+    "train.checkpoint_keep": "how many checkpoints to keep (the newest)",
+    "train.seed": "the first training seed when seeds are counted from it (an integer in [0, 2**31))",
+    "train.seed_axis": "how the host feeder steps several seeds: 'auto', 'vmap', 'unroll' or 'loop' (same results; "
+                       "on-device runs always vmap)",
+}
+
+#: Help for settings that several experiments share under one name and meaning; an experiment's own ``HELP`` entry
+#: replaces one of these.
+COMMON_HELP = {
+    "seed": "random seed of the experiment, an integer in [0, 2**31): every weight draw, input and data order of the "
+            "run derives from it",
+    "num_seeds": "independent runs (seeds) per cell; metrics are lists over seeds",
+    "data": "data set: 'mnist1d' (MNIST-1D, 4,000 training / 1,000 test sequences of length 40, generated offline)",
+    "chunk_epochs": "epochs per compiled chunk of the on-device training loop: progress lines (and checkpoints) come "
+                    "once per chunk; does not change any result",
+    "data_dir": "TFDS data folder; empty: TFDS's default (~/tensorflow_datasets or $TFDS_DATA_DIR)",
+    "synthetic_examples": "CIFAR-shaped random images in the synthetic stand-in data set (data 'synthetic')",
+    "width": "hidden width (units per layer)",
+    "model.width": "hidden width of every network (units per layer)",
+    "checkpoint_dir": "folder for training checkpoints; a rerun with the same settings resumes there",
+}
+
+
+def help_for(module, name: str, config: ml_collections.ConfigDict | None = None) -> str | None:
+    """The help line of ``--<name>`` for ``module``: its ``HELP`` entry, else the shared one (``COMMON_HELP``,
+    ``TRAIN_HELP``); ``None`` when there is none. ``--train.seed`` of an experiment that has its own ``--seed``
+    says that it is not read (the experiment's runs derive their seeds from ``--seed``)."""
+    own = getattr(module, "HELP", {})
+    if name in own:
+        return own[name]
+    if name == "train.seed" and config is not None and "seed" in config:
+        return "not read by this experiment: its runs' seeds derive from --seed (every train config has this setting)"
+    if name == "seed" and config is not None and "train" in config and "seed" in config.train:
+        return COMMON_HELP["seed"] + "; --train.seed is not read by this experiment"
+    return COMMON_HELP.get(name, TRAIN_HELP.get(name))
+
+
+def flags_without_help(module) -> list[str]:
+    """Every setting of ``module`` (at any size) that has no help line (a test keeps this empty)."""
+    names: dict[str, ml_collections.ConfigDict] = {}
+    for size in SIZES:
+        config = module.get_config(size)
+        for name in flatten(config):
+            names.setdefault(name, config)
+    return [name for name, config in names.items() if not help_for(module, name, config)]
+
+
+def size_changes(module, size: str) -> list[str]:
+    """What ``--<size>`` changes against the default size: ``['train.epochs 300 -> 2', ...]`` (from the configs)."""
+    base, other = flatten(module.get_config("default")), flatten(module.get_config(size))
+    changes = [f"{k} {_show(base[k])} -> {_show(other[k])}" for k in other if k in base and base[k] != other[k]]
+    return changes + [f"{k} = {_show(other[k])} (added)" for k in other if k not in base]
+
+
+def _show(value) -> str:
+    """A setting's value as a flag takes it: ``(4, 8)``, ``false``, ``sgd``."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return value or "''"
+    if isinstance(value, (tuple, list)):
+        return "(" + ", ".join(_show(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+    return repr(value)
+
+
+def size_help(module, size: str) -> str:
+    """The help line of ``--quick`` / ``--full``: what the size is for and every setting it changes."""
+    what = {"quick": "small, fast sizes (seconds to a minute; what the tests run): a pipeline check, NOT expected to "
+                     "reproduce the seed documents' numbers",
+            "full": "paper-scale sizes (more seeds, draws or epochs; meant for an accelerator)"}[size]
+    changes = size_changes(module, size)
+    return f"{what}. Changes: {'; '.join(changes)}" if changes else f"{what}. Changes nothing in this experiment"
+
+
+def _describe_flags(parser: argparse.ArgumentParser, argv_flag: str) -> str:
+    """The unknown ``argv_flag``'s error: the closest known flag names (``difflib``)."""
+    import difflib
+
+    known = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
+    close = difflib.get_close_matches(argv_flag, known, n=3, cutoff=0.6)
+    if not close:  # a misspelt part of a dotted name: match the last part too (--train.learn -> --train.learning_rate)
+        leaf = argv_flag.rsplit(".", 1)[-1]
+        close = [o for o in known if leaf and o.rsplit(".", 1)[-1].startswith(leaf.lstrip("-"))][:3]
+    hint = f"; did you mean {' or '.join(close)}?" if close else "; --help lists every flag"
+    cells = [o for o in known if o.endswith("cells")]
+    if cells and re.search(r"depth|blocks|layers|kind|norm|order|model\.", argv_flag):
+        hint += f" (the networks, their kinds and depths, are {' and '.join(cells)})"
+    return f"unrecognized argument {argv_flag}{hint}"
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` that refuses abbreviated flags (``allow_abbrev=False``: ``--train.learn 0.01`` is
+    an error, not ``--train.learning_rate``) and names the closest known flags for an unknown one."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            flags = [e for e in extras if e.startswith("-")]
+            self.error(_describe_flags(self, flags[0].split("=", 1)[0]) if flags
+                       else f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+
+# ---- cells: an experiment's networks as a setting ------------------------------------------------------
+
+CELL_SYNTAX = "KIND:DEPTH[:WIDTH]"
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One network of an experiment's cell list, written ``KIND:DEPTH[:WIDTH]`` on the command line
+    (``residual_bn:16``). ``name`` is its name in the metrics, ``<kind>_d<depth>`` (``_w<width>`` added when a
+    width is given); ``model`` the model fields its kind makes for that depth (and width)."""
+
+    kind: str
+    depth: int
+    width: int | None
+    name: str
+    model: dict
+
+
+def parse_cell(spec: str, kinds: dict[str, Callable[[int], dict]], setting: str = "cells") -> Cell:
+    """``'residual_bn:16'`` as a :class:`Cell` of one of ``kinds`` (``{kind: depth -> model fields}``);
+    ``ValueError`` naming ``setting`` for an unknown kind or a depth or width that is not an integer >= 1."""
+    known = ", ".join(kinds)
+    parts = [p.strip() for p in str(spec).split(":")]
+    if len(parts) not in (2, 3) or not parts[0]:
+        raise ValueError(f"{setting}: {spec!r} is not a cell; write {CELL_SYNTAX}, e.g. {next(iter(kinds))}:8 "
+                         f"(kinds: {known})")
+    kind = parts[0]
+    if kind not in kinds:
+        raise ValueError(f"{setting}: unknown cell kind {kind!r} in {spec!r}; known kinds: {known}")
+    numbers = []
+    for what, text in zip(("depth", "width"), parts[1:]):
+        if not re.fullmatch(r"\d+", text) or int(text) < 1 or int(text) > 2**31 - 1:
+            raise ValueError(f"{setting}: the {what} in {spec!r} must be an integer >= 1, got {text!r}")
+        numbers.append(int(text))
+    depth, width = numbers[0], (numbers[1] if len(numbers) > 1 else None)
+    model = dict(kinds[kind](depth))
+    if width is not None:
+        model["width"] = width
+    return Cell(kind, depth, width, f"{kind}_d{depth}" + (f"_w{width}" if width is not None else ""), model)
+
+
+def parse_cells(specs, kinds: dict[str, Callable[[int], dict]], setting: str = "cells",
+                taken: tuple[str, ...] = ()) -> list[Cell]:
+    """Every cell of ``specs`` (a tuple of ``KIND:DEPTH[:WIDTH]`` strings, or one comma-separated string);
+    ``ValueError`` naming ``setting`` for a bad cell or one whose name repeats (also a name in ``taken``)."""
+    if isinstance(specs, str):
+        specs = [s for s in specs.split(",") if s.strip()]
+    cells, seen = [], set(taken)
+    for spec in specs:
+        cell = parse_cell(spec, kinds, setting)
+        if cell.name in seen:
+            raise ValueError(f"{setting}: the cell {cell.name} ({spec!r}) is given twice")
+        seen.add(cell.name)
+        cells.append(cell)
+    return cells
+
+
+def cells_help(kinds: dict[str, Callable[[int], dict]], what: str) -> str:
+    """A cell list's help line: what it holds, the syntax and every kind with the model it builds."""
+    def show(kind):
+        fields = {k: v for k, v in kinds[kind](1).items() if k not in ("depth", "num_blocks")}
+        return f"{kind} ({', '.join(f'{k}={v}' for k, v in fields.items())})"
+    return (f"{what}: comma-separated {CELL_SYNTAX} (DEPTH: hidden layers or residual blocks; WIDTH: default "
+            f"model.width), e.g. \"plain:8,residual_bn:16\"; a leading + adds to the default list "
+            f"(\"+residual_bn:16\"); metric names are <kind>_d<depth>. Kinds: {'; '.join(show(k) for k in kinds)}")
+
+
+# ---- figures built from the run's own settings ---------------------------------------------------------
+
+
+def describe_optimizer(train) -> str:
+    """``'SGD lr 0.005'``, ``'SGD momentum 0.9 lr 0.1, weight decay 0.0001, step schedule'``: the optimiser a
+    train config runs, for figure titles (built from the settings, never a fixed string)."""
+    name = str(train.optimizer)
+    momentum = float(train.get("momentum", 0.0) or 0.0)
+    if name == "sgd" and momentum > 0:
+        text = f"SGD {'Nesterov ' if train.get('nesterov') else ''}momentum {momentum:g}"
+    elif name in ("sgd", "adam"):
+        text = name.upper() if name == "sgd" else "Adam"
+    elif name in ("momentum", "nesterov"):
+        text = f"SGD {name} {momentum:g}"
+    else:
+        text = name
+    text += f" lr {float(train.learning_rate):g}"
+    extras = []
+    if float(train.get("weight_decay", 0.0) or 0.0) > 0:
+        extras.append(f"weight decay {float(train.weight_decay):g}")
+    if train.get("schedule", "constant") != "constant":
+        extras.append(f"{train.schedule} schedule")
+    if float(train.get("warmup_epochs", 0.0) or 0.0) > 0:
+        extras.append(f"{float(train.warmup_epochs):g} warm-up epochs")
+    return text + (", " + ", ".join(extras) if extras else "")
+
+
+def integer_ticks(ax, axis: str = "x") -> None:
+    """Integer ticks only on ``axis`` of ``ax`` (epochs, blocks): no 0.5 epoch."""
+    from matplotlib.ticker import MaxNLocator
+
+    (ax.xaxis if axis == "x" else ax.yaxis).set_major_locator(MaxNLocator(integer=True))
+
+
+def legend_outside(ax, where: str = "below", fontsize: int = 7, ncol: int | None = None, **kwargs) -> None:
+    """The legend of ``ax`` outside its plotting area (``'below'`` or ``'right'``), so that it covers no data;
+    nothing when nothing is labelled."""
+    handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return
+    if where == "right":
+        ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, **kwargs)
+    else:
+        ncol = ncol or (1 if max(len(label) for label in labels) > 45 else 2)
+        ax.legend(fontsize=fontsize, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=ncol, borderaxespad=0.0,
+                  **kwargs)
+
+
 def _build_parser(module, argv):
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     size = pre.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true")
     size.add_argument("--full", action="store_true")
     known, _ = pre.parse_known_args(argv)
     size_name = "quick" if known.quick else "full" if known.full else "default"
     config = module.get_config(size_name)
-    parser = argparse.ArgumentParser(prog=f"python -m experiments.{module.NAME}",
-                                     usage="%(prog)s [--quick | --full] [--out DIR] [--<setting> VALUE ...]",
-                                     description=(module.__doc__ or "").split("\n\n")[0], parents=[pre])
-    parser.add_argument("--out", default=None,
-                        help=f"output folder (default: {default_out(module.NAME, size_name)})")
+    epilog = ("Values: numbers, true/false, text; tuples as \"(16, 32)\" or 16,32, and a leading + adds to a tuple's "
+              "default (--sweep_batch_sizes +256). Every setting is checked before any work (exit status 2 naming "
+              "the flag). Results: OUT/results.json = {experiment, config, metrics, seconds} and OUT/"
+              f"{module.NAME}.png; compare runs with python -m experiments.compare RUN_A RUN_B.")
+    parser = ArgumentParser(prog=f"python -m experiments.{module.NAME}",
+                            usage="%(prog)s [--quick | --full] [--out DIR] [--<setting> VALUE ...]",
+                            description=(module.__doc__ or "").split("\n\n")[0], epilog=epilog)
+    sizes = parser.add_mutually_exclusive_group()
+    for name in ("quick", "full"):
+        sizes.add_argument(f"--{name}", action="store_true", help=size_help(module, name))
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help=f"output folder (default: {default_out(module.NAME, 'default')}; with --quick "
+                             f"{default_out(module.NAME, 'quick')}, so a quick check never replaces a real run)")
     for name, default in flatten(config).items():
-        parser.add_argument(f"--{name}", dest=name, default=None, metavar="VALUE", help=f"default: {default!r}")
+        text = help_for(module, name, config) or "(no help yet)"
+        parser.add_argument(f"--{name}", dest=name, default=None, metavar="VALUE",
+                            help=f"{text} (default: {_show(default)})".replace("%", "%%"))
     return parser, config, size_name
 
 
@@ -160,7 +427,11 @@ def parse_args(module, argv=None, check: bool = False) -> tuple[ml_collections.C
     for name, default in leaves.items():
         if args.get(name) is not None:
             try:
-                value = _parse(args[name], default)
+                text = args[name]
+                if isinstance(default, (tuple, list)) and text.startswith("+"):  # --cells +residual_bn:16
+                    value = tuple(default) + tuple(_parse(text[1:], default))
+                else:
+                    value = _parse(text, default)
             except ValueError as err:
                 parser.error(f"argument --{name}: {err}")
             set_path(config, name, value)

@@ -77,6 +77,43 @@ ABLATIONS = {
 }
 ABLATION_LEARNING_RATES = {"residual_d32_lr5e-4": 0.0005, "residual_d32_lr1e-3": 0.001}
 
+#: The kinds of network a cell (``--cells``, ``--ablation_cells``: ``KIND:DEPTH[:WIDTH]``) can be, each the model
+#: fields it takes at a depth (hidden layers of a plain MLP, blocks of a residual one); ``CONFIGS`` and ``ABLATIONS``
+#: are these kinds at the lecture's depths (``plain:2`` is ``plain_d2``, ``residual_bn:32`` is ``residual_bn_d32``).
+CELL_KINDS = {
+    "plain": lambda d: dict(kind="plain_mlp", depth=d),
+    "plain_bn": lambda d: dict(kind="plain_mlp", depth=d, norm="batch"),
+    "plain_ln": lambda d: dict(kind="plain_mlp", depth=d, norm="layer"),
+    "residual": lambda d: dict(kind="residual_mlp", num_blocks=d, order="pre"),
+    "residual_bn": lambda d: dict(kind="residual_mlp", num_blocks=d, order="pre", norm="batch"),
+    "residual_ln": lambda d: dict(kind="residual_mlp", num_blocks=d, order="pre", norm="layer"),
+    "residual_post": lambda d: dict(kind="residual_mlp", num_blocks=d, order="post"),
+    "residual_post_bn": lambda d: dict(kind="residual_mlp", num_blocks=d, order="post", norm="batch"),
+    "residual_rescale": lambda d: dict(kind="residual_mlp", num_blocks=d, order="pre", scaling="rescale"),
+    "residual_tau": lambda d: dict(kind="residual_mlp", num_blocks=d, order="pre", scaling="tau", tau="1/sqrt(K)"),
+    "residual_skipinit": lambda d: dict(kind="residual_mlp", num_blocks=d, order="pre", scaling="skipinit"),
+    "residual_fixup": lambda d: dict(kind="residual_mlp", num_blocks=d, order="pre", scaling="fixup"),
+}
+#: ``CONFIGS`` and ``ABLATIONS`` as cells: the defaults of ``--cells`` and ``--ablation_cells``.
+DEFAULT_CELLS = ("plain:2", "plain:8", "plain:32", "residual_bn:32", "residual:32")
+DEFAULT_ABLATION_CELLS = ("plain_bn:32", "residual_rescale:32", "residual_tau:32", "residual_skipinit:32",
+                          "residual_fixup:32")
+
+HELP = {
+    "cells": common.cells_help(CELL_KINDS, "the networks trained, each at every seed (and at every batch size of "
+                                           "--sweep_batch_sizes); the selection rule and the claims need the "
+                                           "default five"),
+    "ablation_cells": common.cells_help(CELL_KINDS, "networks trained beyond the lecture when --ablations is true "
+                                                    "(at --train.batch_size only)"),
+    "ablations": "true/false: also train --ablation_cells and the un-normalised residual:32 at learning rates 0.0005 "
+                 "and 0.001 (metrics residual_d32_lr5e-4, residual_d32_lr1e-3)",
+    "sweep_batch_sizes": "batch sizes of the selection rule's sweep (every cell and seed at each; the docstring's "
+                         "rule picks the default batch size from it), e.g. \"(16, 32, 64)\"; () = no sweep",
+    "model.width": "hidden width of every cell (units per layer); a cell's :WIDTH replaces it",
+    "train.batch_size": "minibatch size of the main run (training examples per SGD step; the last partial batch "
+                        "of an epoch is dropped); the sweep's sizes are --sweep_batch_sizes",
+}
+
 
 def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
@@ -86,7 +123,9 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c.num_seeds = 3
     c.seed = 0
     c.sweep_batch_sizes = SWEEP_BATCH_SIZES
+    c.cells = DEFAULT_CELLS
     c.ablations = True
+    c.ablation_cells = DEFAULT_ABLATION_CELLS
     c.chunk_epochs = 25
     if size == "quick":
         c.train.epochs, c.num_seeds, c.sweep_batch_sizes, c.ablations, c.chunk_epochs = 2, 2, (), False, 2
@@ -184,33 +223,38 @@ CLAIMS = [
 
 def report_section(m: dict) -> str:
     """The batch-size sweep, every cell: final training error per seed, divergence, which claims hold."""
-    sizes = sorted(int(k.split(".")[1][1:]) for k in m if k.startswith("batch_sweep.B") and k.endswith(".claims"))
+    sizes = sorted({int(k.split(".")[1][1:]) for k in m if k.startswith("batch_sweep.B") and k.endswith(".seconds")})
     if not sizes:
-        return "No batch-size sweep in this run (`--sweep_batch_sizes ()`)."
-    names = list(CONFIGS)
-    lines = ["Batch-size sweep (final training error %, mean [seeds]; `residual_d32`: diverged epochs). "
-             "Claims 1-5 are the selection rule's (see the experiment's docstring).", "",
-             "| B | " + " | ".join(names) + " | claims 1-5 hold |", "|---" * (len(names) + 2) + "|"]
+        return "\n".join(["No batch-size sweep in this run (`--sweep_batch_sizes ()`)."] + _ablation_table(m))
+    first = f"batch_sweep.B{sizes[0]}.final_train_error_pct."
+    names = [k[len(first):] for k in m if k.startswith(first)]  # the cells of the run (--cells), in its order
+    rule = f"batch_sweep.B{sizes[0]}.claims" in m  # the selection rule needs the five default cells
+    lines = ["Batch-size sweep (final training error %, mean [seeds]; a cell that diverged: its diverged epochs). "
+             + ("Claims 1-5 are the selection rule's (see the experiment's docstring)." if rule else
+                "The selection rule needs the five default cells, which this run did not train."), "",
+             "| B | " + " | ".join(names) + (" | claims 1-5 hold |" if rule else " |"),
+             "|---" * (len(names) + 1 + rule) + "|"]
     for b in sizes:
         p = f"batch_sweep.B{b}."
         cells = []
         for n in names:
-            if n == "residual_d32":
+            if n == "residual_d32" or any(e is not None for e in _diverged(m, n, p)):
                 cells.append(f"diverged {_diverged(m, n, p)}")
             else:
                 v = _final(m, n, p)
                 cells.append(f"{np.mean(v):.2f} [{_fmt(v)}]")
-        claims = "".join("Y" if c else "n" for c in m[f"{p}claims"])
-        lines.append(f"| {b} | " + " | ".join(cells) + f" | {claims} |")
-    lines += ["", f"Selection rule applied to these cells: batch size {m['batch_sweep.selected_batch_size']} "
-              f"(the experiment's default is {DEFAULT_BATCH_SIZE})."]
+        claims = " | " + "".join("Y" if c else "n" for c in m[f"{p}claims"]) if rule else ""
+        lines.append(f"| {b} | " + " | ".join(cells) + f"{claims} |")
+    if rule:
+        lines += ["", f"Selection rule applied to these cells: batch size {m['batch_sweep.selected_batch_size']} "
+                  f"(the experiment's default is {DEFAULT_BATCH_SIZE})."]
     return "\n".join(lines + _ablation_table(m))
 
 
 def _ablation_table(m: dict) -> list[str]:
     """Every config run at the default batch size: final errors per seed and divergence."""
-    names = [n for n in [*CONFIGS, *ABLATIONS, *ABLATION_LEARNING_RATES] if f"final_train_error_pct.{n}" in m]
-    lines = ["", "All configs at the default batch size (final training / test error %, per seed; divergence):", "",
+    names = [k.split(".", 1)[1] for k in m if k.startswith("final_train_error_pct.")]  # every cell, in run order
+    lines = ["", "All configs at the run's batch size (final training / test error %, per seed; divergence):", "",
              "| config | training error | test error | diverged (epoch, step) |", "|---|---|---|---|"]
     for n in names:
         test = [np.nan if v is None else v for v in m[f"final_test_error_pct.{n}"]]
@@ -231,8 +275,24 @@ def check(config) -> None:
     n = len(data.y_train)
     common.check_train(config.train, n)
     common.check_batch_sizes("sweep_batch_sizes", config.sweep_batch_sizes, n)
-    models = [*CONFIGS.values(), *(ABLATIONS.values() if config.ablations else ())]
-    common.build_models([{**config.model, **m} for m in models], data.num_classes)
+    for setting, chosen in (("cells", cells(config)), ("ablation_cells", ablation_cells(config))):
+        common.build_models([{**config.model, **c.model} for c in chosen], data.num_classes, prefix=setting)
+
+
+def cells(config) -> list[common.Cell]:
+    """The networks of ``config.cells`` (``KIND:DEPTH[:WIDTH]``; ``ValueError`` naming ``cells`` for a bad one)."""
+    main = common.parse_cells(config.cells, CELL_KINDS, "cells", taken=tuple(ABLATION_LEARNING_RATES))
+    if not main:
+        raise ValueError("cells: needs at least one cell, e.g. plain:8")
+    return main
+
+
+def ablation_cells(config) -> list[common.Cell]:
+    """The networks of ``config.ablation_cells`` when ``config.ablations`` is on (none otherwise)."""
+    if not config.ablations:
+        return []
+    taken = tuple(c.name for c in cells(config)) + tuple(ABLATION_LEARNING_RATES)
+    return common.parse_cells(config.ablation_cells, CELL_KINDS, "ablation_cells", taken=taken)
 
 
 def train_cell(config, model: dict, batch_size: int, data, learning_rates, name: str | None = None) -> dict:
@@ -268,6 +328,11 @@ def _record(out: dict, prefix: str, name: str, metrics: dict, curves: bool) -> N
         out[f"curves.{name}.train_loss"] = metrics["train_loss"]
 
 
+def has_rule_cells(config) -> bool:
+    """Whether the run trains the five cells the selection rule and the lecture's claims are about."""
+    return set(CONFIGS) <= {c.name for c in cells(config)}
+
+
 def run(config, out_dir) -> dict:
     check(config)
     data = load_dataset(config.data)
@@ -276,22 +341,24 @@ def run(config, out_dir) -> dict:
     for b in batch_sizes:
         main_cell = b == config.train.batch_size
         start = time.time()
-        for name, model in CONFIGS.items():
-            metrics = train_cell(config, model, b, data, [config.train.learning_rate], name)
+        for cell in cells(config):
+            name = cell.name
+            metrics = train_cell(config, cell.model, b, data, [config.train.learning_rate], name)
             if b in config.sweep_batch_sizes:
                 _record(out, f"batch_sweep.B{b}.", name, metrics, curves=False)
             if main_cell:
                 _record(out, "", name, metrics, curves=True)
-        if b in config.sweep_batch_sizes:
+        if b in config.sweep_batch_sizes and has_rule_cells(config):  # the rule needs the five default cells
             out[f"batch_sweep.B{b}.claims"] = [int(c) for c in rule_claims(out, f"batch_sweep.B{b}.")]
+        if b in config.sweep_batch_sizes:
             out[f"batch_sweep.B{b}.seconds"] = time.time() - start
         print(f"degradation: batch size {b} done in {time.time() - start:.0f} s", flush=True)
-    if config.sweep_batch_sizes:
+    if config.sweep_batch_sizes and has_rule_cells(config):
         out["batch_sweep.selected_batch_size"] = select_batch_size(out, config.sweep_batch_sizes)
     if config.ablations:
-        for name, model in ABLATIONS.items():
-            _record(out, "", name, train_cell(config, model, config.train.batch_size, data,
-                                              [config.train.learning_rate], name), True)
+        for cell in ablation_cells(config):
+            _record(out, "", cell.name, train_cell(config, cell.model, config.train.batch_size, data,
+                                                   [config.train.learning_rate], cell.name), True)
         lrs = list(ABLATION_LEARNING_RATES.values())
         both = train_cell(config, CONFIGS["residual_d32"], config.train.batch_size, data, lrs,
                           "residual_d32 at " + ", ".join(f"lr {lr:g}" for lr in lrs))
@@ -308,60 +375,97 @@ COLOURS = {"plain_d2": "tab:green", "plain_d8": "tab:blue", "plain_d32": "tab:re
            "residual_rescale_d32": "tab:brown", "residual_tau_d32": "tab:olive",
            "residual_skipinit_d32": "tab:cyan", "residual_fixup_d32": "tab:pink",
            "residual_d32_lr5e-4": "black", "residual_d32_lr1e-3": "dimgray"}
+EXTRA_COLOURS = ("navy", "darkgoldenrod", "crimson", "teal", "limegreen", "indigo", "sienna", "slategray")
+LECTURE_DEPTH_32 = ("plain_d8", "plain_d32", "residual_bn_d32", "residual_d32")  # the lecture's 'Training at depth 32'
 
 
-def _curves(ax, m, names, key="train_error_pct", faint=True):
+def _colour(name: str, names: list[str]) -> str:
+    """A cell's colour: the built-in cells' own; added cells (--cells) one of ``EXTRA_COLOURS`` each."""
+    if name in COLOURS:
+        return COLOURS[name]
+    extra = [n for n in names if n not in COLOURS]
+    return EXTRA_COLOURS[extra.index(name) % len(EXTRA_COLOURS)]
+
+
+def _runs(m: dict, k: str) -> np.ndarray:
+    return np.array([[np.nan if v is None else v for v in r] for r in m[k]], float)
+
+
+def _curves(ax, m, names, every, key="train_error_pct", faint=True, gap=False):
+    """Each cell's mean curve over seeds (``gap``: test minus training error), faint single seeds; a diverged seed
+    is marked x at its divergence epoch, on its last finite value or, without one, at the top of the panel."""
+    marks = []
     for name in names:
         k = f"curves.{name}.{key}"
         if k not in m:
             continue
-        runs = np.array([[np.nan if v is None else v for v in r] for r in m[k]], float)
+        runs = _runs(m, k) if not gap else _runs(m, f"curves.{name}.test_error_pct") - _runs(m, k)
         epochs = np.arange(1, runs.shape[1] + 1)
+        colour = _colour(name, every)
         if faint:
             for r in runs:
-                ax.plot(epochs, r, color=COLOURS[name], alpha=0.25, lw=0.7)
-        mean = np.mean(runs, axis=0)
-        div = [e for e in m.get(f"diverged_epoch.{name}", []) if e is not None]
-        label = name + (f" (diverged, epochs {sorted(set(div))})" if div else "")
-        ax.plot(epochs, mean, color=COLOURS[name], lw=1.6, label=label)
+                ax.plot(epochs, r, color=colour, alpha=0.25, lw=0.7)
+        div = m.get(f"diverged_epoch.{name}", [None] * len(runs))
+        diverged = [e for e in div if e is not None]
+        label = name + (f": diverged (x) in epoch {', '.join(map(str, sorted(set(diverged))))}, {len(diverged)} of "
+                        f"{len(div)} seeds" if diverged else "")
+        if np.isfinite(runs).any():
+            with np.errstate(all="ignore"):
+                mean = np.mean(runs, axis=0)
+            ax.plot(epochs, mean, color=colour, lw=1.6, label=label, marker="o" if len(epochs) < 4 else None, ms=3)
+            label = None
+        for r, e in zip(runs, div):
+            if e is not None:
+                finite = r[:e][np.isfinite(r[:e])]
+                marks.append((e, finite[-1] if finite.size else None, colour, label))
+                label = None
+    if marks:  # after every line: the panel's range is the data's, and a mark without a value sits on its top
+        lo, hi = ax.get_ylim() if ax.has_data() else (0.0, 100.0)
+        span = hi - lo
+        ax.set_ylim(lo, hi + 0.08 * span)
+        for e, y, colour, label in marks:
+            ax.plot([e], [hi + 0.04 * span if y is None else y], "x", color=colour, ms=9, mew=2, label=label)
 
 
 def plot(m: dict, config, path) -> None:
     plt = common.pyplot()
 
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
-    ax = axes[0, 0]
-    _curves(ax, m, ["plain_d2", "plain_d8", "plain_d32"])
-    ax.set_title("Training error against depth (lecture fig. 'Training error against depth')\n"
-                 "plain MLPs, faint: single seeds, solid: mean")
-    ax = axes[0, 1]
-    _curves(ax, m, ["plain_d8", "plain_d32", "residual_bn_d32", "residual_d32"], faint=False)
-    ax.set_title("Training at depth 32 (lecture fig. 'Training at depth 32'), means over seeds")
-    ax = axes[1, 0]
-    for name in CONFIGS:
-        k = f"curves.{name}.train_error_pct"
-        if k in m:
-            tr = np.array(m[k], float)
-            te = np.array(m[f"curves.{name}.test_error_pct"], float)
-            ax.plot(np.arange(1, tr.shape[1] + 1), np.mean(te - tr, 0), color=COLOURS[name], label=name)
-    ax.set_title("Train-test gap (test error - training error), means over seeds\n"
-                 "(lecture 'Revision': degradation vs overfitting)")
-    ax.set_ylabel("gap (percentage points)")
-    ax = axes[1, 1]
-    names = [n for n in [*ABLATIONS, *ABLATION_LEARNING_RATES, "residual_bn_d32"] if f"curves.{n}.train_error_pct" in m]
-    if names and config.ablations:
-        _curves(ax, m, names, faint=False)
-        ax.set_title("Beyond the lecture: ablations at depth 32, means over seeds")
-    else:
+    main = [c for c in cells(config) if f"curves.{c.name}.train_error_pct" in m]
+    names = [c.name for c in main]
+    added = [n for n in names if n not in CONFIGS]
+    ablated = [n for n in [c.name for c in ablation_cells(config)] + list(ABLATION_LEARNING_RATES)
+               if f"curves.{n}.train_error_pct" in m]
+    every = names + ablated
+    panels = []  # (title, names, faint, gap): only panels with something to draw
+    plain = [c.name for c in main if c.kind == "plain"]
+    if plain:
+        panels.append(("Training error against depth (lecture fig. 'Training error against depth')\n"
+                       "plain MLPs, faint: single seeds, solid: mean", plain, True, False))
+    lecture = [n for n in LECTURE_DEPTH_32 if n in names]
+    if lecture or added:
+        title = ("Training at depth 32 (lecture fig. 'Training at depth 32')" + ("\nand the cells added by --cells"
+                                                                                 if added else "")
+                 if lecture else "The cells of this run (--cells)")
+        panels.append((title + ", means over seeds", lecture + [n for n in added if n not in lecture], False, False))
+    panels.append(("Train-test gap (test error - training error), means over seeds\n"
+                   "(lecture 'Revision': degradation vs overfitting)", names, False, True))
+    if ablated:
+        panels.append(("Beyond the lecture: ablations at depth 32, means over seeds",
+                       ablated + [n for n in ["residual_bn_d32"] if n in names], False, False))
+    ncols = 2 if len(panels) == 4 else len(panels)
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 * ncols, 5.6 * nrows), squeeze=False)
+    for ax, (title, shown, faint, gap) in zip(axes.flat, panels):
+        _curves(ax, m, shown, every, faint=faint, gap=gap)
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel("gap (percentage points)" if gap else "training error (%)")
+        ax.set_xlabel("epoch")
+        common.integer_ticks(ax)
+        ax.grid(alpha=0.3)
+        common.legend_outside(ax)
+    for ax in list(axes.flat)[len(panels):]:
         ax.set_axis_off()
-    for a in [axes[0, 0], axes[0, 1], axes[1, 1]]:
-        a.set_ylabel("training error (%)")
-    for a in axes.flat:
-        if a.axison:
-            a.set_xlabel("epoch")
-            a.grid(alpha=0.3)
-            a.legend(fontsize=7)
-    fig.suptitle(f"MNIST-1D degradation: width {config.model.width}, SGD lr {config.train.learning_rate}, "
+    fig.suptitle(f"MNIST-1D degradation: width {config.model.width}, {common.describe_optimizer(config.train)}, "
                  f"batch {config.train.batch_size}, {config.train.epochs} epochs, {config.num_seeds} seeds")
     common.save_figure(fig, path)
 
