@@ -40,6 +40,19 @@ from resjax.nn.unet import UNet
 NAME = "architecture_counts"
 
 
+HELP = {
+    "channels": "channels C of the basic and bottleneck blocks compared (the lecture's 256)",
+    "bottleneck": "the bottleneck block's inner channels (the lecture's 64)",
+    "dense_layers": "layers L of the dense block",
+    "growth_rate": "the dense block's growth rate g (channels each layer adds)",
+    "dense_channels_in": "channels entering the dense block",
+    "residual_width": "width of the residual stage the dense block is compared with",
+    "spatial": "image height and width of the traced shapes (counts do not depend on it)",
+    "unet_input": "the U-Net's input image size (pixels per side)",
+    "unet_features": "the U-Net's channels per level, e.g. \"(64, 128, 256, 512)\"",
+}
+
+
 def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.channels = 256

@@ -47,6 +47,17 @@ NAME = "batch_noise"
 LECTURE_STD = {8: 0.42, 64: 0.14}
 
 
+HELP = {
+    "data_mean": "mean of the unit's activation over the data (the lecture's 1)",
+    "data_std": "standard deviation of the unit's activation over the data (the lecture's 2)",
+    "example": "the example's own activation (the lecture's 2.5)",
+    "epsilon": "BatchNorm's epsilon, added to the batch variance (the lecture's 0)",
+    "num_batches": "random minibatches drawn per batch size (the lecture's 4,000)",
+    "batch_sizes": "the lecture's batch sizes, whose histograms are drawn and claimed, e.g. \"(8, 64)\"",
+    "sweep_batch_sizes": "batch sizes of the 1/sqrt(B) sweep (beyond the lecture), e.g. \"(4, 8, 16)\"",
+}
+
+
 def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.data_mean = 1.0

@@ -32,6 +32,15 @@ LECTURE = {"mean": 5.0, "centred": [-3, -1, 1, 3], "var_population": 5.0, "var_u
            "standardised": [-1.34, -0.45, 0.45, 1.34], "output": [-1.68, 0.11, 1.89, 3.68]}
 
 
+HELP = {
+    "minibatch": "the unit's values over the minibatch, e.g. \"(2.0, 4.0, 6.0, 8.0)\" (the lecture's)",
+    "gamma": "BatchNorm's scale gamma (the lecture's 2)",
+    "delta": "BatchNorm's offset delta (the lecture's 1)",
+    "epsilon": "BatchNorm's epsilon, added to the variance (the lecture's 0)",
+    "rho": "the running estimates' update rate rho (PyTorch's momentum; flax's momentum is 1 - rho)",
+}
+
+
 def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.minibatch = (2.0, 4.0, 6.0, 8.0)

@@ -62,6 +62,27 @@ NETS = ("plain", "batchnorm")
 SRC = "000 lecture, BatchNorm and the loss surface (Santurkar et al.)"
 
 
+HELP = {
+    "model.kind": "the networks' kind ('plain_mlp'; trained without normalisation, with BatchNorm and with noisy "
+                  "BatchNorm)",
+    "model.width": "hidden width of the networks (units per layer)",
+    "model.depth": "hidden layers of the networks",
+    "probe_every": "epochs between loss-surface probes along the training path (must divide train.epochs)",
+    "step_multipliers": "probe step sizes as multiples c of train.learning_rate, e.g. \"(0.5, 1.0, 2.0)\"",
+    "sweep_learning_rates": "learning rates of the largest-trainable-rate sweep, e.g. \"(0.01, 0.1, 1.0)\"",
+    "sweep_epochs": "training epochs of each run of the learning-rate sweep",
+    "train_loss_threshold": "a learning rate trains when every seed ends below this training loss (chance: "
+                            "ln 10 = 2.30)",
+    "noise_shift": "noisy BatchNorm: the per-step, per-unit shift mu is drawn from U(-noise_shift, noise_shift)",
+    "noise_scale_low": "noisy BatchNorm: the per-step, per-unit scale s is drawn from U(noise_scale_low, "
+                       "noise_scale_high)",
+    "noise_scale_high": "noisy BatchNorm: upper end of the scale s's range",
+    "noise_sigma": "noisy BatchNorm: standard deviation of the per-example noise added after each BatchNorm",
+    "noisy_tolerance_pct": "'about as well': noisy BatchNorm's final test error within this many percentage points "
+                           "of BatchNorm's",
+}
+
+
 def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.data = "mnist1d"

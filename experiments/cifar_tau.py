@@ -83,6 +83,22 @@ VARIANTS = {
 NUM_CLASSES = {"cifar10": 10, "cifar100": 100}
 
 
+HELP = {
+    "data": "'real' (the TFDS data sets, prepared beforehand) or 'synthetic' (random CIFAR-shaped images: a "
+            "pipeline check that measures nothing)",
+    "nobn_dataset": "data set of the runs without BatchNorm: 'cifar10' or 'cifar100'",
+    "nobn_depths": "CIFAR ResNet depths (6n+2) of tau = 1/sqrt(L) and Fixup without BatchNorm, e.g. \"(20, 110)\"",
+    "tau_inv_depths": "depths of tau = 1/L without BatchNorm",
+    "bn_datasets": "data sets of the BatchNorm runs, comma-separated: cifar10, cifar100",
+    "bn_depths": "depths of the BatchNorm runs (bn, bn_tau)",
+    "extra_depth": "depth of the extra cells (bn_nowarmup, bn_tau_learnable)",
+    "bn_warmup_depth": "from this depth on, the BatchNorm baseline warms its learning rate up",
+    "bn_warmup_epochs": "epochs of that warm-up (linear from 0)",
+    "scan": "'auto' (nn.scan over the blocks on accelerators, unrolled on the CPU), 'yes' or 'no'; same numbers",
+    "num_seeds": "independent runs per cell (the seed's five)",
+}
+
+
 def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.data = "real"

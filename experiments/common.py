@@ -237,7 +237,9 @@ def size_help(module, size: str) -> str:
                      "reproduce the seed documents' numbers",
             "full": "paper-scale sizes (more seeds, draws or epochs; meant for an accelerator)"}[size]
     changes = size_changes(module, size)
-    return f"{what}. Changes: {'; '.join(changes)}" if changes else f"{what}. Changes nothing in this experiment"
+    if not changes:
+        return f"the same settings as the default size in this experiment ({size} changes nothing)"
+    return f"{what}. Changes: {'; '.join(changes)}"
 
 
 def _describe_flags(parser: argparse.ArgumentParser, argv_flag: str) -> str:

@@ -50,6 +50,14 @@ LABELS = {"fixup": "Fixup (W_l = 0 at init, no tau)", "tau": "tau = 1/sqrt(L), K
 LN10 = float(np.log(10.0))
 
 
+HELP = {
+    "width": "width m of the networks (units per block)",
+    "depths": "depths L (blocks), e.g. \"(10, 100, 1000)\"",
+    "learning_rate": "learning rate eta of the one full-batch gradient step",
+    "num_examples": "MNIST-1D training examples in the full batch (at most 4,000)",
+}
+
+
 def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.data = "mnist1d"

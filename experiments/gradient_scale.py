@@ -53,6 +53,17 @@ LABELS = {"plain": "plain: product of J", "residual": "residual: product of I + 
 COLOURS = {"plain": "tab:red", "residual": "tab:blue", "residual_scaled": "tab:green"}
 
 
+HELP = {
+    "depth": "layers k the gradient passes back through (the lecture's 50)",
+    "num_draws": "independent draws of the product (gradients) per kind; the median and 10th-90th percentiles "
+                 "are over them",
+    "width": "width D of each random ReLU layer (units)",
+    "branch_scale_blocks": "K of the small-branch factor I + J/sqrt(K) (the lecture's 50)",
+    "kernel_init": "initialiser of each layer's weights W: a resjax initialiser name ('he_normal', 'he_uniform', "
+                   "'fan_in', ...)",
+}
+
+
 def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.depth = 50

@@ -63,6 +63,15 @@ TITLES = {"batch": "BatchNorm", "layer": "LayerNorm (lecture: reduction_axes=(1,
           "instance": "InstanceNorm"}
 
 
+HELP = {
+    "figure_shape": "the figure's activation shape (B, C, H, W), in the lecture's NCHW order",
+    "figure_groups": "GroupNorm's groups in the figure (must divide C of figure_shape)",
+    "check_shape": "the numeric check's activation shape (B, C, H, W)",
+    "check_groups": "GroupNorm's groups in the numeric check (must divide C of check_shape)",
+    "epsilon": "every layer's epsilon, added to the variance",
+}
+
+
 def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.figure_shape = (4, 6, 3, 3)  # (B, C, H, W)

@@ -77,6 +77,19 @@ VEIT_BAND = (5, 17)
 CASES = ("init_bn", "init_nonorm", "before_training", "after_training")
 
 
+HELP = {
+    "num_blocks": "blocks K of the at-initialisation networks and of the path counts (the lecture's 54)",
+    "width": "width of the at-initialisation networks (units per layer)",
+    "num_examples": "MNIST-1D test inputs at which each length's share of the gradient is measured",
+    "veit_samples": "random paths per length for Veit et al.'s single-path estimate",
+    "model.kind": "the trained network's kind ('residual_mlp'; the degradation experiment's residual_bn_d32)",
+    "model.width": "the trained network's width (units per layer)",
+    "model.num_blocks": "the trained network's residual blocks (the lecture's 32)",
+    "model.order": "the trained network's block form: 'pre' (BN -> ReLU -> linear, added) or 'post'",
+    "model.norm": "the trained network's normalisation: 'batch', 'layer', 'group' or 'none'",
+}
+
+
 def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.data = "mnist1d"

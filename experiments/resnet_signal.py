@@ -126,6 +126,16 @@ STEP_VARIANTS = ("fixup", "fixup_random_head", "tau")
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
+HELP = {
+    "depths": "CIFAR ResNet depths 6n+2, e.g. \"(110, 1202)\"; the first is 'shallow', the last 'deep' in the claims",
+    "batch_size": "random CIFAR-shaped images in the batch",
+    "num_classes": "classes of the classifier (random labels for the gradient steps)",
+    "learning_rate": "learning rate of the plain SGD steps (Fixup against tau)",
+    "num_steps": "SGD steps taken before the after-step norms",
+    "scan": "true/false: each stage's blocks under nn.scan (fast compiles at depth; same numbers)",
+}
+
+
 def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.depths = (110, 1202)

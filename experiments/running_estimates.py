@@ -54,6 +54,21 @@ NAME = "running_estimates"
 WHICH = ("fast", "slow")
 
 
+HELP = {
+    "num_steps": "training steps simulated (the true mean drifts between drift_start and drift_end)",
+    "drift_start": "step at which the true activation mean starts to drift",
+    "drift_end": "step at which the drift ends (the mean stays at mean_end after it)",
+    "mean_start": "the true mean before the drift",
+    "mean_end": "the true mean after the drift",
+    "noise_std": "standard deviation of the batch mean's noise around the true mean, per step",
+    "rhos": "the update rates rho compared, e.g. \"(0.1, 0.01)\" (PyTorch's momentum; flax's is 1 - rho)",
+    "init": "the running estimate's starting value",
+    "num_runs": "independent noisy runs for the noise statistics",
+    "noise_from": "first step of the noise statistics (after the estimates have settled)",
+    "settle_tol": "|lag| below which an estimate counts as settled after the drift",
+}
+
+
 def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.num_steps = 800

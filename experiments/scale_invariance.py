@@ -70,6 +70,23 @@ TOL = {"loss": 1e-5, "cosine": 1e-5, "grad": 1e-4, "step": 1e-4}
 SRC = "000 lecture, Scale invariance"
 
 
+HELP = {
+    "width": "part 1 (identities): hidden width of the BatchNorm MLP",
+    "depth": "part 1 (identities): hidden layers of the BatchNorm MLP",
+    "num_draws": "part 1: random networks and minibatches at which the identities are checked",
+    "batch": "part 1: minibatch size of the identity checks (at least 2, as BatchNorm needs)",
+    "scales": "part 1: the weight scales a of L(aW) = L(W) etc., e.g. \"(0.1, 0.5, 2.0, 10.0)\"",
+    "alpha": "part 1: the step size alpha of the step identity |W - alpha g|^2 - |W|^2 = alpha^2 |g|^2",
+    "model.kind": "part 2 (training): the network's kind ('plain_mlp')",
+    "model.width": "part 2 (training): hidden width (units per layer)",
+    "model.depth": "part 2 (training): hidden layers",
+    "model.norm": "part 2 (training): normalisation after each hidden linear layer ('batch': the experiment's subject)",
+    "weight_decays": "part 2: the weight decays lambda trained (one vmapped program), e.g. \"(0.0, 0.001)\"; must "
+                     "include 0.0",
+    "train.weight_decay": "not read: part 2's weight decays are --weight_decays",
+}
+
+
 def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.data = "mnist1d"

@@ -94,6 +94,25 @@ TOLERANCE = 0.05
 DEFAULT_ESTIMATOR = "pearson"
 
 
+HELP = {
+    "width": "hidden width D of every network (units per layer; the lecture's 200)",
+    "plain_hidden_layers": "hidden layers K of the deep plain network, the stem's included (the notebook's K; the "
+                           "lecture's 24); at least 2",
+    "residual_blocks": "residual blocks of the scaled residual network (the lecture's 24)",
+    "residual_order": "the residual block's form: 'pre' (h + s (W relu(h) + b), the udlbook's) or 'post' "
+                      "(relu(h + s (W h + b)))",
+    "branch_scale": "the residual branches' scale s: a number or a rule of K, the number of blocks, e.g. "
+                    "'1/sqrt(K)' (the lecture's), '1', '0.5'",
+    "num_networks": "random networks per kind; the autocorrelation is averaged over them (the lecture's 20)",
+    "grid_points": "inputs x on the grid [grid_low, grid_high) where dy/dx is taken (the notebook's 256)",
+    "grid_low": "the grid's first input x",
+    "grid_high": "the grid's end (excluded): inputs x in [grid_low, grid_high)",
+    "estimator": "the autocorrelation estimator of the claims and figure: 'pearson' (default), 'mean_subtracted', "
+                 "'raw' or 'notebook' (every one is reported; see the docstring)",
+    "repeats": "independent sets of num_networks networks (set 1 is the result; the others show its sampling spread)",
+}
+
+
 def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.width = 200

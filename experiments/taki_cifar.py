@@ -47,6 +47,17 @@ COLOURS = {"he": "tab:gray", "taki": "goldenrod", "bn": "tab:blue"}
 CHANCE = 0.1
 
 
+HELP = {
+    "data": "'real' (CIFAR-10 from TFDS, prepared beforehand) or 'synthetic' (random CIFAR-shaped images: a "
+            "pipeline check that measures nothing)",
+    "dataset": "the TFDS data set: 'cifar10' or 'cifar100'",
+    "num_blocks": "residual blocks of every network (the seed's 100)",
+    "variants": "the networks, comma-separated: he (He init, no BN), taki (Taki's c/(nL), no BN), bn (He + BatchNorm)",
+    "scan": "'auto' (nn.scan over the blocks on accelerators, unrolled on the CPU), 'yes' or 'no'; same numbers",
+    "num_seeds": "independent runs per variant (the seed's nine)",
+}
+
+
 def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.data = "real"

@@ -79,6 +79,18 @@ MAIN = ("he", "taki", "bn")
 COLOURS = {"he": "tab:red", "taki": "tab:orange", "bn": "tab:blue"}
 
 
+HELP = {
+    "num_blocks": "residual blocks L (the seed's CIFAR ResNets: 100)",
+    "width": "width n of every block (units)",
+    "batch_size": "random inputs in the batch (BatchNorm's statistics are over it)",
+    "num_draws": "random draws of weights, inputs and the top gradient g (averaged in log space)",
+    "c": "Taki's c in the weight variance c/(nL)",
+    "bn_n_var_w": "n Var[w] of the BatchNorm case (the seed's assumption: 1)",
+    "n_var_w_values": "the n Var[w] values of the independence check, e.g. \"(0.25, 1.0, 4.0)\"",
+    "input_variance": "variance of the random inputs x_0",
+}
+
+
 def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.num_blocks = 100

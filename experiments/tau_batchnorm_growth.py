@@ -45,6 +45,14 @@ from resjax.nn.tau_resnet import tau_resnet
 NAME = "tau_batchnorm_growth"
 
 
+HELP = {
+    "width": "width m of the network (units per block)",
+    "depth": "blocks L (the seed's 1000)",
+    "batch_size": "MNIST-1D training inputs in the one minibatch whose statistics BatchNorm uses",
+    "num_draws": "random weight draws (vmapped); norms are averaged over them",
+}
+
+
 def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.data = "mnist1d"

@@ -67,6 +67,15 @@ LN10 = float(np.log(10.0))
 F32_LOG10_MAX = float(np.log10(np.finfo(np.float32).max))
 
 
+HELP = {
+    "width": "width m of the networks (units per block)",
+    "depths": "depths L measured (blocks), e.g. \"(10, 100, 1000)\"; a leading + adds depths (+300)",
+    "taus": "the branch scales tau, comma-separated rules of L: 1, L^-1/4, L^-1/2, L^-1",
+    "num_draws": "random weight draws per depth (medians are over draws and inputs)",
+    "num_inputs": "MNIST-1D training inputs propagated per draw",
+}
+
+
 def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.data = "mnist1d"

@@ -66,6 +66,12 @@ COLOURS = {"plain": "black", "tau=1/L": "tab:blue", "tau=1/sqrt(L)": "tab:green"
 EXPLODED_LOSS = 10.0
 
 
+HELP = {
+    "depths": "depths L trained (blocks / hidden layers), e.g. \"(10, 100, 1000)\"; a leading + adds depths (+30)",
+    "model.width": "width m of every network (units per block; the seed's 128)",
+}
+
+
 def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.data = "mnist1d"

@@ -84,6 +84,18 @@ BLOCKS = {
 COLOURS = {"added": "tab:red", "rescaled": "tab:blue", "normalised": "tab:green"}
 
 
+HELP = {
+    "num_blocks": "residual blocks the stream passes through (the lecture's 20)",
+    "width": "stream width (units per block; the lecture's 256)",
+    "batch_size": "random inputs per batch (rows of the stream; the lecture's 512)",
+    "num_networks": "random networks per curve for the means and percentiles (one more network draws the "
+                    "single-network curves)",
+    "kernel_init": "initialiser of the branch's weights: a resjax initialiser name ('he_uniform', 'he_normal', "
+                   "'fan_in', ...)",
+    "scan": "true/false: the blocks under nn.scan (one compiled block; same numbers, faster to compile)",
+}
+
+
 def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.num_blocks = 20
