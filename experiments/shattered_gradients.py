@@ -331,22 +331,44 @@ def run(config, out_dir) -> dict:
 
 COLOURS = {"shallow": "tab:blue", "deep_plain": "tab:red", "residual_scaled": "tab:green",
            "deep_plain_input_var_1_over_width": "tab:orange"}
-LABELS = {"shallow": "shallow (1 hidden layer)", "deep_plain": "plain, 24 hidden layers",
-          "residual_scaled": "residual, 24 blocks, branches x 1/sqrt(24)",
-          "deep_plain_input_var_1_over_width": "plain 24, input layer variance 1/200"}
+
+
+def labels(config) -> dict[str, str]:
+    """Each network as this run built it (layer counts, branch scale, input variance from ``config``)."""
+    k, b, scale = config.plain_hidden_layers, config.residual_blocks, str(config.branch_scale)
+    scale = scale.replace("K", str(b)) if "K" in scale else scale
+    order = "" if config.residual_order == "pre" else f" ({config.residual_order}-activation)"
+    return {"shallow": "shallow (1 hidden layer)", "deep_plain": f"plain, {k} hidden layers",
+            "residual_scaled": f"residual{order}, {b} blocks, branches x {scale}",
+            "deep_plain_input_var_1_over_width": f"plain {k}, input layer variance 1/{config.width}"}
+
+
+LECTURE_SETTINGS = {"shallow": "width 200", "deep_plain": "24 layers, width 200",
+                    "residual_scaled": "24 blocks x 1/sqrt(24), width 200",
+                    "deep_plain_input_var_1_over_width": "24 layers, 1/200"}
+
+
+def at_lecture_settings(config, net: str) -> bool:
+    """Whether this run's ``net`` is the network the lecture's number is about (width 200, 24 layers or blocks,
+    branches x 1/sqrt(24), pre-activation)."""
+    lecture = get_config("default")
+    same = ["width"] + {"deep_plain": ["plain_hidden_layers"], "deep_plain_input_var_1_over_width": ["plain_hidden_layers"],
+                        "residual_scaled": ["residual_blocks", "branch_scale", "residual_order"]}.get(net, [])
+    return all(config[k] == lecture[k] for k in same)
 
 
 def plot(m: dict, config, path) -> None:
     plt = common.pyplot()
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    names = labels(config)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5.6))
     x = np.asarray(m["dydx_example.x"])
     for ax, net in zip(axes[:2], ("shallow", "deep_plain")):
         ax.plot(x, np.asarray(m[f"dydx_example.{net}"]), color=COLOURS[net], lw=1)
         ax.set_xlim(config.grid_low, config.grid_high)
         ax.set_xlabel("input x")
         ax.set_ylabel("dy/dx (own scale)")
-        ax.set_title(f"dy/dx of one {LABELS[net]} network")
+        ax.set_title(f"dy/dx of one {names[net]} network", fontsize=10)
         ax.grid(alpha=0.3)
     ax = axes[2]
     d = np.asarray(m["autocorrelation_distance"])
@@ -354,16 +376,19 @@ def plot(m: dict, config, path) -> None:
         h = m[f"half_correlation_distance.{net}"]
         hs = "n/a" if h is None or not np.isfinite(h) else f"{h:.2f}"
         ls = "--" if net == "deep_plain_input_var_1_over_width" else "-"
+        lecture = (f"lecture {LECTURE[net]:.2f}" if at_lecture_settings(config, net) else
+                   f"lecture, {LECTURE_SETTINGS[net]}: {LECTURE[net]:.2f}")
         ax.plot(d, np.asarray(m[f"autocorrelation.{net}"]), color=COLOURS[net], ls=ls,
-                label=f"{LABELS[net]}: {hs} (lecture {LECTURE[net]:.2f})")
+                label=f"{names[net]}: {hs} ({lecture})")
         if h is not None and np.isfinite(h):
             ax.plot([h], [0.5], "o", color=COLOURS[net], ms=4)
     ax.axhline(0.5, color="k", ls=":", lw=1)
     ax.set_xlim(0, d[-1])
     ax.set_xlabel("input distance delta")
     ax.set_ylabel(f"autocorrelation of dy/dx ({config.estimator})")
-    ax.set_title(f"autocorrelation, mean of {config.num_networks} networks; dotted: 0.5")
-    ax.legend(fontsize=7, title="half-correlation distance", title_fontsize=7)
+    ax.set_title(f"autocorrelation ({config.estimator}), mean of {config.num_networks} networks; dotted: 0.5",
+                 fontsize=10)
+    common.legend_outside(ax, ncol=1, title="half-correlation distance (dots)", title_fontsize=7)
     ax.grid(alpha=0.3)
     fig.suptitle(f"Shattered gradients (reproduces the lecture's figure 'Gradients along the input'): width "
                  f"{config.width}, weights and biases at variance 1/fan-in, {config.grid_points} inputs on "
