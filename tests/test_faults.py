@@ -265,6 +265,42 @@ def test_no_good_step_is_an_error_that_lists_every_step_and_moves_nothing(saved,
     assert sorted(os.listdir(d)) == ["4", "8"]
 
 
+REFUSED_RESUME = textwrap.dedent("""
+    import sys
+    from resjax.train import make_train
+    from tests.test_training import DATA, tiny_config
+
+    config = tiny_config()
+    config.train.checkpoint_every = 1
+    make_train(config, DATA).sweep([0, 1], checkpoint_dir=sys.argv[1], chunk_epochs=1)
+""")
+
+
+# Mutation caught: resjax/train/checkpoint.py: the `_quiet_closed_loop_noise()` call in `Checkpoints.__init__`
+# removed (Orbax's ~40-100 `RuntimeError: Event loop is closed` tracebacks are printed again around the message).
+def test_a_refused_resume_prints_resjax_message_without_orbax_event_loop_noise(tmp_path):
+    """Every step damaged (bytes flipped in every data file), the resume is refused in a fresh process: its
+    stderr holds resjax's message naming the directory and the steps, and none of Orbax's late
+    ``RuntimeError: Event loop is closed`` tracebacks (about 100 of them before, #22 item 9)."""
+    script = tmp_path / "child.py"
+    script.write_text(REFUSED_RESUME)
+    d = tmp_path / "ckpt"
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    first = subprocess.run([sys.executable, str(script), str(d)], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    steps = sorted(int(n) for n in os.listdir(d) if n.isdigit())
+    assert len(steps) == 2, steps
+    for step in steps:
+        _flip(str(d / str(step)))
+    again = subprocess.run([sys.executable, str(script), str(d)], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 1
+    assert f"checkpoint_dir: {d}, step {steps[1]}, {steps[0]}: no step in this directory is good" in again.stderr, \
+        again.stderr[-3000:]
+    assert "Event loop is closed" not in again.stderr, again.stderr[:3000]
+
+
 def test_a_checkpoint_of_another_model_with_the_same_shapes_is_refused(saved, tmp_path):
     pristine, _, _ = saved
     d = tmp_path / "ckpt"

@@ -116,12 +116,45 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
 
 
+def _late_read_after_closed_loop(unraisable) -> bool:
+    """Whether an unraisable exception is Orbax's harmless ``RuntimeError: Event loop is closed``: when a
+    restore fails (a damaged step), Orbax closes the event loop it ran the reads in while TensorStore still
+    has reads of other arrays in flight; each of them, finishing later, calls ``call_soon_threadsafe`` on the
+    closed loop, and Python printed about 100 such tracebacks around resjax's one-line message (#22)."""
+    exc = unraisable.exc_value
+    if not (isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"):
+        return False
+    tb = unraisable.exc_traceback
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "call_soon_threadsafe":
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _quiet_hook(unraisable) -> None:
+    if not _late_read_after_closed_loop(unraisable):
+        _quiet_hook.previous(unraisable)
+
+
+def _quiet_closed_loop_noise() -> None:
+    """Drop Orbax's late ``Event loop is closed`` reports (``_late_read_after_closed_loop``) from
+    ``sys.unraisablehook``, keeping every other unraisable exception for the hook that was there. Installed
+    by every ``Checkpoints`` and left in place: the late reads arrive after the failed restore returned."""
+    import sys
+
+    if sys.unraisablehook is not _quiet_hook:
+        _quiet_hook.previous = sys.unraisablehook
+        sys.unraisablehook = _quiet_hook
+
+
 class Checkpoints:
     """A checkpoint directory (see the module docstring); ``keep`` newest checkpoints are kept."""
 
     def __init__(self, directory: str | os.PathLike, keep: int | None = 2) -> None:
         if keep is not None and (not isinstance(keep, int) or keep < 1):
             raise ValueError(f"checkpoint_keep: must be an integer >= 1 or None, got {keep!r}")
+        _quiet_closed_loop_noise()  # Orbax's tracebacks after a refused step would bury resjax's message
         self.directory = os.path.abspath(os.fspath(directory))
         self.lock = None  # a training run's DirectoryLock (resjax.train.lock), released by close()
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False)
