@@ -150,6 +150,38 @@ def match(out, image):
     return found[0]
 
 
+@pytest.mark.parametrize("label, problem", [
+    (10, r"cifar10/train: record 3 has label 10, outside 0 \.\. 9 \(10 classes\)"),
+    (-1, r"cifar10/train: record 3 has label -1, outside 0 \.\. 9"),
+    (0.5, r"cifar10/train: labels of dtype float64 read"),
+], ids=["label 10", "label -1", "float label"])
+def test_labels_read_from_tfds_are_checked_naming_the_split_and_record(label, problem):
+    """Labels enter through the TFDS reader (#22 item 7): a record whose label is outside the data set's classes
+    or not an integer is refused when it is read, naming the data set, the split and the record; before, label
+    10 of CIFAR-10 went on into a 10-class model and 0.5 was truncated to 0. The mocked ``data_source`` serves
+    record 3 with the bad label."""
+    from tensorflow_datasets.testing import mocking
+
+    with mocked_tfds() as meta, pytest.MonkeyPatch.context() as mp:
+        served = mocking._getitems
+
+        def getitems(record_keys, generator, serialized=False):
+            records = served(record_keys, generator, serialized)
+            return [{**r, "label": label} if k == 3 else r for k, r in zip(record_keys, records)]
+
+        mp.setattr(mocking, "_getitems", getitems)
+        src = load_image_dataset("cifar10", "train", data_dir=meta)
+        images, labels = src.read([0, 1, 2])  # good records read as before
+        assert labels.dtype == np.int32 and ((0 <= labels) & (labels < 10)).all()
+        with pytest.raises(ValueError, match=problem):
+            src.read([0, 3, 5])
+        with pytest.raises(ValueError, match=problem):
+            for _ in src.epoch(0, 8, shuffle=False):  # the batch holding record 3
+                pass
+    with pytest.raises(ValueError, match=r"mnist/test: record 1 has label 10, outside 0 \.\. 9"):
+        ImageSource.from_arrays("mnist", np.zeros((2, 28, 28, 1), np.uint8), np.array([0, 10]), split="test")
+
+
 def test_crop_flip_gives_windows_of_the_padded_image():
     rng = np.random.default_rng(0)
     images = rng.integers(1, 256, (64, 32, 32, 3), dtype=np.uint8)  # no zero pixel: padding is visible

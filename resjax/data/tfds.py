@@ -65,6 +65,7 @@ __all__ = [
     "ImageSpec",
     "Reader",
     "centre_crop",
+    "check_read_labels",
     "load_image_dataset",
     "normalise",
     "prepare_command",
@@ -324,10 +325,11 @@ class ImageSource(BatchSource):
         data set ``name`` (its normalisation, augmentation and batch image shape)."""
         _check_split(name, split)
         images = np.asarray(images)
-        labels = np.asarray(labels, np.int32)
+        labels = np.asarray(labels)
         if images.dtype != np.uint8 or images.ndim != 4 or len(images) != len(labels):
             raise ValueError(f"images: want uint8 [N, H, W, C] matching labels [N]; got {images.dtype} "
                              f"{images.shape} and labels {labels.shape}")
+        labels = check_read_labels(labels, np.arange(len(labels)), _spec(name).num_classes, f"{name}/{split}")
         return cls(name, split, len(images), lambda idx: (images[idx], labels[idx]))
 
     def __repr__(self) -> str:
@@ -340,7 +342,7 @@ class ImageSource(BatchSource):
         if indices.size and (indices.min() < 0 or indices.max() >= self.num_examples):
             raise IndexError(f"indices outside 0..{self.num_examples - 1}")
         images, labels = self._read(indices)
-        return images, np.asarray(labels, np.int32).reshape(-1)
+        return images, check_read_labels(labels, indices, self.num_classes, f"{self.name}/{self.split}")
 
     def preprocess(self, images: Sequence[np.ndarray] | np.ndarray, rng: np.random.Generator | None,
                    augment: bool, rows: slice | None = None, batch_length: int | None = None) -> np.ndarray:
@@ -381,6 +383,26 @@ class ImageSource(BatchSource):
                              f"{int(np.asarray(indices)[i])} (row {i} of the batch) has a non-finite value "
                              f"({value}); refusing to train on it")
 
+def check_read_labels(labels, indices, num_classes: int, where: str) -> np.ndarray:
+    """``labels`` read for the records ``indices`` as int32 ``[N]`` if they are integers (any integer dtype)
+    in ``0 .. num_classes - 1``, one per record; else ``ValueError`` naming ``where`` (data set/split) and the
+    first bad record. A label 10 of a 10-class data set (a damaged or foreign record, a wrong data set) would
+    otherwise train a 10-class model on a class it does not have, and a float label would be truncated."""
+    y, rows = np.asarray(labels), np.asarray(indices).reshape(-1)
+    if y.size and (y.dtype == np.bool_ or not np.issubdtype(y.dtype, np.integer)):
+        raise ValueError(f"{where}: labels of dtype {y.dtype} read (records {rows[:3].tolist()}...); want integer "
+                         "class labels")
+    y = y.reshape(-1)
+    if len(y) != len(rows):
+        raise ValueError(f"{where}: {len(y)} labels read for {len(rows)} records")
+    bad = (y < 0) | (y >= num_classes)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"{where}: record {int(rows[i])} has label {int(y[i])}, outside 0 .. {num_classes - 1} "
+                         f"({num_classes} classes); refusing to train on it")
+    return y.astype(np.int32)
+
+
 def load_image_dataset(name: str, split: str = "train", *, data_dir: str | os.PathLike | None = None) -> ImageSource:
     """Split ``split`` of the TFDS data set ``name`` (a key of :data:`IMAGE_DATASETS`) prepared as array_record.
 
@@ -401,8 +423,8 @@ def load_image_dataset(name: str, split: str = "train", *, data_dir: str | os.Pa
     def read(indices: np.ndarray):
         records = source.__getitems__(indices.tolist()) if len(indices) else []
         images = [np.asarray(r["image"]) for r in records]
-        labels = np.array([r["label"] for r in records], np.int32)
-        return images, labels
+        labels = np.array([r["label"] for r in records]) if records else np.zeros(0, np.int32)
+        return images, labels  # as stored: ImageSource.read checks them (check_read_labels, #22)
 
     return ImageSource(name, split, num_examples, read, spec=spec)
 
