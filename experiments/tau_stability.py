@@ -252,77 +252,128 @@ def report_section(m: dict) -> str:
 # ---- figure ----------------------------------------------------------------------------------------
 
 
+def _label(name: str, depth: int) -> str:
+    """``'tau = L^-1/2 = 0.316'`` (the rule and its value at this depth), ``'tau = 1'``, ``'plain (no skip)'``."""
+    if name == "plain":
+        return "plain (no skip)"
+    value = f"{TAUS[name](depth):.3g}"
+    return f"tau = {name}" if value == name else f"tau = {name} = {value}"
+
+
+def _fit(ax, values, lim: tuple[float, float], pad: float = 0.06) -> tuple[float, float]:
+    """Set ``ax``'s y-limits to the range of ``values`` (finite ones), within ``lim``: the axis fits the data, and
+    only a curve that leaves ``lim`` is cut (its label says where it ends)."""
+    v = np.concatenate([np.ravel(np.asarray(x, float)) for x in values]) if len(values) else np.zeros(0)
+    v = v[np.isfinite(v)]
+    if not v.size:
+        return lim
+    lo, hi = max(v.min(), lim[0]), min(v.max(), lim[1])
+    span = max(hi - lo, 1e-3)
+    lo, hi = lo - pad * span, hi + pad * span
+    ax.set_ylim(lo, hi)
+    return lo, hi
+
+
 def plot(m: dict, config, path) -> None:
     plt = common.pyplot()
 
     depths = list(config.depths)
     names = list(config.taus) + ["plain"]
-    ncols = max(3, len(depths))
-    fig, axes = plt.subplots(3, ncols, figsize=(5 * ncols, 12), squeeze=False)
-    for ax in axes[:2, len(depths):].flat:
-        ax.set_axis_off()
+    summary = len(depths) > 1  # the against-depth panels need two depths or more
+    if summary:  # rows: forward and backward per depth, then 3 panels against depth (a grid both rows divide)
+        fig = plt.figure(figsize=(max(5.2 * len(depths), 15), 16.5))
+        grid = fig.add_gridspec(3, len(depths) * 3)
+        panels = [(grid[0, 3 * j:3 * j + 3], grid[1, 3 * j:3 * j + 3]) for j in range(len(depths))]
+    else:  # one depth: its forward and backward panels side by side
+        fig = plt.figure(figsize=(13, 6.2))
+        grid = fig.add_gridspec(1, 2)
+        panels = [(grid[0, 0], grid[0, 1])]
     lim = (-5.0, 5.0)  # the per-depth panels zoom on the stable range; curves that leave it say where they end
-    for j, d in enumerate(depths):
-        ax_f, ax_g = axes[0, j], axes[1, j]
-        for name in names:
-            label = "plain (no skip)" if name == "plain" else f"tau = {name} = {TAUS[name](d):.3g}"
-            r = np.asarray(m[f"curves.{name}.L{d}.log10_ratio"])
-            g = np.asarray(m[f"curves.{name}.L{d}.log10_grad"])
-            off_r = f" (ends at {r[-1]:.3g}, off scale)" if not lim[0] <= r[-1] <= lim[1] else ""
-            off_g = f" (up to {g.max():.3g}, off scale)" if not lim[0] <= g.max() <= lim[1] else ""
-            ax_f.plot(np.arange(len(r)), r, color=COLOURS[name], label=label + off_r)
-            ax_g.plot(np.arange(1, len(g) + 1), g, color=COLOURS[name], label=label + off_g)
+    for d, (cell_f, cell_g) in zip(depths, panels):
+        ax_f, ax_g = fig.add_subplot(cell_f), fig.add_subplot(cell_g)
+        curves = {name: (np.asarray(m[f"curves.{name}.L{d}.log10_ratio"]), np.asarray(m[f"curves.{name}.L{d}.log10_grad"]))
+                  for name in names}
+        band = (np.log10(0.25), np.log10(4))
+        lo_f, hi_f = _fit(ax_f, [*[r for r, _ in curves.values()], band], lim)
+        lo_g, hi_g = _fit(ax_g, [g for _, g in curves.values()], lim)
+        for name, (r, g) in curves.items():
+            off_r = f" (ends at {r[-1]:.3g}, off scale)" if not lo_f <= r[-1] <= hi_f else ""
+            off_g = f" (up to {g.max():.3g}, off scale)" if not lo_g <= g.max() <= hi_g else ""
+            ax_f.plot(np.arange(len(r)), r, color=COLOURS[name], label=_label(name, d) + off_r)
+            ax_g.plot(np.arange(1, len(g) + 1), g, color=COLOURS[name], label=_label(name, d) + off_g)
         ax_f.set_title(f"Forward, L = {d}: log10 |h_l| / |h_0|\n(median over {config.num_draws} draws x "
-                       f"{config.num_inputs} inputs)")
+                       f"{config.num_inputs} inputs)", fontsize=10)
         ax_f.set_xlabel("block l")
         ax_f.set_ylabel("log10 |h_l| / |h_0|")
-        ax_f.axhspan(np.log10(0.25), np.log10(4), color="tab:green", alpha=0.08, label="ratio in [1/4, 4]")
-        ax_g.set_title(f"Backward, L = {d}:\nlog10 |grad_(W_l) <v, y>| per input (median)")
+        ax_f.axhspan(*band, color="tab:green", alpha=0.08, label="ratio in [1/4, 4]")
+        ax_g.set_title(f"Backward, L = {d}:\nlog10 |grad_(W_l) <v, y>| per input (median)", fontsize=10)
         ax_g.set_xlabel("block l")
         ax_g.set_ylabel("log10 |grad W_l| (unit read-out v)")
         for ax in (ax_f, ax_g):
-            ax.set_ylim(*lim)
+            common.integer_ticks(ax)
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-    ax = axes[2, 0]
+            common.legend_outside(ax, ncol=2)
+    if summary:
+        _plot_against_depth(m, config, [fig.add_subplot(grid[2, k * len(depths):(k + 1) * len(depths)])
+                                        for k in range(3)], depths, names)
+    note = "" if summary else f"; one depth (L = {depths[0]}): the against-depth panels need two or more"
+    fig.suptitle(f"Zhang et al. (seed 003) Section 3: stability at initialisation, width {config.width}\n"
+                 f"h_l = relu(h_(l-1) + tau W_l h_(l-1)), norms tracked in log space{note}", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.97 if summary else 0.92))  # below the two-line title
+    common.save_figure(fig, path, dpi=100, tight=False)
+
+
+def _plot_against_depth(m: dict, config, axes, depths, names) -> None:
+    ax = axes[0]
+    forward = []
     for name in names:
-        ax.plot(depths, [m[f"log10_forward_norm_ratio.{name}.L{d}"] for d in depths], "o-", color=COLOURS[name],
-                label=name)
-    ax.axhline(F32_LOG10_MAX, color="gray", ls=":", label="float32 overflow")
+        forward += [m[f"log10_forward_norm_ratio.{name}.L{d}"] for d in depths]
+        ax.plot(depths, forward[-len(depths):], "o-", color=COLOURS[name], label=name)
+    if max(v for v in forward if v is not None and np.isfinite(v)) > F32_LOG10_MAX / 2:  # only where data comes near
+        ax.axhline(F32_LOG10_MAX, color="gray", ls=":", label="float32 overflow")
     ax.set_xscale("log")
     ax.set_xlabel("depth L (blocks)")
     ax.set_ylabel("log10 |h_L| / |h_0| (median)")
-    ax.set_title("Forward ratio at the last block against depth\n(seed Theorems 1 and 3)")
-    ax = axes[2, 1]
+    ax.set_title("Forward ratio at the last block against depth\n(seed Theorems 1 and 3)", fontsize=10)
+    ax = axes[1]
+    values = []
     for name in names:
-        ax.plot(depths, [m[f"log10_total_grad_norm.{name}.L{d}"] for d in depths], "o-", color=COLOURS[name],
-                label=f"{name}: total over blocks")
-        ax.plot(depths, [m[f"log10_median_grad_norm.{name}.L{d}"] for d in depths], "s--", color=COLOURS[name],
-                alpha=0.6, label=f"{name}: median per block")
+        total = [m[f"log10_total_grad_norm.{name}.L{d}"] for d in depths]
+        per_block = [m[f"log10_median_grad_norm.{name}.L{d}"] for d in depths]
+        values += total + per_block
+        ax.plot(depths, total, "o-", color=COLOURS[name], label=f"{name}: total over blocks")
+        ax.plot(depths, per_block, "s--", color=COLOURS[name], alpha=0.6, label=f"{name}: median per block")
+    top = _fit(ax, values, (-30.0, 25.0))[1]  # tau = 1 at L = 1000 (about 190) would squash the rest; see the table
+    cut = [v for v in values if np.isfinite(v) and v > top]
     ax.set_xscale("log")
-    ax.set_ylim(-5, 25)  # tau = 1 at L = 1000 (about 190) is off scale; see the table
     ax.set_xlabel("depth L (blocks)")
-    ax.set_ylabel("log10 gradient norm (median; tau = 1 leaves the axis)")
-    ax.set_title("Gradient norm against depth (seed Section 3.2):\nsolid = sqrt(sum_l |grad W_l|^2), dashed = per block")
-    ax = axes[2, 2]
+    ax.set_ylabel("log10 gradient norm (median)" + (f"; {len(cut)} points above the axis" if cut else ""))
+    ax.set_title("Gradient norm against depth (seed Section 3.2):\nsolid = sqrt(sum_l |grad W_l|^2), dashed = per block",
+                 fontsize=10)
+    ax = axes[2]
+    ratios = []
     for name in config.taus:
-        ax.plot(depths, [m[f"grad_ratio_to_plain_over_tau.{name}.L{d}"] for d in depths], "o-",
-                color=COLOURS[name], label=f"tau = {name}")
+        r = [m[f"grad_ratio_to_plain_over_tau.{name}.L{d}"] for d in depths]
+        ratios += r
+        off = [d for d, v in zip(depths, r) if v is None or not np.isfinite(v) or v > 1e6]
+        ax.plot(depths, r, "o-", color=COLOURS[name],
+                label=f"tau = {name}" + (f" (off scale at L = {', '.join(map(str, off))})" if off else ""))
     ax.axhline(1.0, color="gray", ls=":")
     ax.axhspan(0.25, 4, color="tab:green", alpha=0.08, label="[1/4, 4] (claim's band)")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_ylim(0.1, 1e6)  # tau = 1 and L^-1/4 leave the axis at depth >= 100 (see the table)
+    logs = [np.log10(v) for v in ratios if v is not None and np.isfinite(v) and v > 0] + [np.log10(0.25), np.log10(4)]
+
+    lo, hi = min(logs), min(max(logs), 6.0)  # tau = 1 and L^-1/4 leave 1e6 at depth >= 1000 (see the table)
+    ax.set_ylim(10 ** (lo - 0.2), 10 ** (hi + 0.2))
     ax.set_xlabel("depth L (blocks)")
     ax.set_ylabel("(median |grad W_l| ResNet / plain) / tau")
-    ax.set_title("Per-block gradient relative to the feedforward\nnetwork's, divided by tau (seed: about 1)")
-    for ax in axes[2]:
+    ax.set_title("Per-block gradient relative to the feedforward\nnetwork's, divided by tau (seed: about 1)", fontsize=10)
+    for ax in axes:
+        ax.set_xticks(depths, [str(d) for d in depths])
+        ax.minorticks_off()
         ax.grid(alpha=0.3)
-        if ax.has_data():
-            ax.legend(fontsize=7)
-    fig.suptitle(f"Zhang et al. (seed 003) Section 3: stability at initialisation, width {config.width}, "
-                 "h_l = relu(h_(l-1) + tau W_l h_(l-1)), norms tracked in log space")
-    common.save_figure(fig, path, dpi=100)
+        common.legend_outside(ax)
 
 
 if __name__ == "__main__":
