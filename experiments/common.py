@@ -371,10 +371,49 @@ def describe_optimizer(train) -> str:
 
 
 def integer_ticks(ax, axis: str = "x") -> None:
-    """Integer ticks only on ``axis`` of ``ax`` (epochs, blocks): no 0.5 epoch."""
+    """Integer ticks only on ``axis`` of ``ax`` (epochs, blocks): no 0.5 epoch. Call after the data is drawn."""
     from matplotlib.ticker import MaxNLocator
 
-    (ax.xaxis if axis == "x" else ax.yaxis).set_major_locator(MaxNLocator(integer=True))
+    lo, hi = ax.get_xlim() if axis == "x" else ax.get_ylim()
+    whole = list(range(math.ceil(lo), math.floor(hi) + 1))
+    if len(whole) <= 8:  # a few epochs: each one ticked (one epoch: a single tick, not 0.96 ... 1.04)
+        (ax.set_xticks if axis == "x" else ax.set_yticks)(whole)
+    else:
+        (ax.xaxis if axis == "x" else ax.yaxis).set_major_locator(MaxNLocator(integer=True))
+
+
+def plural(count: int, word: str) -> str:
+    """``'1 epoch'``, ``'2 epochs'``."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def diverged_marks(runs, diverged_epochs, colour, label=None) -> list[tuple]:
+    """Where each diverged run of ``runs`` (seeds x epochs, NaN after divergence) ends: ``(epoch, last finite value
+    before it or None, colour, label)`` per run whose ``diverged_epochs`` entry (1-based) is not None; the label on
+    the first only. Drawn by :func:`mark_diverged`."""
+    marks = []
+    for r, e in zip(np.asarray(runs, float), diverged_epochs):
+        if e is not None:
+            finite = r[:e][np.isfinite(r[:e])]
+            marks.append((int(e), float(finite[-1]) if finite.size else None, colour, label))
+            label = None
+    return marks
+
+
+def mark_diverged(ax, marks, log: bool = False) -> None:
+    """Mark diverged runs with an x where their line would be (``diverged_marks``): at the divergence epoch, on
+    the run's last finite value, or, for a run with none (diverged in its first epoch), just above the data (the
+    panel's range stays the data's). Call after every line of the panel is drawn."""
+    if not marks:
+        return
+    lo, hi = ax.get_ylim() if ax.has_data() else ((1.0, 10.0) if log else (0.0, 1.0))
+    if log:
+        top, new_hi = hi * (hi / lo) ** 0.05, hi * (hi / lo) ** 0.1
+    else:
+        top, new_hi = hi + 0.04 * (hi - lo), hi + 0.08 * (hi - lo)
+    ax.set_ylim(lo, new_hi)
+    for epoch, value, colour, label in marks:
+        ax.plot([epoch], [top if value is None else value], "x", color=colour, ms=9, mew=2, label=label)
 
 
 def legend_outside(ax, where: str = "below", fontsize: int = 7, ncol: int | None = None, **kwargs) -> None:

@@ -414,17 +414,8 @@ def _curves(ax, m, names, every, key="train_error_pct", faint=True, gap=False):
                 mean = np.mean(runs, axis=0)
             ax.plot(epochs, mean, color=colour, lw=1.6, label=label, marker="o" if len(epochs) < 4 else None, ms=3)
             label = None
-        for r, e in zip(runs, div):
-            if e is not None:
-                finite = r[:e][np.isfinite(r[:e])]
-                marks.append((e, finite[-1] if finite.size else None, colour, label))
-                label = None
-    if marks:  # after every line: the panel's range is the data's, and a mark without a value sits on its top
-        lo, hi = ax.get_ylim() if ax.has_data() else (0.0, 100.0)
-        span = hi - lo
-        ax.set_ylim(lo, hi + 0.08 * span)
-        for e, y, colour, label in marks:
-            ax.plot([e], [hi + 0.04 * span if y is None else y], "x", color=colour, ms=9, mew=2, label=label)
+        marks += common.diverged_marks(runs, div, colour, label)
+    common.mark_diverged(ax, marks)
 
 
 def plot(m: dict, config, path) -> None:
@@ -466,7 +457,8 @@ def plot(m: dict, config, path) -> None:
     for ax in list(axes.flat)[len(panels):]:
         ax.set_axis_off()
     fig.suptitle(f"MNIST-1D degradation: width {config.model.width}, {common.describe_optimizer(config.train)}, "
-                 f"batch {config.train.batch_size}, {config.train.epochs} epochs, {config.num_seeds} seeds")
+                 f"batch {config.train.batch_size}, {common.plural(config.train.epochs, 'epoch')}, "
+                 f"{common.plural(config.num_seeds, 'seed')}")
     common.save_figure(fig, path)
 
 

@@ -67,6 +67,9 @@ EXPLODED_LOSS = 10.0
 
 
 HELP = {
+    "models": "the networks trained at every depth, comma-separated: plain (the PlainNet) and tau=RULE (the ResNet "
+              "with branch scale tau: a rule of L, 1/L, 1/sqrt(L), 1/L^(1/4), L^(-1/4), L^(-1/2), or a number, "
+              "e.g. tau=0.3); a leading + adds models (+tau=0.3); metric names are the models'",
     "depths": "depths L trained (blocks / hidden layers), e.g. \"(10, 100, 1000)\"; a leading + adds depths (+30)",
     "model.width": "width m of every network (units per block; the seed's 128)",
 }
@@ -77,6 +80,7 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c.data = "mnist1d"
     c.model = ml_collections.ConfigDict({"width": 128})  # every depth and tau; tau_resnet_config adds the rest
     c.depths = (10, 100, 1000)
+    c.models = MODELS
     c.num_seeds = 3
     c.train = train_config(batch_size=256, learning_rate=0.01, momentum=0.0, epochs=8)
     c.chunk_epochs = 4
@@ -87,6 +91,29 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
     elif size == "full":
         c.train.epochs, c.num_seeds, c.chunk_epochs = 100, 5, 10
     return c
+
+
+def tau_models(config) -> dict[str, str]:
+    """``{name: tau rule}`` of the ResNets in ``config.models`` (``tau=1/L``, ``tau=0.3``, ...), in their order;
+    ``ValueError`` naming ``models`` for a model that is neither ``plain`` nor ``tau=RULE`` with a known rule."""
+    out = {}
+    for name in config.models:
+        if name == "plain":
+            continue
+        rule = TAUS.get(name, name[4:] if name.startswith("tau=") else None)
+        try:
+            if rule is None:
+                raise ValueError("not plain or tau=RULE")
+            tau_value(rule, 10)
+        except ValueError as err:
+            raise ValueError(f"models: unknown model {name!r} ({err}); write plain or tau=RULE, e.g. tau=1/sqrt(L) "
+                             "or tau=0.3") from None
+        if name in out:
+            raise ValueError(f"models: {name!r} is given twice")
+        out[name] = rule
+    if not out and "plain" not in config.models:
+        raise ValueError("models: needs at least one model, e.g. plain,tau=1/sqrt(L)")
+    return out
 
 
 def _train_config(config, model: dict) -> ml_collections.ConfigDict:
@@ -114,8 +141,10 @@ def check(config) -> None:
         raise ValueError(f"num_seeds: must be an integer >= 1, got {config.num_seeds!r}")
     data = common.load_data(config)
     common.check_train(config.train, len(data.y_train))
-    models = [tau_resnet_config("plain", config.model.width, d, scan=True) for d in config.depths]
-    models += [tau_resnet_config("tau", config.model.width, d, tau=t) for d in config.depths for t in TAUS.values()]
+    taus = tau_models(config)
+    models = [tau_resnet_config("plain", config.model.width, d, scan=True) for d in config.depths
+              if "plain" in config.models]
+    models += [tau_resnet_config("tau", config.model.width, d, tau=t) for d in config.depths for t in taus.values()]
     common.build_models(models, data.num_classes)
 
 
@@ -125,22 +154,25 @@ def run(config, out_dir) -> dict:
     m: dict = {}
     start_all = time.time()
     s = config.num_seeds
+    chosen = tau_models(config)  # --models: the ResNets, by name, and their tau rules
     for i, depth in enumerate(config.depths):
         start = time.time()
         key = jax.random.fold_in(jax.random.key(config.seed), i)
-        # all taus x all seeds: one program; tau is a traced hyper-parameter
-        res = make_train(_train_config(config, tau_resnet_config("tau", config.model.width, depth, tau="1/sqrt(L)",
-                                                                 scan=True)), data)
-        taus = np.repeat([tau_value(rule, depth) for rule in TAUS.values()], s).astype(np.float32)
         seed_keys = jax.random.split(key, s)
-        keys = jax.numpy.concatenate([seed_keys] * len(TAUS))  # the same initial draws for every tau
-        _, metrics = res.sweep(keys, {"tau": taus}, chunk_epochs=config.chunk_epochs)
-        for j, name in enumerate(TAUS):
-            _record(m, name, depth, metrics, slice(j * s, (j + 1) * s))
-            m[f"tau.{name}.L{depth}"] = float(taus[j * s])
-        plain = make_train(_train_config(config, tau_resnet_config("plain", config.model.width, depth, scan=True)), data)
-        _, metrics = plain.sweep(seed_keys, chunk_epochs=config.chunk_epochs)
-        _record(m, "plain", depth, metrics, slice(0, s))
+        if chosen:  # all taus x all seeds: one program; tau is a traced hyper-parameter
+            res = make_train(_train_config(config, tau_resnet_config("tau", config.model.width, depth, tau="1/sqrt(L)",
+                                                                     scan=True)), data)
+            taus = np.repeat([tau_value(rule, depth) for rule in chosen.values()], s).astype(np.float32)
+            keys = jax.numpy.concatenate([seed_keys] * len(chosen))  # the same initial draws for every tau
+            _, metrics = res.sweep(keys, {"tau": taus}, chunk_epochs=config.chunk_epochs)
+            for j, name in enumerate(chosen):
+                _record(m, name, depth, metrics, slice(j * s, (j + 1) * s))
+                m[f"tau.{name}.L{depth}"] = float(taus[j * s])
+        if "plain" in config.models:
+            plain = make_train(_train_config(config, tau_resnet_config("plain", config.model.width, depth, scan=True)),
+                               data)
+            _, metrics = plain.sweep(seed_keys, chunk_epochs=config.chunk_epochs)
+            _record(m, "plain", depth, metrics, slice(0, s))
         m[f"seconds.L{depth}"] = round(time.time() - start, 1)
         print(f"{NAME}: depth {depth} done in {m[f'seconds.L{depth}']} s", flush=True)
     m["seconds_total"] = round(time.time() - start_all, 1)
@@ -152,7 +184,14 @@ def run(config, out_dir) -> dict:
 
 
 def _depths(m: dict) -> list[int]:
-    return sorted(int(k.rsplit(".L", 1)[1]) for k in m if k.startswith("final_train_loss.plain."))
+    return sorted({int(k.rsplit(".L", 1)[1]) for k in m if k.startswith("final_train_loss.")})
+
+
+def _models(m: dict) -> list[str]:
+    """The models of a run (``--models``), in the seed's order first, then any added ones."""
+    found = list(dict.fromkeys(k[len("final_train_loss."):].rsplit(".L", 1)[0] for k in m
+                               if k.startswith("final_train_loss.")))
+    return [n for n in MODELS if n in found] + [n for n in found if n not in MODELS]
 
 
 def _losses(m: dict, name: str, depth: int) -> np.ndarray:
@@ -214,7 +253,7 @@ def report_section(m: dict) -> str:
     lines = ["Mean final training loss over seeds (diverged: the epochs at which seeds diverged); "
              "final training error % in brackets:", "",
              "| model | " + " | ".join(f"L={d}" for d in depths) + " |", "|---" * (len(depths) + 1) + "|"]
-    for name in MODELS:
+    for name in _models(m):
         cells = []
         for d in depths:
             v = mean_final(m, name, d)
@@ -231,31 +270,51 @@ def report_section(m: dict) -> str:
 def plot(m: dict, config, path) -> None:
     plt = common.pyplot()
 
-    depths = _depths(m)
-    fig, axes = plt.subplots(1, len(depths), figsize=(5.5 * len(depths), 4.8), squeeze=False)
+    depths, models = _depths(m), _models(m)
+    extra = iter(("navy", "darkgoldenrod", "crimson", "teal", "limegreen", "indigo", "sienna", "slategray") * 4)
+    colours = {name: COLOURS.get(name) or next(extra) for name in models}
+    fig, axes = plt.subplots(1, len(depths), figsize=(max(5.8 * len(depths), 8), 6.2), squeeze=False)
     for ax, d in zip(axes[0], depths):
-        for name in MODELS:
+        marks = []
+        for name in models:
             runs = np.array([[np.nan if v is None else v for v in r] for r in m[f"curves.{name}.L{d}.train_loss"]], float)
             epochs = np.arange(1, runs.shape[1] + 1)
             for r in runs:
-                ax.plot(epochs, r, color=COLOURS[name], alpha=0.3, lw=0.8)
-            div = [e for e in m[f"diverged_epoch.{name}.L{d}"] if e is not None]
-            label = name if name == "plain" else f"{name} = {m[f'tau.{name}.L{d}']:.3g}"
-            label += f" (diverged: epochs {div})" if div else ""
+                ax.plot(epochs, r, color=colours[name], alpha=0.3, lw=0.8, marker="." if len(epochs) < 4 else None)
+            div = m[f"diverged_epoch.{name}.L{d}"]
+            diverged = [e for e in div if e is not None]
+            label = name if name == "plain" or _is_number(name[4:]) else f"{name} = {m[f'tau.{name}.L{d}']:.3g}"
+            label += f": diverged (x) in epoch {', '.join(map(str, sorted(set(diverged))))}, {len(diverged)} of " \
+                     f"{len(div)} seeds" if diverged else ""
             with warnings.catch_warnings():  # an epoch where every seed has diverged has no mean
                 warnings.simplefilter("ignore", RuntimeWarning)
                 mean = np.nanmean(runs, axis=0)
-            ax.plot(epochs, mean, color=COLOURS[name], lw=2, label=label)
+            if np.isfinite(mean).any():
+                ax.plot(epochs, mean, color=colours[name], lw=2, label=label, marker="o" if len(epochs) < 4 else None)
+                label = None
+            marks += common.diverged_marks(runs, div, colours[name], label)
         ax.axhline(np.log(10), color="gray", ls=":", lw=1, label="chance (ln 10)")
         ax.set_yscale("log")
+        common.mark_diverged(ax, marks, log=True)
+        common.integer_ticks(ax)
         ax.set_xlabel(f"epoch ({len_epoch(config)} SGD steps of {config.train.batch_size})")
         ax.set_ylabel("training loss (cross-entropy, epoch mean)")
         ax.set_title(f"depth L = {d}")
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
-    fig.suptitle(f"Zhang et al. (seed 003) Sec. 5.1 / Fig. 3 on MNIST-1D: width {config.model.width}, SGD lr "
-                 f"{config.train.learning_rate}, batch {config.train.batch_size}, {config.num_seeds} seeds (faint) and their mean")
+        common.legend_outside(ax)
+    fig.suptitle(f"Zhang et al. (seed 003) Sec. 5.1 / Fig. 3 on MNIST-1D: width {config.model.width}, "
+                 f"{common.describe_optimizer(config.train)}, batch {config.train.batch_size},\n"
+                 f"{common.plural(config.train.epochs, 'epoch')}, {common.plural(config.num_seeds, 'seed')} (faint) "
+                 "and their mean (solid)", fontsize=11)
     common.save_figure(fig, path, dpi=100)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def len_epoch(config) -> int:
