@@ -165,12 +165,22 @@ def test_corrupt_mnist1d_cache_is_named_and_rebuilt(tmp_path, monkeypatch):
     assert source.exists()
 
 
+def _nan_at_17(d):
+    x = d.x_train.copy()
+    x[17, 5] = np.nan
+    return d._replace(x_train=x)
+
+
+# Mutations caught (#22 item 8): resjax/data/mnist1d.py `_read_cache`: `return check_finite(data)` -> `return data`
+# (the cache's finiteness check removed: the "NaN" case returns the damaged data); the shape check
+# (`if shapes != [(4000, 40), ...]`) removed (the "length 20" case returns inputs of length 20).
 @pytest.mark.parametrize("damage, what", [
     (lambda d: d._replace(y_train=d.y_train - 1), r"y_train holds labels -1 \.\. 8"),
     (lambda d: d._replace(y_test=d.y_test * 11), r"y_test holds labels 0 \.\. 99"),
     (lambda d: d._replace(y_train=d.y_train.astype(np.float32)), "not float32 inputs and int32 labels"),
     (lambda d: d._replace(x_train=d.x_train[:, :20], x_test=d.x_test[:, :20]), "are not the default MNIST-1D"),
-])
+    (_nan_at_17, r"data\.x_train: example 17 has a non-finite value \(nan\)"),
+], ids=["labels -1", "labels 0..99", "float labels", "length 20", "NaN"])
 def test_a_readable_mnist1d_cache_with_wrong_content_is_rebuilt(tmp_path, monkeypatch, damage, what):
     """Issue #22 item 7: a valid .npz whose labels are -1 or 0..99, float, or whose inputs have length 20 was
     accepted. Mutation: drop the shape/dtype/label checks of _read_cache -> the damaged data are returned."""

@@ -132,8 +132,12 @@ def test_the_on_device_feeder_draws_a_new_permutation_every_epoch_and_seed():
 
 
 def _id_source(n=40, name="mnist") -> ImageSource:
-    h, w, c = IMAGE_DATASETS[name].image_shape
-    return ImageSource.from_arrays(name, np.zeros((n, h, w, c), np.uint8), np.arange(n))
+    """Blank images whose labels are their indices (``n`` classes, so that labels are checked as in range)."""
+    import dataclasses
+
+    spec = dataclasses.replace(IMAGE_DATASETS[name], num_classes=n)
+    images = np.zeros((n, *spec.image_shape), np.uint8)
+    return ImageSource(name, "train", n, lambda idx: (images[idx], idx), spec=spec)
 
 
 def _host_order(source, epoch, seed, batch=8, **kw) -> np.ndarray:
@@ -221,3 +225,105 @@ def test_crops_and_flips_differ_between_batches_epochs_and_seeds_and_repeat_for_
         np.testing.assert_array_equal(x1, x2)
     for c1, c2 in zip(crops[0, 1][2:], _crops(source, 1, 0, start_batch=2)):
         np.testing.assert_array_equal(c1, c2)
+
+
+# ---- (d) mutations that survived the suite (#22 item 8) ---------------------------------------------------
+# The MNIST-1D cache's finiteness and shape checks are caught by
+# ``test_faults_experiments.py::test_a_readable_mnist1d_cache_with_wrong_content_is_rebuilt`` (its NaN and
+# length-20 cases, with their mutations written beside them).
+
+
+# Mutation caught: resjax/train/core.py `Core.check_hparams`: the `if not np.all(np.isfinite(v))` check removed
+# (NaN passes `v < 0` and `v <= 0`, so a NaN learning rate or tau trained a run that was NaN from its first step).
+def test_non_finite_hparams_are_refused_by_name():
+    import math
+
+    import pytest
+
+    from resjax.train import make_train, run_config, train_config
+
+    trainer = make_train(run_config(dict(kind="residual_mlp", width=4, num_blocks=1, scaling="tau", tau=0.5),
+                                    train_config(batch_size=16, epochs=1)), _tiny_data())
+    for name, bad in (("learning_rate", math.nan), ("learning_rate", math.inf), ("weight_decay", math.nan),
+                      ("tau", math.nan), ("tau", math.inf)):
+        with pytest.raises(ValueError, match=rf"^hparams\.{name}: must be finite \(NaN and infinities are refused\)"):
+            trainer.check_hparams({name: [0.5, bad]}, 2)
+    with pytest.raises(ValueError, match=r"^hparams\.learning_rate: must be finite"):
+        trainer.sweep([0, 1], {"learning_rate": np.array([0.1, np.nan], np.float32)})
+
+
+# Mutation caught: resjax/train/config.py `check_train_config`: the `train.seed` range check
+# (`if not is_int(v) or not 0 <= v < 2**31`) removed (the experiments' preflight `check_seeds` still names
+# `--train.seed`, so only a library-level test sees the library's own check go).
+def test_train_seed_outside_the_key_range_is_refused_by_the_library():
+    import pytest
+
+    from resjax.train import make_train, run_config, train_config
+    from resjax.train.config import check_train_config
+
+    for bad in (-1, 2**31):
+        config = train_config(batch_size=16, epochs=1)
+        config.seed = bad
+        with pytest.raises(ValueError, match=r"^seed: must be an integer in \[0, 2\*\*31\)"):
+            check_train_config(config)
+        with pytest.raises(ValueError, match=r"seed: must be an integer in \[0, 2\*\*31\)"):
+            make_train(run_config(dict(kind="residual_mlp", width=4, num_blocks=1), config), _tiny_data())
+    config = train_config(batch_size=16, epochs=1)
+    config.seed = 2**31 - 1
+    check_train_config(config)  # the largest seed is fine
+
+
+# Mutations caught: resjax/train/core.py `seed_handles`: the `num_seeds != len(ints)` check removed (a list of
+# 3 seed integers asked to be 2 seeds trained 3), or the `key.shape[0] != num_seeds` check removed (3 keys asked
+# to be 2 trained 3); and `Core.check_checkpoint`: the `meta.get("num_seeds") != num_seeds` check removed (a
+# checkpoint of 2 runs resumed by a run of 4 was refused only for its other hparams, or as damaged).
+def test_a_num_seeds_mismatch_is_refused_naming_both_counts(tmp_path):
+    import pytest
+
+    from resjax.train import make_train, run_config, train_config
+    from resjax.train.core import seed_handles
+
+    with pytest.raises(ValueError, match=r"^num_seeds: 2 does not match the 3 seeds given"):
+        seed_handles([0, 1, 2], 2)
+    with pytest.raises(ValueError, match=r"^num_seeds: 2 does not match the 3 keys given"):
+        seed_handles(jax.random.split(jax.random.key(0), 3), 2)
+    keys, data_seeds, seeded = seed_handles([0, 1, 2], 3)
+    assert keys.shape == (3,) and list(data_seeds) == [0, 1, 2] and seeded
+
+    trainer = make_train(run_config(dict(kind="residual_mlp", width=4, num_blocks=1),
+                                    train_config(batch_size=16, epochs=1)), _tiny_data())
+    trainer.sweep([0, 1], checkpoint_dir=tmp_path)
+    with pytest.raises(ValueError, match=rf"checkpoint_dir: {tmp_path}, step \d+: has num_seeds=\d+, this run \d+$"):
+        trainer.sweep([0, 1, 2, 3], checkpoint_dir=tmp_path)
+
+
+SECOND_SIGNAL = """
+import os, signal, time
+from resjax.train.preemption import StopSignals
+
+with StopSignals() as stop:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)
+    print("first signal noted:", stop.requested, flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(2)
+    print("still running after the second signal", flush=True)
+"""
+
+
+# Mutation caught: resjax/train/preemption.py `StopSignals._handle`: the second-signal branch (`if self.signum is
+# not None: signal.signal(signum, SIG_DFL); os.kill(...)`) removed (a second Ctrl-C or SIGTERM was only noted
+# again, and a user or scheduler could not stop a run stuck before its next save).
+def test_a_second_stop_signal_stops_the_process_at_once():
+    import os
+    import pathlib
+    import signal
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    child = subprocess.run([sys.executable, "-c", SECOND_SIGNAL], cwd=root, capture_output=True, text=True,
+                           timeout=60, env={**os.environ, "PYTHONPATH": str(root)})
+    assert "first signal noted: True" in child.stdout, (child.stdout, child.stderr)
+    assert "still running" not in child.stdout
+    assert child.returncode == -signal.SIGTERM, (child.returncode, child.stderr)
