@@ -2,14 +2,18 @@
 
     python tools/compare_results.py BEFORE AFTER [--rtol 0] [--rename OLD=NEW ...] [--ignore PATTERN ...]
 
-For every experiment present in either folder it reads ``<name>/results.json`` and compares the
+For every experiment present in either folder it reads ``<name>/results.json`` (or, for a folder that is itself a
+run, i.e. holds ``results.json``, that run under its experiment's name) and compares the
 ``metrics``: numbers and (nested) lists of numbers element by element (``None``, i.e. NaN or a missing
 value, equals ``None``), strings by equality. It prints every metric that differs (its largest absolute and
 relative difference), every metric present on one side only, and per experiment a one-line summary; a
 renamed metric is compared under its new name when ``--rename OLD=NEW`` says so, and the mapping is printed.
 ``--ignore`` skips metrics whose name contains the pattern (timings: ``seconds`` is ignored by default).
-Exit status 0 when nothing differs beyond ``--rtol``, 1 otherwise. The settings (``config``) are not compared:
-a refactor may reshape them.
+Exit status 0 when nothing differs beyond ``--rtol``, 1 when something differs (a metric, an experiment or a metric
+on one side only), 2 when there is nothing to compare (a folder that does not exist, or two folders without any
+results). The settings (``config``) are not compared: a refactor may reshape them. To compare runs made with
+different settings (means and spread over seeds, the settings that differ, overlaid curves), use
+``python -m experiments.compare``.
 """
 
 from __future__ import annotations
@@ -52,6 +56,11 @@ def compare_values(a, b) -> tuple[bool, float, float, str]:
 
 
 def load(folder: pathlib.Path) -> dict:
+    """``{experiment: metrics}`` of the runs in ``folder`` (``<name>/results.json``), or of the run ``folder`` is
+    (it holds ``results.json`` itself: keyed by its experiment)."""
+    if (folder / "results.json").is_file():
+        results = json.loads((folder / "results.json").read_text())
+        return {results.get("experiment", folder.name): results["metrics"]}
     out = {}
     for f in sorted(folder.glob("*/results.json")):
         out[f.parent.name] = json.loads(f.read_text())["metrics"]
@@ -69,7 +78,15 @@ def main(argv=None) -> int:
     renames = dict(r.split("=", 1) for r in args.rename)
     for old, new in renames.items():
         print(f"mapping: {old} -> {new}")
+    for folder in (args.before, args.after):
+        if not folder.is_dir():
+            print(f"compare_results: {folder} is not a folder; nothing to compare", file=sys.stderr)
+            return 2
     before, after = load(args.before), load(args.after)
+    if not before and not after:
+        print(f"compare_results: nothing to compare: neither {args.before} nor {args.after} holds results.json or "
+              "<experiment>/results.json", file=sys.stderr)
+        return 2
     failed = False
     for name in sorted(set(before) | set(after)):
         if name not in before or name not in after:
