@@ -539,6 +539,14 @@ def check_out_dir(out_dir) -> None:
             pass
     except OSError as err:
         raise ValueError(f"out: cannot write into the output folder {path} ({err.strerror or err})") from None
+    from resjax.train.checkpoint import check_free_space
+
+    check_free_space(path, OUT_ROOM, "out", "a run's results, figures and metrics.jsonl")  # a warning (#22)
+
+
+#: Free space an output folder should have (a warning below it): results.json, figures and metrics.jsonl of a
+#: default-size run are up to about 12 MB (degradation); checkpoints are checked per cell as they are opened.
+OUT_ROOM = 16 * 2**20
 
 
 @contextlib.contextmanager

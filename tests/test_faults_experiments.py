@@ -269,6 +269,39 @@ def test_a_figure_that_cannot_be_written_loses_no_results(tmp_path, monkeypatch,
     assert (tmp_path / "fake.png").stat().st_size > 0
 
 
+# Mutations caught: resjax/train/core.py `Core.open_checkpoints`: the `check_free_space(...)` call removed (a
+# full checkpoint disk found only at the first save, after training); experiments/common.py `check_out_dir`:
+# its `check_free_space(...)` call removed (a full output disk found when the results are written).
+def test_too_little_free_space_is_a_warning_naming_the_folder_before_training(tmp_path, monkeypatch):
+    """#22 item 5: the disks of the checkpoint directory and of the output folder are asked for their free space
+    (``shutil.disk_usage``, here reporting 2 kB free) before anything trains: a warning names the folder, the
+    space free and what it should hold. With room, no warning."""
+    import shutil
+    import warnings
+
+    from resjax.train import checkpoint as ckpt_lib
+    from resjax.train import make_train
+    from tests.test_training import DATA, tiny_config
+
+    real = shutil.disk_usage
+    little = lambda path: real(path)._replace(free=2000)  # noqa: E731
+    trainer = make_train(tiny_config(), DATA)
+    trained = []
+    with monkeypatch.context() as mp:
+        mp.setattr(ckpt_lib.shutil, "disk_usage", little)
+        with pytest.warns(RuntimeWarning, match=rf"^checkpoint_dir: only 2 kB free on the disk of {tmp_path / 'ckpt'}, "
+                                                r"less than one checkpoint of this run \(about \d+ kB\)"):
+            trainer.sweep([0, 1], checkpoint_dir=tmp_path / "ckpt", callback=lambda *a: trained.append(a))
+        with pytest.warns(RuntimeWarning, match=rf"^out: only 2 kB free on the disk of {tmp_path / 'out'}, less than "
+                                                r"a run's results, figures and metrics\.jsonl \(about 16\.0 MB\)"):
+            common.preflight(batch_noise, batch_noise.get_config("quick"), tmp_path / "out")
+    assert trained  # a warning: the run goes on
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # with room (this disk's own answer), nothing is said
+        trainer.sweep([0, 1], checkpoint_dir=tmp_path / "ckpt2")
+        common.preflight(batch_noise, batch_noise.get_config("quick"), tmp_path / "out")
+
+
 # ---- issue #22 item 6: settings that used to pass the preflight and fail later (or hang) ---------------------
 
 

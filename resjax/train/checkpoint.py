@@ -50,8 +50,8 @@ from resjax.train.distributed import barrier, is_main_process, to_host
 if TYPE_CHECKING:
     import flax.linen as nn
 
-__all__ = ["CheckpointError", "Checkpoints", "array_checksums", "closed_on_error", "describe_model", "latest", "restore",
-           "save"]
+__all__ = ["CheckpointError", "Checkpoints", "array_checksums", "check_free_space", "closed_on_error", "describe_model",
+           "estimated_size", "latest", "restore", "save"]
 
 
 def _is_key(x) -> bool:
@@ -268,6 +268,43 @@ class Checkpoints:
 def describe_model(model: nn.Module) -> str:
     """The module's fields as text (its ``repr`` without memory addresses), for comparing checkpoints."""
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(model))
+
+
+def estimated_size(state: Any) -> int:
+    """Bytes one checkpoint of ``state`` takes, roughly and on the high side: its arrays (key data for PRNG
+    keys) and 10% for Orbax's chunking, the meta JSON's copy of the history (about 25 bytes a number), a
+    checksum entry per array and Orbax's own files."""
+    leaves = jax.tree_util.tree_leaves(_abstract(state))
+    arrays = sum(int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize for x in leaves)
+    history = getattr(state, "history", None)
+    numbers = sum(int(np.prod(np.shape(v), dtype=np.int64)) for v in jax.tree_util.tree_leaves(history or {}))
+    return int(1.1 * arrays + 25 * numbers + 300 * len(leaves) + 256 * 1024)  # 2.1 MB for the 2.0 MB of a degradation cell
+
+
+def _megabytes(n: int) -> str:
+    return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 2**10:.0f} kB"
+
+
+def check_free_space(directory: str | os.PathLike, needed: int, setting: str = "checkpoint_dir",
+                     what: str = "one checkpoint of this run") -> bool:
+    """Warn (``RuntimeWarning``) naming ``setting`` and ``directory`` when the disk holding
+    it has less than ``needed`` bytes free (``shutil.disk_usage``): found before training instead of at the
+    first save, after it. Returns whether there is room; a directory whose disk cannot be asked passes."""
+    path = os.path.abspath(os.fspath(directory))
+    while not os.path.exists(path) and os.path.dirname(path) != path:  # the disk of the nearest existing folder
+        path = os.path.dirname(path)
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return True
+    if free >= needed:
+        return True
+    import warnings
+
+    warnings.warn(f"{setting}: only {_megabytes(free)} free on the disk of {os.fspath(directory)}, less than "
+                  f"{what} (about {_megabytes(needed)}); writing there may fail. Free some space or choose another "
+                  "folder.", RuntimeWarning, stacklevel=3)
+    return False
 
 
 def _json(value):

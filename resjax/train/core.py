@@ -45,9 +45,10 @@ import numpy as np
 import optax
 from jax.typing import ArrayLike
 
-from resjax.train.checkpoint import CheckpointError, Checkpoints, _json, describe_model
+from resjax.train.checkpoint import (CheckpointError, Checkpoints, _json, check_free_space, describe_model,
+                                     estimated_size)
 from resjax.train.config import check_train_config, is_int
-from resjax.train.distributed import to_host
+from resjax.train.distributed import is_main_process, to_host
 from resjax.train.lock import DirectoryLock
 from resjax.train.monitor import Progress, progress_bar
 from resjax.train.optim import make_optimizer
@@ -391,6 +392,8 @@ class Core:
             raise
         ckpt.lock = lock  # released by ckpt.close()
         meta = None
+        if is_main_process():  # a full disk named before training, not at the first save after it (#22)
+            check_free_space(ckpt.directory, estimated_size(run))
         try:
             if ckpt.latest() is not None:
                 if not resume:
