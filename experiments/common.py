@@ -42,7 +42,10 @@ class Claim:
     whether the claim holds (``None`` for a number reported beside the seed's without a pass/fail
     test). ``seed_value`` is the document's number as text. ``probe_threshold``: the pass/fail threshold
     was set after a probe run of the experiment (its docstring says which run); the report marks such claims
-    "threshold set after a probe".
+    "threshold set after a probe". ``settings``: the config settings the claim's text states (``num_seeds`` for
+    "mean of 3 seeds"); where a run's value differs from the seed's (the default size's), the report says so after
+    the text, "(this run: 2 seeds)" (see :func:`run_settings_note`; default: the module's ``CLAIM_SETTINGS``, else
+    every count, epochs and learning-rate setting that differs).
     """
 
     text: str
@@ -51,6 +54,52 @@ class Claim:
     measure: Callable[[dict], Any]
     holds: Callable[[dict], bool | None]
     probe_threshold: bool = False
+    settings: tuple[str, ...] = ()
+
+
+#: How the report words a setting that a run changed ("(this run: 2 seeds, 2 epochs)"); others: "name value".
+SETTING_WORDS = {"num_seeds": "{} seeds", "train.epochs": "{} epochs", "num_networks": "{} networks",
+                 "num_draws": "{} draws", "num_inputs": "{} inputs", "plain_hidden_layers": "{} hidden layers",
+                 "residual_blocks": "{} residual blocks", "num_blocks": "{} blocks", "depth": "depth {}",
+                 "depths": "depths {}", "width": "width {}", "model.width": "width {}", "model.depth": "depth {}",
+                 "train.learning_rate": "learning rate {}", "train.batch_size": "batch {}", "train.momentum": "momentum {}",
+                 "num_runs": "{} runs", "num_batches": "{} batches", "num_examples": "{} examples", "repeats": "{} repeats"}
+#: Settings that change how a run is carried out, not what it measures: never named in a claim's note.
+NEUTRAL_SETTINGS = ("chunk_epochs", "scan", "data_dir", "synthetic_examples", "train.eval_batch_size",
+                    "train.checkpoint_every", "train.checkpoint_keep", "train.seed_axis", "checkpoint_dir")
+
+
+def _words(name: str, value) -> str:
+    template = SETTING_WORDS.get(name)
+    if template is None:
+        return f"{name} {_show(value)}"
+    if value == 1 and template.endswith("s"):
+        template = template[:-1]
+    return template.format(_show(value))
+
+
+def changed_settings(module, config: dict | None) -> dict[str, Any]:
+    """``{setting: value}`` of a run's ``config`` (a results.json's) that differ from the seed's settings, the
+    module's default size (only settings both have: an old run's reshaped config names nothing)."""
+    if not config or not hasattr(module, "get_config"):
+        return {}
+    seed = flatten(ml_collections.ConfigDict(to_jsonable(module.get_config("default"))))
+    ran = flatten(ml_collections.ConfigDict(to_jsonable(config)))
+    return {k: v for k, v in ran.items() if k in seed and to_jsonable(v) != to_jsonable(seed[k])
+            and k not in NEUTRAL_SETTINGS}
+
+
+def run_settings_note(module, config: dict | None, claim: "Claim") -> str:
+    """``' (this run: 2 seeds, 2 epochs)'``: the settings ``claim`` states (its ``settings``, else the module's
+    ``CLAIM_SETTINGS``, else every count, epochs or learning-rate setting) where this run's differ from the seed's;
+    ``''`` when none do."""
+    changed = changed_settings(module, config)
+    names = claim.settings or getattr(module, "CLAIM_SETTINGS", None)
+    if names is None:
+        names = [k for k in changed if COUNT_SETTING.match(k.rsplit(".", 1)[-1]) or k in SETTING_WORDS
+                 or k.rsplit(".", 1)[-1] in ("learning_rate", "momentum", "batch_size")]
+    shown = [_words(k, changed[k]) for k in names if k in changed]
+    return f" (this run: {', '.join(shown)})" if shown else ""
 
 
 def flatten(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, Any]:

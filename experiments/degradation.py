@@ -221,9 +221,14 @@ CLAIMS = [
 ]
 
 
+#: The settings the claims' texts state ("mean of 3 seeds", "lr 0.005"): the report names this run's where they differ.
+CLAIM_SETTINGS = ("num_seeds", "train.epochs", "train.batch_size", "train.learning_rate", "train.momentum", "model.width",
+                  "cells")
+
+
 def report_section(m: dict) -> str:
     """The batch-size sweep, every cell: final training error per seed, divergence, which claims hold."""
-    sizes = sorted({int(k.split(".")[1][1:]) for k in m if k.startswith("batch_sweep.B") and k.endswith(".seconds")})
+    sizes = sorted({int(k.split(".")[1][1:]) for k in m if k.startswith("batch_sweep.B") and ".final_train_error_pct." in k})
     if not sizes:
         return "\n".join(["No batch-size sweep in this run (`--sweep_batch_sizes ()`)."] + _ablation_table(m))
     first = f"batch_sweep.B{sizes[0]}.final_train_error_pct."

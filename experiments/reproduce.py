@@ -1,4 +1,4 @@
-"""Run every registered experiment and write ``REPORT.md``: claim, seed value, measured value, holds.
+"""Run every registered experiment and write ``REPORT.md``: claim, the seed document's value, the measured value, holds.
 
     python -m experiments.reproduce [--quick | --full] [--out DIR] [--only NAME ...] [--reuse]
 
@@ -29,7 +29,6 @@ To register an experiment, add its module name to ``REGISTRY``; the module follo
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import pathlib
@@ -52,11 +51,20 @@ REGISTRY = (
 
 
 PROBE_MARK = "*(threshold set after a probe)*"
-LEGEND = ("'holds' is judged against the seed's claim as stated (tolerances are in each claim's text); "
+LEGEND = ("'seed document' is the claim's value in the seed document it comes from (a lecture or a paper; not a "
+          "random seed). 'holds' is judged against the seed's claim as stated (tolerances are in each claim's text); "
           "'reported' marks numbers shown beside the seed's without a pass/fail test; 'not measured' marks "
           "claims of an experiment whose data set was not prepared (it ran on a synthetic stand-in). "
           f"{PROBE_MARK} marks a claim whose pass/fail threshold was set after a probe run of its experiment "
-          "(the experiment's docstring says which run), not fixed before any run.")
+          "(the experiment's docstring says which run), not fixed before any run. A claim's text states the seed "
+          "document's settings; '(this run: ...)' after it names the settings this run used where they differ.")
+QUICK_NOTE = ("**Quick sizes: not a reproduction.** Every experiment here ran at its `--quick` size (small networks, "
+              "few seeds, draws and epochs), which checks that it runs end to end in minutes. Its numbers are not "
+              "expected to reproduce the seed documents, so a claim marked 'no' here says nothing about whether it "
+              "holds at the experiment's own size: `python -m experiments.reproduce` runs those (its report is "
+              "`docs/report/REPORT.md`).")
+OUTCOMES = (("yes", "hold"), ("**no**", "do not hold"), ("reported", "are reported without a pass/fail test"),
+            ("not measured", "were not measured"))
 
 
 def claim_text(claim: common.Claim) -> str:
@@ -68,6 +76,40 @@ def _cell(value) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value).replace("|", "/")
+
+
+def claim_rows(module, results: dict) -> list[tuple[str, str, str, str, str]]:
+    """``(text, source, seed document's value, measured, holds)`` of every claim of ``module`` for ``results``; the
+    text says where this run's settings differ from the seed's (``common.run_settings_note``)."""
+    metrics = results["metrics"]
+    stand_in = image_runs.not_measured(metrics)
+    rows = []
+    for claim in module.CLAIMS:
+        measured, ok = ("not measured", "not measured") if stand_in else _holds(claim, metrics)
+        # a stand-in run measured nothing a claim reads: its settings are in the section, not in each claim
+        text = claim_text(claim) + ("" if stand_in else common.run_settings_note(module, results.get("config"), claim))
+        rows.append((text, claim.source, claim.seed_value, measured, ok))
+    return rows
+
+
+def summary(rows: list[tuple], experiments: int) -> str:
+    """``'**Summary:** of 75 claims in 20 experiments, 40 hold, 19 do not hold, ...'`` from the claims' rows
+    (``claim_rows``): counts of each 'holds' value, and of the claims that could not be evaluated because the run
+    did not produce a metric they read (counted apart from 'do not hold')."""
+    missing = sum(1 for r in rows if r[4] == "**no**" and str(r[3]).startswith("missing"))
+    outcomes = [r[4] for r in rows]
+    counts = {key: outcomes.count(key) - (missing if key == "**no**" else 0) for key, _ in OUTCOMES}
+    parts = [f"{counts[key]} {words}" for key, words in OUTCOMES if counts[key]]
+    if missing:
+        parts.append(f"{missing} could not be evaluated (a metric the run did not produce)")
+    return (f"**Summary:** of {len(rows)} claims in {experiments} experiment{'s' if experiments != 1 else ''}, "
+            + ", ".join(parts) + ".")
+
+
+def front_matter(rows: list[tuple], experiments: int, quick: bool) -> list[str]:
+    """The report's lines after its run line: the summary of every claim, the note that quick sizes are not a
+    reproduction (``quick``), the legend."""
+    return [summary(rows, experiments), ""] + ([QUICK_NOTE, ""] if quick else []) + [LEGEND, ""]
 
 
 def _holds(claim: common.Claim, metrics: dict) -> tuple[str, str]:
@@ -89,11 +131,13 @@ def report_section(module, results: dict, out_dir: pathlib.Path, report_dir: pat
                   "pipeline but measures nothing the seed claims. " + (f"The data is not prepared:\n\n```\n{missing}\n```\n\n"
                   if missing else "") + f"With the data prepared, `python -m experiments.{module.NAME}` runs the "
                   "seed's settings (an accelerator is needed for the full run).", ""]
-    lines += [f"Ran in {results['seconds']:.0f} s. Config: `{results['config']}`.", "",
-              "| claim | source | seed | measured | holds |", "|---|---|---|---|---|"]
-    for claim in module.CLAIMS:
-        measured, ok = ("not measured", "not measured") if stand_in else _holds(claim, metrics)
-        lines.append(f"| {claim_text(claim)} | {claim.source} | {claim.seed_value} | {measured} | {ok} |")
+    changed = common.changed_settings(module, results.get("config"))
+    differ = ("Settings that differ from the seed document's (the default size): "
+              + ", ".join(f"`{k}` {common._show(v)}" for k, v in changed.items()) + "." if changed else "")
+    lines += [f"Ran in {results['seconds']:.0f} s. Config: `{results['config']}`.", ""] + ([differ, ""] if differ else []) + [
+              "| claim | source | seed document | measured | holds |", "|---|---|---|---|---|"]
+    for text, source, seed_value, measured, ok in claim_rows(module, results):
+        lines.append(f"| {text} | {source} | {seed_value} | {measured} | {ok} |")
     lines.append("")
     if hasattr(module, "report_section"):
         lines += [module.report_section(metrics), ""]
@@ -119,7 +163,7 @@ def rebuild_report(out="runs", size_name: str = "default", names=None) -> pathli
     shows the command that prepares the data set as this machine sees it (``size_name``'s config)."""
     out = pathlib.Path(out)
     path = out / "REPORT.md"
-    sections, seconds = [], 0.0
+    sections, seconds, rows = [], 0.0, []
     for name in names or REGISTRY:
         module = importlib.import_module(f"experiments.{name}")
         results = json.loads((out / name / "results.json").read_text())
@@ -127,13 +171,16 @@ def rebuild_report(out="runs", size_name: str = "default", names=None) -> pathli
                    if hasattr(module, "required_data") and image_runs.not_measured(results["metrics"]) else None)
         seconds += results["seconds"]
         sections.append(report_section(module, results, out / name, out, missing))
+        rows += claim_rows(module, results)
     run_line = None
     if path.exists():
         run_line = next((p for p in path.read_text().split("\n\n") if p.startswith("Size: ")), None)
     if run_line is None:
         run_line = (f"Size: `{size_name}`. The experiments took {seconds:.0f} s in all. Rebuilt from their stored "
                     "results by `experiments.reproduce.rebuild_report`.")
-    path.write_text("\n".join(["# resjax reproduction report", "", run_line, "", LEGEND, ""] + sections))
+    quick = size_name == "quick" or run_line.startswith("Size: `quick`")
+    path.write_text("\n".join(["# resjax reproduction report", "", run_line, ""]
+                              + front_matter(rows, len(sections), quick) + sections))
     return path
 
 
@@ -169,16 +216,22 @@ def _whereabouts(start: float, expected: list, k: int) -> str:
 
 def main(argv=None) -> pathlib.Path:
     common.start()
-    parser = argparse.ArgumentParser(prog="python -m experiments.reproduce", description=__doc__.split("\n\n")[0])
+    parser = common.ArgumentParser(prog="python -m experiments.reproduce", description=__doc__.split("\n\n")[0],
+                                   epilog="Each experiment's own --help says what its --quick and --full change.")
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="small, fast versions (tests)")
-    size.add_argument("--full", action="store_true", help="paper-scale runs (accelerator)")
+    size.add_argument("--quick", action="store_true",
+                      help="every experiment at its small, fast size (minutes in all; what the tests run): a pipeline "
+                           "check whose numbers are NOT expected to reproduce the seed documents")
+    size.add_argument("--full", action="store_true",
+                      help="every experiment at paper scale (more seeds, draws and epochs; meant for an accelerator)")
     parser.add_argument("--out", default=None,
                         help="output folder (default: runs; with --quick each experiment's folder is <name>-quick "
                              "and the report REPORT-quick.md)")
-    parser.add_argument("--only", nargs="*", choices=REGISTRY, help="run only these experiments")
+    parser.add_argument("--only", nargs="*", choices=REGISTRY, metavar="NAME",
+                        help="run only these experiments, in this order (names: " + ", ".join(REGISTRY) + ")")
     parser.add_argument("--reuse", action="store_true",
-                        help="reuse DIR/<name>/results.json when its config equals this run's")
+                        help="take an experiment's existing DIR/<name>/results.json instead of running it again when "
+                             "its recorded config equals this run's (resumes an interrupted reproduction)")
     args = parser.parse_args(argv)
     size_name = "quick" if args.quick else "full" if args.full else "default"
     out = pathlib.Path(args.out) if args.out else pathlib.Path("runs")
@@ -203,7 +256,7 @@ def main(argv=None) -> pathlib.Path:
         except ValueError as err:
             parser.error(f"{name}: {' '.join(str(err).split())}")
         plan.append((module, config, label, missing, out / f"{name}{suffix}"))
-    sections, experiment_seconds, reused = [], 0.0, []
+    sections, experiment_seconds, reused, rows = [], 0.0, [], []
     expected = [_expected_seconds(module.NAME, label) for module, _, label, _, _ in plan]
     for k, (module, config, label, missing, folder) in enumerate(plan):
         name = module.NAME
@@ -217,13 +270,14 @@ def main(argv=None) -> pathlib.Path:
             reused.append(name)
         experiment_seconds += results["seconds"]
         sections.append(report_section(module, results, folder, out, missing))
+        rows += claim_rows(module, results)
     header = [
         "# resjax reproduction report", "",
         f"Size: `{size_name}`. The experiments took {experiment_seconds:.0f} s in all; this run took "
         f"{time.time() - start:.0f} s" + (f", reusing the results of {len(reused)} of them" if reused else "")
         + f". Generated by `python -m experiments.reproduce{'' if size_name == 'default' else ' --' + size_name}`.",
         "",
-        LEGEND, "",
+        *front_matter(rows, len(sections), size_name == "quick"),
     ]
     path = out / f"REPORT{suffix}.md"
     if common.is_main():

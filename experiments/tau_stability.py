@@ -235,6 +235,10 @@ CLAIMS = [
 ]
 
 
+#: The settings the claims' texts state (depths 10-1000, 20 draws x 16 inputs): the report names this run's where they differ.
+CLAIM_SETTINGS = ("depths", "width", "num_draws", "num_inputs", "taus")
+
+
 def report_section(m: dict) -> str:
     depths = _depths(m)
     taus = [t for t in TAUS if f"log10_forward_norm_ratio.{t}.L{depths[0]}" in m] + ["plain"]

@@ -248,6 +248,12 @@ CLAIMS = [
 ]
 
 
+#: The settings the claims' texts state (depths 100 and 1000, the seed's training): the report names this run's where they
+#: differ.
+CLAIM_SETTINGS = ("depths", "num_seeds", "train.epochs", "train.batch_size", "train.learning_rate", "train.momentum",
+                  "model.width", "models")
+
+
 def report_section(m: dict) -> str:
     depths = _depths(m)
     lines = ["Mean final training loss over seeds (diverged: the epochs at which seeds diverged); "
