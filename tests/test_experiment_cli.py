@@ -1,0 +1,147 @@
+"""The experiments' command line (#26): networks as settings (degradation's ``--cells``, tau_training's
+``--models``), a help line for every flag, ``--quick``/``--full`` described, abbreviations refused, unknown flags
+answered with the closest names, and figures built from the run's own settings."""
+
+import importlib
+import json
+
+import numpy as np
+import pytest
+
+from experiments import common, degradation, reproduce, shattered_gradients, tau_stability, tau_training
+
+MODULES = [importlib.import_module(f"experiments.{name}") for name in reproduce.REGISTRY]
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.NAME)
+def test_help_explains_every_flag_and_the_sizes(module, capsys):
+    assert common.flags_without_help(module) == []
+    for size in ([], ["--quick"], ["--full"]):
+        parser, config, _ = common._build_parser(module, size)
+        for action in parser._actions:
+            assert action.help and "no help yet" not in action.help, action.option_strings
+        with pytest.raises(SystemExit) as exit:
+            common.parse_args(module, [*size, "--help"])
+        assert exit.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    quick = common.size_changes(module, "quick")
+    if quick:  # what --quick changes, derived from the configs, and that it is not a reproduction
+        assert "NOT expected to reproduce the seed documents" in text
+        assert all(change in text for change in quick)
+    else:
+        assert "the same settings as the default size" in text
+    for name in common.flatten(module.get_config("default")):
+        assert f"--{name} VALUE" in text
+    if "seed" in config and "train" in config:  # both seed flags exist: each says which one the run reads
+        assert "--train.seed is not read" in text and "derive from --seed" in text
+
+
+def test_abbreviated_and_unknown_flags_are_refused_with_the_closest_names(capsys):
+    for argv, expected in ((["--train.learn", "0.01"], "--train.learning_rate"),
+                           (["--qu"], "--quick"),
+                           (["--model.depth", "16"], "--cells")):
+        with pytest.raises(SystemExit) as exit:
+            common.parse_args(degradation, argv)
+        assert exit.value.code == 2
+        err = capsys.readouterr().err
+        assert f"unrecognized argument {argv[0]}" in err and expected in err, err
+    with pytest.raises(SystemExit) as exit:
+        reproduce.main(["--qu"])
+    assert exit.value.code == 2 and "--quick" in capsys.readouterr().err
+
+
+def test_cells_are_settings_checked_by_the_preflight(tmp_path, capsys):
+    config, _ = common.parse_args(degradation, ["--quick", "--cells", "+residual_bn:16", "--out", str(tmp_path)])
+    assert tuple(config.cells) == (*degradation.DEFAULT_CELLS, "residual_bn:16")
+    names = [c.name for c in degradation.cells(config)]
+    assert names == [*degradation.CONFIGS, "residual_bn_d16"]
+    # the defaults are the seed's networks, field for field
+    default = degradation.get_config("default")
+    assert {c.name: c.model for c in degradation.cells(default)} == degradation.CONFIGS
+    assert {c.name: c.model for c in degradation.ablation_cells(default)} == degradation.ABLATIONS
+    for bad, words in (("plain:8,bogus:16", "unknown cell kind 'bogus'"), ("plain:8,plain:8", "given twice"),
+                       ("plain:0", "integer >= 1"), ("residual_bn", "KIND:DEPTH")):
+        with pytest.raises(SystemExit) as exit:
+            common.parse_args(degradation, ["--quick", "--cells", bad, "--out", str(tmp_path)], check=True)
+        assert exit.value.code == 2
+        err = capsys.readouterr().err
+        assert "argument --cells:" in err and words in err, err
+    with pytest.raises(SystemExit) as exit:
+        common.parse_args(tau_training, ["--quick", "--models", "plain,tau=foo", "--out", str(tmp_path)], check=True)
+    assert exit.value.code == 2 and "argument --models: unknown model 'tau=foo'" in capsys.readouterr().err
+
+
+def test_degradation_trains_an_added_cell_from_flags_in_the_units_of_the_others(tmp_path):
+    out = tmp_path / "run"
+    common.main(degradation, ["--quick", "--cells", "plain:8,residual_bn:16", "--train.epochs", "1", "--num_seeds", "2",
+                              "--out", str(out)])
+    results = json.loads((out / "results.json").read_text())
+    m = results["metrics"]
+    assert results["config"]["cells"] == ["plain:8", "residual_bn:16"]
+    for name in ("plain_d8", "residual_bn_d16"):
+        final = m[f"final_train_error_pct.{name}"]
+        curves = np.array(m[f"curves.{name}.train_error_pct"], float)
+        assert len(final) == 2 and curves.shape == (2, 1)
+        assert all(1.0 < v <= 100.0 for v in final)  # percentages (an untrained network errs on most examples)
+        np.testing.assert_allclose(curves[:, -1], final)
+        assert m[f"diverged_epoch.{name}"] == [None, None]  # None, not -1, for "never diverged"
+    assert "batch_sweep.selected_batch_size" not in m  # the rule needs the five default cells
+    assert (out / "degradation.png").stat().st_size > 10_000
+
+
+def _figure(monkeypatch):
+    figures = []
+    monkeypatch.setattr(common, "save_figure", lambda fig, path, **kw: figures.append(fig))
+    return figures
+
+
+def test_degradation_figure_is_drawn_from_the_run(monkeypatch, tmp_path):
+    figures = _figure(monkeypatch)
+    config = degradation.get_config("quick")
+    config.train.momentum, config.train.epochs = 0.9, 3
+    rng = np.random.default_rng(0)
+    m = {}
+    for name in degradation.CONFIGS:
+        runs = 50 + 10 * rng.random((2, 3))
+        if name == "residual_d32":
+            runs[:] = np.nan
+        m[f"curves.{name}.train_error_pct"] = runs
+        m[f"curves.{name}.test_error_pct"] = runs + 1
+        m[f"diverged_epoch.{name}"] = [1, 1] if name == "residual_d32" else [None, None]
+    degradation.plot(m, config, tmp_path / "x.png")
+    (fig,) = figures
+    drawn = [ax for ax in fig.axes if ax.axison]
+    assert len(drawn) == 3 and len(fig.axes) == 3  # no ablations at this size: no empty fourth panel
+    title = fig._suptitle.get_text()
+    assert "SGD momentum 0.9 lr 0.005" in title and "3 epochs" in title and "2 seeds" in title
+    depth_32 = drawn[1]
+    marks = [line for line in depth_32.lines if line.get_marker() == "x"]
+    assert len(marks) == 2 and all(line.get_xdata()[0] == 1 for line in marks)  # each diverged seed, at epoch 1
+    assert depth_32.get_ylim()[1] >= max(line.get_ydata()[0] for line in marks)  # inside the panel
+    assert all(float(t).is_integer() for t in depth_32.get_xticks())
+    assert depth_32.get_legend() is not None and depth_32.get_legend().get_bbox_to_anchor().y0 < \
+        depth_32.get_window_extent().y0  # below the data
+
+
+def test_shattered_and_tau_stability_figures_name_the_settings_that_ran(monkeypatch, tmp_path):
+    config = shattered_gradients.get_config("quick")
+    config.plain_hidden_layers, config.residual_blocks = 4, 4
+    labels = shattered_gradients.labels(config)
+    assert labels["deep_plain"] == "plain, 4 hidden layers"
+    assert labels["residual_scaled"] == "residual, 4 blocks, branches x 1/sqrt(4)"
+    assert not shattered_gradients.at_lecture_settings(config, "deep_plain")
+    assert shattered_gradients.at_lecture_settings(shattered_gradients.get_config("default"), "deep_plain")
+
+    figures = _figure(monkeypatch)
+    config = tau_stability.get_config("quick")  # one depth
+    m = {}
+    for d in config.depths:
+        for name in [*config.taus, "plain"]:
+            m[f"curves.{name}.L{d}.log10_ratio"] = np.linspace(0, 0.3, d + 1)
+            m[f"curves.{name}.L{d}.log10_grad"] = np.linspace(0.1, 0.2, d)
+    tau_stability.plot(m, config, tmp_path / "x.png")
+    (fig,) = figures
+    assert len(fig.axes) == 2  # forward and backward of the one depth, no empty grid
+    labels = [t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts()]
+    assert "tau = 1" in labels and not any("= 1 = 1" in t for t in labels)
+    assert fig.axes[0].get_ylim()[1] < 1.0  # fits the data (and the claim's band), not a fixed +-5
