@@ -153,7 +153,8 @@ def metric_table(metrics: Sequence[dict], labels: Sequence[str], keep: Sequence[
     return rows
 
 
-def _print_table(rows: list[list[str]], out=sys.stdout) -> None:
+def _print_table(rows: list[list[str]], out=None) -> None:
+    out = out or sys.stdout
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for k, row in enumerate(rows):
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=out)
