@@ -45,7 +45,7 @@ import tempfile
 from benchmarks import positive_int, print_table, run_and_write
 
 #: The last commit whose host feeder is the hand-written loader (the default of ``--before``).
-BEFORE = "8bfc27f17172e97a43ca6f2996e1f2f2224f896f"
+BEFORE = "4ee7784db4c3aae756a48ee5fff1705db9864bf4"
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BATCH = 128
 #: name -> the ``loader`` settings of the source (None: the tree as it is, for the old loader, which has none)

@@ -7,7 +7,7 @@ then gives the epochs: the order, the per-batch augmentation draws, one process'
 stacked epochs of several seeds, each a pure function of ``(seed, epoch)`` (``resjax.data.tfds.ImageSource`` for
 TFDS data sets, ``resjax.data.arrays.ArraySource`` for a user's arrays).
 
-The epochs are `Grain <https://github.com/google/grain>`_ pipelines (``grain.MapDataset``): random access to
+The epochs are Grain pipelines (``grain.MapDataset``, https://github.com/google/grain): random access to
 the epoch's batches (``epoch_dataset``: ``ds[b]`` is batch ``b``), Grain's slicing for the per-process blocks
 (``ds[i::P]``), its reader threads and worker processes (``loader(threads=, workers=)``) and its iterator state
 (``get_state``/``set_state``: ``{'next_index': batches yielded}``). What stays this module's own: the order
@@ -18,9 +18,12 @@ batch), so the batches are bit-identical to those of the hand-written loader thi
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:  # imported where used: importing grain imports JAX
+    import grain
 
 __all__ = ["BatchSource"]
 
@@ -82,7 +85,7 @@ class BatchSource:
 
     def epoch_dataset(self, epoch: int, batch_size: int, *, seed: int = 0, seeds: Sequence[int] | None = None,
                       shuffle: bool = True, augment: bool = False, drop_remainder: bool = True,
-                      part: tuple[int, int] | None = None):
+                      part: tuple[int, int] | None = None) -> grain.MapDataset:
         """The epoch's batches as a ``grain.MapDataset``: ``ds[b]`` is batch ``b`` (this process's block of it
         with ``part``), made when read; ``len(ds)`` is ``num_batches``. ``epoch`` iterates over it. With
         ``seeds`` (a list), each element is the batches of those seeds stacked (``stacked_epoch``). The other
@@ -149,7 +152,7 @@ class BatchSource:
         ds = self.epoch_dataset(epoch, batch_size, seeds=list(seeds), **kw)
         return iter(self._pipeline(ds[start_batch:]))
 
-    def _pipeline(self, ds):
+    def _pipeline(self, ds: grain.MapDataset) -> grain.IterDataset:
         """``ds`` (a ``grain.MapDataset``) as a ``grain.IterDataset`` made by this source's threads and workers."""
         import grain
 

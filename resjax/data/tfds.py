@@ -15,8 +15,9 @@ Choices:
   (registration at image-net.org) in ``DIR/downloads/manual`` first.
 * **Determinism**: an epoch is a pure function of ``(seed, epoch)``. The order is
   ``np.random.default_rng([seed, epoch, 0]).permutation(num_examples)`` and the augmentation of batch ``b``
-  draws from ``np.random.default_rng([seed, epoch, 1, b])``; no loader state exists, so training resumes
-  exactly from ``(epoch, batch)`` (``start_batch`` skips the first batches without reading them).
+  draws from ``np.random.default_rng([seed, epoch, 1, b])``; no loader state exists beyond the position, so
+  training resumes exactly from ``(epoch, batch)`` (``start_batch`` skips the first batches without reading
+  them; the epoch's iterator is Grain's, whose ``get_state``/``set_state`` hold that position).
 * **Normalisation** after augmentation: ``(x / 255 - mean) / std`` per channel, float32, with the statistics in
   :data:`IMAGE_DATASETS`. CIFAR uses the true per-channel mean and standard deviation of its training pixels:
   CIFAR-10 (0.4914, 0.4822, 0.4465) / (0.2470, 0.2435, 0.2616), CIFAR-100 (0.5071, 0.4865, 0.4409) /
@@ -33,8 +34,10 @@ Choices:
 * **Splits**: ``train`` and ``test``, except ImageNet's ``train`` and ``validation`` (its ``test`` split
   has no labels). ``num_examples`` is the split size recorded in the prepared ``dataset_info.json``.
 * **Throughput**: records are read with one batched ``__getitems__`` call per batch; decoding (PIL) and the
-  ImageNet crops run in the calling thread. That serves MNIST/CIFAR (a CIFAR epoch decodes in seconds)
-  and ImageNet evaluation; full ImageNet training would want the batches produced in parallel workers.
+  ImageNet crops run where the epoch's Grain pipeline makes the batch (``resjax.data.source``): by default in
+  the calling thread, which serves MNIST/CIFAR (a CIFAR epoch decodes in seconds) and ImageNet evaluation;
+  ``source.loader(threads=N, workers=M)`` makes the batches in Grain reader threads or worker processes (the
+  same batches), which full ImageNet training wants on a machine with cores to spare.
 
 :func:`synthetic_image_dataset` gives the same interface on learnable random data for runs without data.
 """
