@@ -52,7 +52,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from experiments import common
+from experiments import checkpoints, common
 from resjax.analysis import loss_surface as ls
 from resjax.data import load_dataset
 from resjax.train import make_train, run_config, train_config
@@ -164,7 +164,7 @@ def train_path(config, data, norm: str, x, y, probe: bool, model=None) -> dict:
     s = config.num_seeds
     keys = jax.random.split(jax.random.key(config.seed), s)
     hp = {"learning_rate": jnp.full((s,), config.train.learning_rate, jnp.float32)}
-    run, out = trainer.sweep(keys, hp, chunk_epochs=config.probe_every)
+    run, out = checkpoints.sweep(trainer, keys, hp, cell=f"train norm={norm}", chunk_epochs=config.probe_every)
     if probe:
         at_init = jax.device_get(jax.jit(jax.vmap(lambda k, h: hook(trainer.init(k, h))))(keys, hp))
         every = config.probe_every
@@ -178,7 +178,7 @@ def lr_sweep(config, data, norm: str) -> dict:
     lrs = np.asarray(config.sweep_learning_rates, np.float32)
     s = config.num_seeds
     keys = jnp.concatenate([jax.random.split(jax.random.key(config.seed), s)] * len(lrs))
-    _, m = trainer.sweep(keys, {"learning_rate": np.repeat(lrs, s)})
+    _, m = checkpoints.sweep(trainer, keys, {"learning_rate": np.repeat(lrs, s)}, cell=f"lr_sweep norm={norm}")
     final = m["train_loss"][:, -1].reshape(len(lrs), s)
     diverged = (m["diverged_epoch"] >= 0).reshape(len(lrs), s)
     ok = ls.trains(final, diverged, config.train_loss_threshold)

@@ -29,6 +29,7 @@ from typing import Any, Callable
 import ml_collections
 import numpy as np
 
+from experiments import checkpoints
 from resjax.train.config import DICT_SETTINGS, is_int  # noqa: F401  (experiments use common.is_int)
 
 SIZES = ("quick", "default", "full")
@@ -500,6 +501,12 @@ def _build_parser(module, argv):
     parser.add_argument("--out", default=None, metavar="DIR",
                         help=f"output folder (default: {default_out(module.NAME, 'default')}; with --quick "
                              f"{default_out(module.NAME, 'quick')}, so a quick check never replaces a real run)")
+    parser.add_argument("--checkpoint_dir", default=None, metavar="DIR",
+                        help="where each training cell checkpoints, so that the same command run again resumes: "
+                             f"finished cells load, the interrupted one goes on (default: OUT/checkpoints; 'none': "
+                             "no checkpoints)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="train every cell from its start, ignoring (and replacing) its checkpoints")
     for name, default in flatten(config).items():
         text = help_for(module, name, config) or "(no help yet)"
         parser.add_argument(f"--{name}", dest=name, default=None, metavar="VALUE",
@@ -507,10 +514,13 @@ def _build_parser(module, argv):
     return parser, config, size_name
 
 
-def parse_args(module, argv=None, check: bool = False) -> tuple[ml_collections.ConfigDict, pathlib.Path]:
+def parse_args(module, argv=None, check: bool = False,
+               options: dict | None = None) -> tuple[ml_collections.ConfigDict, pathlib.Path]:
     """``(config, out_dir)`` from the command line. A value that does not parse is an argparse error (exit
     status 2, naming the flag). With ``check``, the run is also preflighted (:func:`preflight`: every cell,
-    every setting, the output folder) and a refused setting is an argparse error naming its flag."""
+    every setting, the output folder, the checkpoint folder) and a refused setting is an argparse error naming
+    its flag. ``options``, a dict, receives ``checkpoint_dir`` (the ``--checkpoint_dir`` text, None when not
+    given) and ``fresh``."""
     parser, config, size_name = _build_parser(module, argv)
     args = vars(parser.parse_args(argv))
     leaves = flatten(config)
@@ -526,10 +536,13 @@ def parse_args(module, argv=None, check: bool = False) -> tuple[ml_collections.C
                 parser.error(f"argument --{name}: {err}")
             set_path(config, name, value)
     out_dir = pathlib.Path(args["out"]) if args["out"] else default_out(module.NAME, size_name)
+    if options is not None:
+        options.update(checkpoint_dir=args["checkpoint_dir"], fresh=args["fresh"])
     if check:
         from resjax.data import DataNotPreparedError
 
         try:
+            checkpoints.check_root(checkpoints.resolve(args["checkpoint_dir"], out_dir))
             preflight(module, config, out_dir)
         except ValueError as err:
             parser.error(flag_message(err, leaves))
@@ -670,8 +683,8 @@ def preflight(module, config: ml_collections.ConfigDict, out_dir=None) -> None:
 def _flag(setting: str, leaves) -> str | None:
     """The flag of a setting named in an error: itself, the nearest enclosing setting, or the one setting whose
     name ends with it (library checks name ``batch_size`` for ``train.batch_size``)."""
-    if setting == "out":
-        return "out"
+    if setting in ("out", "checkpoint_dir"):  # flags of the command line, not settings of the config
+        return setting
     parts = setting.split(".")
     for i in range(len(parts), 0, -1):
         if ".".join(parts[:i]) in leaves:
@@ -736,19 +749,24 @@ def describe_results(path, module=None) -> str:
     return f"{path} (experiment {name}, {size}{ran}, written {written})"
 
 
-def run_experiment(module, config: ml_collections.ConfigDict, out_dir: pathlib.Path) -> dict:
+def run_experiment(module, config: ml_collections.ConfigDict, out_dir: pathlib.Path, checkpoint_dir=None,
+                   fresh: bool = False) -> dict:
     """Run ``module`` with ``config``, write ``results.json`` into ``out_dir`` and return its content.
 
     An existing ``results.json`` there is replaced, and what it held is printed (``describe_results``).
     With several processes every process runs the experiment and returns the results; process 0 alone
-    writes them (and the figures, ``save_figure``)."""
+    writes them (and the figures, ``save_figure``). Every training cell checkpoints into ``checkpoint_dir``
+    (default ``out_dir/checkpoints``; ``'none'``: nowhere) and the same call again resumes from there;
+    ``fresh`` trains every cell from its start (``experiments.checkpoints``)."""
     from resjax.train.lock import DirectoryLock
 
+    root = checkpoints.resolve(checkpoint_dir, out_dir)
     with DirectoryLock(out_dir, "out"):  # a second run into this folder is refused while this one runs (#22)
-        return _run_experiment(module, config, out_dir)
+        with checkpoints.session(root, module.NAME, to_jsonable(config), fresh) as cells:
+            return _run_experiment(module, config, out_dir, cells)
 
 
-def _run_experiment(module, config: ml_collections.ConfigDict, out_dir: pathlib.Path) -> dict:
+def _run_experiment(module, config: ml_collections.ConfigDict, out_dir: pathlib.Path, cells=None) -> dict:
     main = is_main()
     if main:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -756,13 +774,25 @@ def _run_experiment(module, config: ml_collections.ConfigDict, out_dir: pathlib.
     if path.exists() and main:
         print(f"{module.NAME}: {path} exists and will be replaced when this run ends: "
               f"{describe_results(path, module)}", flush=True)
+    resuming = cells is not None and cells.resuming
+    if resuming and main:
+        print(f"{module.NAME}: resuming the run of this config from its checkpoints in {cells.root} (finished cells "
+              "load without training; --fresh starts over)", flush=True)
     start = time.time()
     from resjax.train.monitor import log_to
 
-    # metrics.jsonl (and with RESJAX_TENSORBOARD=1 TensorBoard files) in out_dir as training goes; progress lines
-    with log_to(out_dir, name=module.NAME, progress=True, fresh=True,
+    # metrics.jsonl (and with RESJAX_TENSORBOARD=1 TensorBoard files) in out_dir as training goes; progress lines.
+    # A resumed run keeps its file (each cell drops its lines past its checkpoint and adds those it lacks).
+    with log_to(out_dir, name=module.NAME, progress=True, fresh=not resuming,
                 tensorboard=os.environ.get("RESJAX_TENSORBOARD", "0") not in ("", "0")), _deferred_figures() as figures:
         metrics = module.run(config, out_dir)
+    with checkpoints.signals_deferred():  # a stop signal now waits for the results and figures to be written
+        return _write_results(module, config, out_dir, metrics, start, figures)
+
+
+def _write_results(module, config, out_dir: pathlib.Path, metrics: dict, start: float, figures: list) -> dict:
+    main = is_main()
+    path = out_dir / "results.json"
     results = {
         "experiment": module.NAME,
         "config": to_jsonable(config),
@@ -867,8 +897,10 @@ def main(module, argv=None) -> dict:
     start()
     if isinstance(module, str):
         module = sys.modules[module]
-    config, out_dir = parse_args(module, argv, check=True)
-    results = run_experiment(module, config, out_dir)
+    options: dict = {}
+    config, out_dir = parse_args(module, argv, check=True, options=options)
+    with checkpoints.stop_signals(module.NAME):  # SIGTERM/SIGINT: a clean exit 143/130 at any moment (#22)
+        results = run_experiment(module, config, out_dir, options["checkpoint_dir"], options["fresh"])
     if is_main():
         print(f"{module.NAME}: wrote {out_dir / 'results.json'} and {out_dir / (module.NAME + '.png')} "
           f"in {results['seconds']:.1f} s")

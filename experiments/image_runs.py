@@ -12,9 +12,9 @@ marks its claims "not measured".
 Cells. ``train_cell`` trains ``len(seeds)`` copies of one model together (``ImageTrainer.fit`` with a list
 of seeds: one vmapped step on accelerators, the single-seed step per seed on the CPU), data-parallel over
 every device when the batch size divides their number, checkpointing into
-``<out>/checkpoints/<cell>-<hash of its settings>``: a full run that is stopped resumes where it stopped,
-bit for bit, and a run with changed settings never meets an old checkpoint. It returns the history (a
-leading seed axis) and the wall time.
+``<checkpoint_dir>/<cell>-<hash of its settings>`` (``--checkpoint_dir``, default ``<out>/checkpoints``; see
+``experiments.checkpoints``): a full run that is stopped resumes where it stopped, bit for bit, and a run with
+changed settings never meets an old checkpoint. It returns the history (a leading seed axis) and the wall time.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import time
 import jax
 import numpy as np
 
+from experiments import checkpoints
 from resjax.data import DataNotPreparedError, load_image_dataset, synthetic_image_dataset
 from resjax.data.tfds import prepared_num_examples
 from resjax.train import make_data_mesh, make_image_train, run_config
@@ -110,8 +111,13 @@ def train_cell(model, train_config, train, test, seeds, out_dir: pathlib.Path, c
     start = time.time()
     trainer = make_image_train(run_config(train=train_config), train, test, model=model,
                                mesh=data_mesh(train_config.batch_size))
-    _, history = trainer.fit(list(seeds), checkpoint_dir=out_dir / "checkpoints" / checkpoint_name(
-        cell, model, train_config, train, seeds), progress=cell)
+    name = checkpoint_name(cell, model, train_config, train, seeds)
+    if checkpoints.current() is None:  # run() called directly: out_dir/checkpoints, as always
+        directory = out_dir / checkpoints.DEFAULT_FOLDER / name
+    else:  # run_experiment's --checkpoint_dir (or none), --fresh, messages
+        directory = checkpoints.fit_dir(cell, name, trainer)
+    _, history = trainer.fit(list(seeds), checkpoint_dir=directory, progress=cell)
+    checkpoints.cell_done()
     return history, time.time() - start
 
 

@@ -63,7 +63,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from experiments import common
+from experiments import checkpoints, common
 from experiments.degradation import CONFIGS
 from resjax.analysis import paths
 from resjax.data import load_dataset
@@ -99,7 +99,7 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c.veit_samples = 128
     # the trained network: the degradation experiment's depth-32 residual + BatchNorm network and its training
     c.model = ml_collections.ConfigDict({**CONFIGS["residual_bn_d32"], "width": 64})
-    c.train = train_config(epochs=300, learning_rate=0.005, batch_size=100)
+    c.train = train_config(epochs=300, learning_rate=0.005, batch_size=100, checkpoint_every=100)  # a save per chunk
     c.seed = 0
     if size == "quick":
         c.num_blocks, c.width, c.num_examples, c.veit_samples = 10, 8, 2, 8
@@ -307,7 +307,8 @@ def train_network(config, data):
     trainer = make_train(run_config(config.model, config.train, config.data), data)
     key = jax.random.key(config.seed)
     init_state = trainer.init(key).state
-    run, metrics = trainer.sweep(key[None], chunk_epochs=min(config.train.epochs, 100), progress="path_lengths")
+    run, metrics = checkpoints.sweep(trainer, key[None], cell="path_lengths", chunk_epochs=min(config.train.epochs, 100),
+                                     progress="path_lengths")
     trained = jax.tree_util.tree_map(lambda a: a[0], run.state)
     return trainer.model, init_state.variables(), trained.variables(), metrics
 

@@ -34,7 +34,7 @@ import json
 import pathlib
 import time
 
-from experiments import common, image_runs
+from experiments import checkpoints, common, image_runs
 
 REGISTRY = (
     # lecture (seed 000)
@@ -147,12 +147,27 @@ def report_section(module, results: dict, out_dir: pathlib.Path, report_dir: pat
 
 
 def _previous(out_dir: pathlib.Path, config) -> dict | None:
-    """The results in ``out_dir`` if they were produced with exactly ``config``."""
+    """The results in ``out_dir`` if they were produced with exactly ``config`` (None also for a file that
+    cannot be read: the experiment runs again, resuming from its checkpoints)."""
     path = out_dir / "results.json"
     if not path.exists():
         return None
-    results = json.loads(path.read_text())
-    return results if results.get("config") == common.to_jsonable(config) else None
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return results if isinstance(results, dict) and results.get("config") == common.to_jsonable(config) else None
+
+
+def _checkpoint_arg(value: str | None, name: str) -> str | None:
+    """An experiment's ``checkpoint_dir`` from reproduce's ``--checkpoint_dir`` (None: its own default)."""
+    if value is None or value.strip().lower() == checkpoints.NONE or value.strip() == "":
+        return value
+    return str(pathlib.Path(value) / name)
+
+
+def _checkpoint_root(value: str | None, folder: pathlib.Path, name: str) -> pathlib.Path | None:
+    return checkpoints.resolve(_checkpoint_arg(value, name), folder)
 
 
 def rebuild_report(out="runs", size_name: str = "default", names=None) -> pathlib.Path:
@@ -230,8 +245,14 @@ def main(argv=None) -> pathlib.Path:
     parser.add_argument("--only", nargs="*", choices=REGISTRY, metavar="NAME",
                         help="run only these experiments, in this order (names: " + ", ".join(REGISTRY) + ")")
     parser.add_argument("--reuse", action="store_true",
-                        help="take an experiment's existing DIR/<name>/results.json instead of running it again when "
-                             "its recorded config equals this run's (resumes an interrupted reproduction)")
+                        help="kept for old command lines: an experiment whose DIR/<name>/results.json has this run's "
+                             "config is taken as it is, now always (unless --fresh)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="run every experiment again, every training cell from its start (ignoring finished "
+                             "results and checkpoints)")
+    parser.add_argument("--checkpoint_dir", default=None, metavar="DIR",
+                        help="where the experiments checkpoint, DIR/<name> each (default: each experiment's "
+                             "<folder>/checkpoints; 'none': no checkpoints, an interrupted experiment starts over)")
     args = parser.parse_args(argv)
     size_name = "quick" if args.quick else "full" if args.full else "default"
     out = pathlib.Path(args.out) if args.out else pathlib.Path("runs")
@@ -253,24 +274,28 @@ def main(argv=None) -> pathlib.Path:
             label = size_name
         try:
             common.preflight(module, config, out / f"{name}{suffix}")
+            checkpoints.check_root(_checkpoint_root(args.checkpoint_dir, out / f"{name}{suffix}", name))
         except ValueError as err:
             parser.error(f"{name}: {' '.join(str(err).split())}")
         plan.append((module, config, label, missing, out / f"{name}{suffix}"))
     sections, experiment_seconds, reused, rows = [], 0.0, [], []
     expected = [_expected_seconds(module.NAME, label) for module, _, label, _, _ in plan]
-    for k, (module, config, label, missing, folder) in enumerate(plan):
-        name = module.NAME
-        results = _previous(folder, config) if args.reuse else None
-        if results is None:
-            print(f"reproduce: [{k + 1}/{len(plan)}] running {name} ({label}); {_whereabouts(start, expected, k)}",
-                  flush=True)
-            results = common.run_experiment(module, config, folder)
-        else:
-            print(f"reproduce: reusing {folder / 'results.json'}", flush=True)
-            reused.append(name)
-        experiment_seconds += results["seconds"]
-        sections.append(report_section(module, results, folder, out, missing))
-        rows += claim_rows(module, results)
+    with checkpoints.stop_signals("reproduce"):  # SIGTERM/SIGINT: a clean exit 143/130, resumable (#22)
+        for k, (module, config, label, missing, folder) in enumerate(plan):
+            name = module.NAME
+            results = None if args.fresh else _previous(folder, config)  # finished: not run again (#22)
+            if results is None:
+                print(f"reproduce: [{k + 1}/{len(plan)}] running {name} ({label}); {_whereabouts(start, expected, k)}",
+                      flush=True)
+                results = common.run_experiment(module, config, folder, _checkpoint_arg(args.checkpoint_dir, name),
+                                                args.fresh)
+            else:
+                print(f"reproduce: [{k + 1}/{len(plan)}] {name} finished earlier with this config: reusing "
+                      f"{folder / 'results.json'} (--fresh runs it again)", flush=True)
+                reused.append(name)
+            experiment_seconds += results["seconds"]
+            sections.append(report_section(module, results, folder, out, missing))
+            rows += claim_rows(module, results)
     header = [
         "# resjax reproduction report", "",
         f"Size: `{size_name}`. The experiments took {experiment_seconds:.0f} s in all; this run took "

@@ -58,7 +58,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from experiments import common
+from experiments import checkpoints, common
 from resjax.analysis import scale_invariance as si
 from resjax.data import load_dataset
 from resjax.nn import PlainMLP
@@ -213,7 +213,7 @@ def train_part(config, data) -> dict:
     keys = jnp.concatenate([jax.random.split(jax.random.key(config.seed), s)] * len(wds))
     lrs = jnp.full((len(keys),), config.train.learning_rate, jnp.float32)
     wd_all = jnp.asarray(np.repeat(wds, s))
-    run, m = trainer.sweep(keys, {"learning_rate": lrs, "weight_decay": wd_all})
+    run, m = checkpoints.sweep(trainer, keys, {"learning_rate": lrs, "weight_decay": wd_all}, cell="weight_decay sweep")
     rec, losses, err, div = m["step_records"], m["train_loss"], m["train_error"][:, -1], m["diverged_epoch"]
     final_norm = jax.device_get(jax.jit(jax.vmap(lambda p: jnp.stack(
         [jnp.linalg.norm(p[f"hidden_{k}"]["kernel"]) for k in range(depth)])))(run.state.params))  # (runs, layers)

@@ -54,7 +54,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from experiments import common
+from experiments import checkpoints, common
 from resjax.data import load_dataset
 from resjax.nn.tau_resnet import tau_resnet_config, tau_value
 from resjax.train import make_train, run_config, train_config
@@ -164,14 +164,14 @@ def run(config, out_dir) -> dict:
                                                                      scan=True)), data)
             taus = np.repeat([tau_value(rule, depth) for rule in chosen.values()], s).astype(np.float32)
             keys = jax.numpy.concatenate([seed_keys] * len(chosen))  # the same initial draws for every tau
-            _, metrics = res.sweep(keys, {"tau": taus}, chunk_epochs=config.chunk_epochs)
+            _, metrics = checkpoints.sweep(res, keys, {"tau": taus}, cell=f"L={depth} tau", chunk_epochs=config.chunk_epochs)
             for j, name in enumerate(chosen):
                 _record(m, name, depth, metrics, slice(j * s, (j + 1) * s))
                 m[f"tau.{name}.L{depth}"] = float(taus[j * s])
         if "plain" in config.models:
             plain = make_train(_train_config(config, tau_resnet_config("plain", config.model.width, depth, scan=True)),
                                data)
-            _, metrics = plain.sweep(seed_keys, chunk_epochs=config.chunk_epochs)
+            _, metrics = checkpoints.sweep(plain, seed_keys, cell=f"L={depth} plain", chunk_epochs=config.chunk_epochs)
             _record(m, "plain", depth, metrics, slice(0, s))
         m[f"seconds.L{depth}"] = round(time.time() - start, 1)
         print(f"{NAME}: depth {depth} done in {m[f'seconds.L{depth}']} s", flush=True)

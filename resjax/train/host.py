@@ -235,8 +235,9 @@ class ImageTrainer(Core):
         every = self.config.train.get("checkpoint_every", 0)
         with closed_on_error(ckpt):  # the directory's lock is given up if this fails before training
             log, progress = resolve_log(log, progress)
-            if log is not None:
-                log.start(done)
+            if log is not None:  # a resumed run's epochs missing from the file are written from its history
+                logged = ("train_loss", "batch_error", "lr", "test_loss", "test_error")
+                log.start(done, {k: v for k, v in self.history(run).items() if k in logged} if done else None)
         bar = progress_bar(epochs, done, progress)
         end_epoch, lr = self._compiled("end_epoch", seeded), self._compiled("lr", seeded)
         try:

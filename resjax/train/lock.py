@@ -20,10 +20,11 @@ import socket
 import sys
 import time
 
-__all__ = ["LOCK_FILE", "DirectoryLock"]
+__all__ = ["LOCK_FILE", "DirectoryLock", "release_all"]
 
 #: The lock file's name inside a locked directory.
 LOCK_FILE = ".resjax.lock"
+_HELD: list[DirectoryLock] = []  # the locks this process holds (release_all)
 
 
 def _running(pid: int) -> bool:
@@ -69,6 +70,7 @@ class DirectoryLock:
             with os.fdopen(fd, "w") as f:
                 json.dump(owner, f)
             self.held = True
+            _HELD.append(self)
             return self
         raise ValueError(f"{self.setting}: could not lock {self.directory} (its lock file {self.path} keeps coming "
                          "back)")
@@ -99,6 +101,8 @@ class DirectoryLock:
         """Give the lock up (nothing when it is not held)."""
         if self.held:
             self.held = False
+            if self in _HELD:
+                _HELD.remove(self)
             try:
                 self.path.unlink()
             except FileNotFoundError:
@@ -109,3 +113,10 @@ class DirectoryLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def release_all() -> None:
+    """Give up every lock this process holds: for an exit that skips ``finally`` blocks (``os._exit`` after a
+    stop signal, ``experiments.checkpoints``), so the next run finds no stale lock."""
+    for lock in list(_HELD):
+        lock.release()

@@ -106,21 +106,38 @@ class RunLog:
         other._writer, other._start = None, time.time()
         return other
 
-    def start(self, done: int) -> None:
+    def start(self, done: int, history: dict | None = None) -> None:
         """Begin (or resume) this cell ``done`` epochs in: lines of this cell past epoch ``done`` (written
-        by a run that was stopped after its last checkpoint) are dropped, so every epoch is logged once."""
+        by a run that was stopped after its last checkpoint) are dropped, so every epoch is logged once. With
+        ``history`` (the resumed run's: name -> ``(runs, epochs)``, or ``(epochs,)`` for one run), epochs
+        ``1 .. done`` the file lacks (a new file, or one started afresh since) are written from it, so every
+        epoch is logged, once."""
         self._start = time.time()
         if not _is_main():
             return
         self.directory.mkdir(parents=True, exist_ok=True)
-        if not self.path.exists():
-            return
-        lines = self.path.read_text().splitlines(keepends=True)
+        lines = self.path.read_text().splitlines(keepends=True) if self.path.exists() else []
         keep = [line for line in lines if not self._later(line, done)]
         if len(keep) != len(lines):
             tmp = self.path.with_name(f".{METRICS_FILE}.{os.getpid()}.tmp")
             tmp.write_text("".join(keep))
             os.replace(tmp, self.path)
+        if history and done:
+            logged = {self._epoch(line) for line in keep} - {None}
+            history = {k: np.asarray(v) if np.ndim(v) > 1 else np.asarray(v)[None] for k, v in history.items()}
+            missing = [e for e in range(1, done + 1) if e not in logged]  # usually none, or all (a new file)
+            if len(missing) == done:
+                self.write(0, {k: v[:, :done] for k, v in history.items()})
+            for epoch in missing if len(missing) < done else ():
+                self.write(epoch - 1, {k: v[:, epoch - 1:epoch] for k, v in history.items()})
+
+    def _epoch(self, line: str) -> int | None:
+        """The epoch of a line of this cell (None for another cell's, or a line cut short)."""
+        try:
+            row = json.loads(line)
+        except ValueError:
+            return None
+        return int(row.get("epoch", 0)) if row.get("cell") == self.name else None
 
     def _later(self, line: str, done: int) -> bool:
         try:

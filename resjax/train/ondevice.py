@@ -192,8 +192,8 @@ class Trainer(Core):
                 raise ValueError(f"checkpoint_dir: {checkpoint_dir} holds a run {done} epochs in; the hooks' records "
                                  "of those epochs were not saved, so a run with hooks cannot resume")
             log, progress = resolve_log(log, progress)
-            if log is not None:
-                log.start(done)
+            if log is not None:  # a resumed cell's epochs missing from the file are written from its history
+                log.start(done, {k: v[:num] for k, v in self.history(run).items() if k in run.history} if done else None)
         records, bar = [], progress_bar(epochs, done, progress)
         try:
             with StopSignals(enabled=ckpt is not None) as stop:

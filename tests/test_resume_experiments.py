@@ -1,0 +1,256 @@
+"""Experiments checkpoint their training and resume it (issue #22 item 1, ``experiments.checkpoints``): a real
+process stopped by SIGTERM saves and exits 143 printing the command that resumes; the same command again resumes
+(finished cells load, the interrupted one goes on) and ends with the results and ``metrics.jsonl`` of an
+unbroken run; a stop before training says nothing was trained; ``reproduce`` skips finished experiments.
+
+Each test names the mutation it catches ("Mutation caught: ...")."""
+
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import threading
+import types
+
+import numpy as np
+import pytest
+
+from experiments import checkpoints, common
+from resjax.train.lock import LOCK_FILE
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+sys.path.insert(0, str(ROOT / "tools"))
+from compare_results import compare_values  # noqa: E402
+
+# Two small cells, three epochs in chunks of one (a chunk ends, and can be saved, after every epoch), one seed.
+DEGRADATION = ["-m", "experiments.degradation", "--quick", "--cells", "plain:2,plain:8", "--train.epochs", "3",
+               "--chunk_epochs", "1", "--num_seeds", "1"]
+
+
+def _run(args, out, *extra):
+    return subprocess.run([sys.executable, *args, "--out", str(out), *extra], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=600)
+
+
+def _signal_at(args, out, marker: str, signum=signal.SIGTERM, *extra):
+    """Start ``python args --out out``, send ``signum`` when a line of its output (stdout or stderr) contains
+    ``marker``; ``(returncode, output)``. Both streams are read through the same file objects, in threads, so no
+    line is lost (#22 item 8)."""
+    child = subprocess.Popen([sys.executable, *args, "--out", str(out), *extra], cwd=ROOT, env=ENV,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines, lock, sent = [], threading.Lock(), threading.Event()
+
+    def read(stream):
+        for line in stream:
+            with lock:
+                lines.append(line)
+            if marker in line and not sent.is_set():
+                sent.set()
+                child.send_signal(signum)
+
+    readers = [threading.Thread(target=read, args=(s,), daemon=True) for s in (child.stdout, child.stderr)]
+    for r in readers:
+        r.start()
+    try:
+        child.wait(timeout=600)
+        for r in readers:
+            r.join(timeout=30)
+    finally:
+        child.kill()
+    assert sent.is_set(), "".join(lines)[-3000:]
+    return child.returncode, "".join(lines)
+
+
+def _resume_command(args, out):
+    """The line that says how to resume (the library's, in a cell: '... from it:'; between cells: '...:')."""
+    command = f"{sys.executable} {' '.join(args)} --out {out}"
+    return re.compile(r"Run the same command again to resume( from it)?:\n  " + re.escape(command) + "\n")
+
+
+def _log(path):
+    """``{(cell, run, epoch): metrics}`` of a metrics.jsonl (timings left out), and how many lines it has."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    table = {(r["cell"], r["run"], r["epoch"]): {k: v for k, v in r.items() if k not in ("elapsed_s", "time")}
+             for r in rows}
+    return table, len(rows)
+
+
+# Mutations caught: experiments/degradation.py `train_cell`: `checkpoints.sweep(trainer, ...)` -> `trainer.sweep(...)`
+# (no checkpoint: the SIGTERM kills the run with no save and no message); experiments/common.py
+# `_run_experiment`: `log_to(..., fresh=not resuming)` -> `fresh=True` (the resumed run's metrics.jsonl loses the
+# lines of the epochs trained before the stop); resjax/train/ondevice.py `sweep`: `log.start(done, history)` ->
+# `log.start(done)` (a cell loaded from its final checkpoint into a new metrics.jsonl leaves its epochs out).
+def test_a_stopped_experiment_resumes_from_its_checkpoints_and_ends_as_an_unbroken_run(tmp_path):
+    reference = _run(DEGRADATION, tmp_path / "unbroken", "--checkpoint_dir", "none")
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    assert not (tmp_path / "unbroken" / "checkpoints").exists()  # --checkpoint_dir none: nothing saved
+
+    out = tmp_path / "run"
+    rc, output = _signal_at(DEGRADATION, out, "[B=64 plain_d2] epoch 1/3")
+    assert rc == 128 + signal.SIGTERM, output[-3000:]
+    assert "resjax: stopped by SIGTERM after epoch" in output and "Traceback" not in output, output[-3000:]
+    assert _resume_command(DEGRADATION, out).search(output), output[-3000:]
+    assert not (out / "results.json").exists() and not (out / LOCK_FILE).exists()
+    cells = sorted(p.name for p in (out / "checkpoints").iterdir() if p.is_dir())
+    assert len(cells) == 1 and cells[0].startswith("B=64_plain_d2-"), cells  # the cell it was in, saved
+    before = {(r["cell"], r["run"], r["epoch"]): r["time"] for r in map(json.loads, open(out / "metrics.jsonl"))}
+    assert before and all(cell == "B=64 plain_d2" for cell, _, _ in before)
+
+    again = _run(DEGRADATION, out)
+    assert again.returncode == 0, again.stderr[-3000:]
+    said = again.stdout
+    assert f"degradation: resuming the run of this config from its checkpoints in {out / 'checkpoints'}" in said, said
+    assert ("degradation: [B=64 plain_d2] resuming from its checkpoint at epoch" in said
+            or "degradation: [B=64 plain_d2] finished in an earlier run" in said), said
+    resumed = json.loads((out / "results.json").read_text())["metrics"]
+    unbroken = json.loads((tmp_path / "unbroken" / "results.json").read_text())["metrics"]
+    assert resumed.keys() == unbroken.keys()
+    for name in unbroken:
+        if "seconds" not in name:
+            assert compare_values(resumed[name], unbroken[name])[0], (name, resumed[name], unbroken[name])
+    table, count = _log(out / "metrics.jsonl")
+    ref_table, ref_count = _log(tmp_path / "unbroken" / "metrics.jsonl")
+    assert count == len(table) == ref_count == 2 * 3  # 2 cells x 1 seed x 3 epochs, each once
+    assert table == ref_table
+    kept = {(r["cell"], r["run"], r["epoch"]): r["time"] for r in map(json.loads, open(out / "metrics.jsonl"))}
+    assert {k: kept[k] for k in before} == before  # the lines of the epochs saved at the stop: kept, not rewritten
+
+    # a finished run, again: every cell comes from its final checkpoint; a new metrics.jsonl gets every epoch back
+    (out / "metrics.jsonl").unlink()
+    (out / "checkpoints" / ".run-degradation.json").unlink()  # as if made by another config: metrics.jsonl anew
+    third = _run(DEGRADATION, out)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert third.stdout.count("finished in an earlier run: its results come from its final checkpoint") == 2
+    assert "epoch 1/3" not in third.stdout  # nothing trained
+    assert _log(out / "metrics.jsonl") == (ref_table, ref_count)
+
+
+# Mutation caught: experiments/common.py `main`: `with checkpoints.stop_signals(module.NAME):` removed (a SIGINT
+# before the first cell finished gave a KeyboardInterrupt traceback, or a bare exit by the signal).
+def test_a_stop_before_training_says_nothing_was_trained(tmp_path):
+    out = tmp_path / "run"
+    first = _run(DEGRADATION, out, "--cells", "plain:2", "--train.epochs", "1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    # run again with --fresh: it announces the results it will replace, then sets up its first cell
+    rc, output = _signal_at(DEGRADATION, out, "exists and will be replaced", signal.SIGINT, "--cells", "plain:2",
+                            "--train.epochs", "1", "--fresh")
+    assert rc == 128 + signal.SIGINT, output[-3000:]
+    assert "degradation: stopped by SIGINT before training started: nothing was trained yet, so nothing was saved." \
+        in output, output[-3000:]
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
+    assert not (out / LOCK_FILE).exists()  # the output folder's lock was given up
+
+
+def test_reproduce_skips_finished_experiments_and_resumes_the_interrupted_one(tmp_path):
+    args = ["-m", "experiments.reproduce", "--quick", "--only", "batch_noise", "tau_training"]
+    rc, output = _signal_at(args, tmp_path, "[tau_training] epoch 1/1")  # the first chunk: the whole tau cell
+    assert rc == 128 + signal.SIGTERM, output[-3000:]
+    assert _resume_command(args, tmp_path).search(output), output[-3000:]
+    assert (tmp_path / "batch_noise" / "results.json").exists() and not (tmp_path / "tau_training" / "results.json").exists()
+    again = _run(args, tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    said = again.stdout
+    assert "reproduce: [1/2] batch_noise finished earlier with this config: reusing" in said, said  # not run again
+    assert "reproduce: [2/2] running tau_training" in said and "tau_training: resuming the run of this config" in said
+    assert "tau_training: [L=4 tau] finished in an earlier run" in said, said
+    assert "[tau_training] epoch 1/1" not in said  # the interrupted cell was not trained again
+    assert (tmp_path / "REPORT.md").exists()
+    third = _run(args, tmp_path, "--reuse")  # kept for old command lines; finished experiments are reused anyway
+    assert third.returncode == 0 and third.stdout.count("finished earlier with this config: reusing") == 2
+
+
+# ---- in-process: the cell folders and the settings ---------------------------------------------------------
+
+
+def test_a_cell_folder_is_keyed_by_everything_that_decides_the_cell(tmp_path, capsys):
+    """The same cell resumes from its folder; another seed, learning rate or epoch count gets another folder (it
+    never meets an old checkpoint); checkpoint_every does not change it (a resumed run may save more often)."""
+    from resjax.train import make_train
+    from tests.test_training import DATA, tiny_config
+
+    trainer = make_train(tiny_config(), DATA)
+    with checkpoints.session(tmp_path, "fake", {"a": 1}):
+        def folder(keys, hparams=None, epochs=None, t=trainer):
+            return checkpoints.cell_dir("c", *checkpoints.sweep_settings(t, keys, hparams, epochs))
+
+        base = folder([0, 1])
+        assert base.parent == tmp_path and base.name.startswith("c-") and folder([0, 1]) == base
+        others = {folder([0, 2]), folder([0, 1], {"learning_rate": [0.1, 0.2]}), folder([0, 1], epochs=2)}
+        config = tiny_config()
+        config.train.momentum = 0.9
+        others.add(folder([0, 1], t=make_train(config, DATA)))
+        assert base not in others and len(others) == 4
+        config = tiny_config()
+        config.train.checkpoint_every = 1
+        assert folder([0, 1], t=make_train(config, DATA)) == base
+        _, m1 = checkpoints.sweep(trainer, [0, 1], cell="c")
+        _, m2 = checkpoints.sweep(trainer, [0, 1], cell="c")
+        assert "fake: [c] finished in an earlier run" in capsys.readouterr().out
+        np.testing.assert_array_equal(m1["test_error"], m2["test_error"])
+    assert checkpoints.current() is None
+
+
+def test_checkpoint_dir_flag_is_checked_by_the_preflight(tmp_path, capsys):
+    from experiments import batch_noise
+
+    (tmp_path / "file").write_text("")
+    for value, message in ((str(tmp_path / "file"), "is a file, not a folder"),
+                           (str(tmp_path / "file" / "sub"), "is a file, not a folder"),
+                           ("", "an empty path")):
+        with pytest.raises(SystemExit) as exit_:
+            common.parse_args(batch_noise, ["--quick", "--out", str(tmp_path / "out"), "--checkpoint_dir", value],
+                              check=True)
+        assert exit_.value.code == 2
+        assert f"argument --checkpoint_dir: " in capsys.readouterr().err
+    options = {}
+    common.parse_args(batch_noise, ["--quick", "--out", str(tmp_path / "out"), "--checkpoint_dir", "none", "--fresh"],
+                      check=True, options=options)
+    assert options == {"checkpoint_dir": "none", "fresh": True}
+    assert checkpoints.resolve("none", tmp_path) is None and checkpoints.resolve(None, tmp_path) == tmp_path / "checkpoints"
+
+
+def test_a_stop_outside_a_cell_names_what_is_saved(monkeypatch):
+    """The message of a stop the library does not handle (between cells, or in a cell with hooks)."""
+    stop = checkpoints._Stop("exp")
+    stop.signum = signal.SIGTERM
+    monkeypatch.setattr(checkpoints, "_FINISHED", [0])
+    assert stop.message() == "exp: stopped by SIGTERM before training started: nothing was trained yet, so nothing " \
+                             "was saved."
+    monkeypatch.setattr(checkpoints, "_FINISHED", [2])
+    with checkpoints.session(pathlib.Path("/x/ckpt"), "exp") as s:
+        s.current, s.current_saved = "hooked", False
+        text = stop.message()
+    assert text.startswith("exp: stopped by SIGTERM; the training cells finished so far are saved in /x/ckpt "
+                           "(the cell in progress, hooked, measures inside its run")
+    assert "Run the same command again to resume:\n  " in text
+    with checkpoints.session(None, "exp"):
+        assert "checkpoints are off (--checkpoint_dir none)" in stop.message()
+
+
+def test_results_being_written_are_finished_before_a_stop(tmp_path, monkeypatch):
+    """A stop signal while results.json and the figures are written waits for them, then exits."""
+    exits = []
+    monkeypatch.setattr(checkpoints._Stop, "exit", lambda self: exits.append(self.signum))
+
+    def run(config, out_dir):
+        return {"x": 1}
+
+    module = types.SimpleNamespace(NAME="fake", run=run, get_config=lambda size="default": None)
+    with checkpoints.stop_signals("fake"):
+        stop = checkpoints._STOPS[-1]
+        real = common._write_atomically
+
+        def write(path, fn):
+            if path.name == "results.json":
+                stop._handle(signal.SIGTERM, None)  # the signal arrives while the results are written
+                assert not exits
+            real(path, fn)
+
+        monkeypatch.setattr(common, "_write_atomically", write)
+        common.run_experiment(module, {}, tmp_path)
+    assert json.loads((tmp_path / "results.json").read_text())["metrics"] == {"x": 1}
+    assert exits == [signal.SIGTERM]
