@@ -71,7 +71,11 @@ class BatchSource:
         reader threads, each ``buffer`` batches ahead (unset: as this one). The batches are the same (the
         order and augmentation are functions of ``(seed, epoch, batch)``, not of who makes them); only where
         and when they are made changes. With threads, ``read`` may be called from them, several batches at
-        once; with workers, in other processes (so nothing it records comes back)."""
+        once; with workers, in other processes (so nothing it records comes back). Workers are started with
+        ``spawn``: a script using them needs the ``if __name__ == "__main__":`` guard, an epoch left unfinished
+        should be ``close()``-d, and the first use marks absl's flags parsed (Grain 0.2.18 reads one of them
+        in its workers and fails on unparsed flags, google/grain#1355). On this project's 2-core CPU neither
+        threads nor workers made a CIFAR epoch faster (``python -m benchmarks.host_input``)."""
         import copy
 
         out = copy.copy(self)
