@@ -215,3 +215,19 @@ def test_a_run_on_a_grain_fed_source_stopped_inside_an_epoch_resumes_bit_identic
     assert leaves_equal(full, resumed)
     for name in ("train_loss", "batch_error", "test_error", "lr"):
         np.testing.assert_array_equal(hf[name], hr[name])
+
+
+def test_the_host_input_benchmark_times_before_and_after(tmp_path):
+    """``python -m benchmarks.host_input`` in miniature: the hand-written loader (exported from its commit; skipped,
+    and said so, in a clone without that commit) and the Grain feeder make the same batches, and both are timed."""
+    import json
+
+    from benchmarks import host_input
+
+    out = tmp_path / "host_input.json"
+    res = host_input.main(["--examples", "512", "--repeats", "1", "--variants", "before,grain", "--out", str(out)])
+    assert json.loads(out.read_text())["summary"].keys() == res["summary"].keys()
+    assert res["same_batches"] and res["summary"]["grain"]["images_per_s"] > 0
+    assert "before" in res["summary"] or "not in this clone" in res["before_skipped"]
+    if "before" in res["summary"]:
+        assert res["summary"]["before"]["ratio_to_before"] == 1.0 and res["summary"]["grain"]["ratio_to_before"] > 0
