@@ -316,7 +316,7 @@ def report_section(m: dict) -> str:
 def plot(m: dict, config, path) -> None:
     plt = common.pyplot()
 
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    fig, axes = plt.subplots(2, 2, figsize=(13, 10))
     colours = plt.cm.viridis(np.linspace(0, 0.85, len(config.weight_decays)))
     steps_per_epoch = len(load_dataset(config.data).y_train) // config.train.batch_size
     for wd, col in zip(config.weight_decays, colours):
@@ -324,17 +324,22 @@ def plot(m: dict, config, path) -> None:
         norm, angle, eff = (np.asarray(m[p + k], float) for k in ("norm", "angle", "eff_lr"))
         e_norm = np.arange(norm.shape[1])
         e = np.arange(1, angle.shape[1] + 1)
+        dots = dict(marker="o", ms=4) if len(e) < 8 else {}  # a few epochs: each one visible (one epoch: a point)
         for s in range(norm.shape[0]):
             lab = f"weight decay {wd:g}" if s == 0 else None
-            axes[0, 1].plot(e_norm, norm[s], color=col, label=lab)
-            axes[1, 0].plot(e, np.degrees(angle[s]), color=col, label=lab)
-            axes[1, 1].plot(e, eff[s], color=col, label=lab)
-    axes[0, 1].set(xlabel="epoch", ylabel="|W| (Frobenius norm; mean over hidden kernels)",
-                   title="Weight norm during training (one line per seed)")
-    axes[1, 0].set(xlabel="epoch", ylabel="angle turned per SGD step (degrees; epoch mean)", yscale="log",
+            axes[0, 1].plot(e_norm, norm[s], color=col, label=lab, **dots)
+            axes[1, 0].plot(e, np.degrees(angle[s]), color=col, label=lab, **dots)
+            axes[1, 1].plot(e, eff[s], color=col, label=lab, **dots)
+    seeds = common.plural(config.num_seeds, "seed")
+    axes[0, 1].set(xlabel="epoch (0 = initialisation; end of each epoch)",
+                   ylabel="|W| (Frobenius norm; mean over hidden kernels)",
+                   title=f"Weight norm during training (one line per seed, {seeds})")
+    axes[1, 0].set(xlabel=f"epoch ({steps_per_epoch} SGD steps each)",
+                   ylabel="angle turned per SGD step (degrees; epoch mean)", yscale="log",
                    title="Turning rate of the hidden kernels")
-    axes[1, 1].set(xlabel="epoch", ylabel="alpha / |W|^2 (epoch mean, mean over layers)", yscale="log",
-                   title="Effective learning rate alpha / |W|^2")
+    axes[1, 1].set(xlabel=f"epoch ({steps_per_epoch} SGD steps each)",
+                   ylabel="alpha / |W|^2 (epoch mean, mean over layers)", yscale="log",
+                   title=f"Effective learning rate alpha / |W|^2 (alpha = {config.train.learning_rate:g})")
     ax = axes[0, 0]
     x = np.arange(len(config.scales))
     for name, ls in (("eps0", "-"), ("eps_default", "--")):
@@ -342,16 +347,24 @@ def plot(m: dict, config, path) -> None:
             v = np.maximum(np.asarray(m[f"identities.{name}.{i}.by_scale"], float), 1e-12)
             ax.plot(x, v, ls, marker=mk, label=f"{i} ({'epsilon 0' if name == 'eps0' else 'epsilon 1e-5'})")
     ax.set_xticks(x, [f"{a:g}" for a in config.scales])
-    ax.set(xlabel="scale factor a", ylabel="largest relative deviation (exact 0 drawn at 1e-12)", yscale="log",
-           title=f"The four identities, {config.num_draws} draws x {config.depth} layers\n"
-                 "(loss: |L(aW)-L(W)|/L; grad: |g(aW)-g(W)/a|/|g(W)/a|; cosine: |W.g|/|W||g|; step)")
+    ax.set_xlim(-0.5, len(x) - 0.5)
+    ax.set(xlabel="scale factor a (weights aW)", ylabel="largest relative deviation (exact 0 drawn at 1e-12)",
+           yscale="log")
+    ax.set_title(f"The four identities: {common.plural(config.num_draws, 'draw')} x {common.plural(config.depth, 'layer')}, "
+                 f"width {config.width}, batch {config.batch}\n(loss: |L(aW)-L(W)|/L; grad: |g(aW)-g(W)/a|/|g(W)/a|;\n"
+                 f"cosine: |W.g|/|W||g|; step at alpha {config.alpha:g})", fontsize=10)
     for a in axes.flat:
-        a.grid(alpha=0.3)
-        a.legend(fontsize=7)
-    fig.suptitle(f"Lecture 000, 'Scale invariance' (top left: identities, training mode, random init)\n"
+        a.grid(alpha=0.3, which="both")
+    for a in (axes[0, 1], axes[1, 0], axes[1, 1]):
+        common.integer_ticks(a)
+    for a in axes.flat:
+        common.legend_outside(a, ncol=2 if a is axes[0, 0] else 3)
+    on = "kernels" if config.train.get("weight_decay_on", "kernels") == "kernels" else "every parameter"
+    fig.suptitle(f"Lecture (seed 000), 'Scale invariance' (top left: identities, training mode, random init)\n"
                  f"Training: MNIST-1D, PlainMLP + BatchNorm depth {config.model.depth} width {config.model.width}, "
-                 f"SGD alpha {config.train.learning_rate}, batch {config.train.batch_size} ({steps_per_epoch} steps/epoch), "
-                 f"L2 weight decay on kernels, {config.num_seeds} seeds")
+                 f"{common.describe_optimizer(config.train)}, batch {config.train.batch_size} ({steps_per_epoch} steps/epoch),\n"
+                 f"{common.plural(config.train.epochs, 'epoch')}, L2 weight decay "
+                 f"{', '.join(f'{wd:g}' for wd in config.weight_decays)} on {on}, {seeds}")
     common.save_figure(fig, path, dpi=100)
 
 
