@@ -288,7 +288,7 @@ def _arr(v):
 def plot(m: dict, config, path) -> None:
     plt = common.pyplot()
 
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    fig, axes = plt.subplots(2, 2, figsize=(13, 10))
     ep = np.asarray(m["path.epochs"])
     for ax, key, label in ((axes[0, 0], "loss_range", "loss range over step sizes (max - min, nats)"),
                            (axes[0, 1], "grad_change", "max l2 change of the gradient along the gradient")):
@@ -296,39 +296,62 @@ def plot(m: dict, config, path) -> None:
             v = _arr(m[f"path.{net}.{key}"])
             for s, row in enumerate(v):
                 ax.plot(ep, row, "o-", ms=3, color=COLOURS[net], alpha=0.8, label=net if s == 0 else None)
-        ax.set(xlabel="epoch of the training path (checkpoint)", ylabel=label, yscale="log")
-    axes[0, 0].set_title(f"Loss variation along the gradient direction\n(steps eta = c x {config.train.learning_rate}, "
-                         f"c in {min(config.step_multipliers)}..{max(config.step_multipliers)}; one line per seed)")
-    axes[0, 1].set_title("Gradient predictiveness: |grad L(theta - eta g) - g|, max over eta")
+        ax.set(xlabel=f"epoch of the training path (checkpoint every {common.plural(config.probe_every, 'epoch')})",
+               ylabel=label, yscale="log")
+    seeds = common.plural(config.num_seeds, "seed")
+    axes[0, 0].set_title(f"Loss variation along the gradient direction\n(steps eta = c x {config.train.learning_rate:g}, "
+                         f"c in {', '.join(f'{c:g}' for c in config.step_multipliers)}; one line per seed)", fontsize=10)
+    axes[0, 1].set_title("Gradient predictiveness: |grad L(theta - eta g) - g|,\nmax over the same eta (one line per seed)",
+                         fontsize=10)
     ax = axes[1, 0]
     lrs = np.asarray(m["lr_sweep.learning_rates"], float)
+    marks = []
     for net in NETS:
         v = _arr(m[f"lr_sweep.{net}.final_train_loss"])
         with np.errstate(all="ignore"):
             mean = np.array([np.nanmean(r) if np.isfinite(r).any() else np.nan for r in v])
-        ax.plot(lrs, mean, "o-", color=COLOURS[net], label=f"{net} (largest that trains: {_largest(m, net):g})")
-        div = [i for i, row in enumerate(m[f"lr_sweep.{net}.diverged_epoch"]) if any(e is not None for e in row)]
-        if div:
-            ax.plot(lrs[div], np.full(len(div), 3.0), "x", color=COLOURS[net], ms=9, label=f"{net}: diverged")
-    ax.axhline(config.train_loss_threshold, color="k", ls=":", label="threshold (trains below)")
-    ax.set(xscale="log", xlabel="learning rate (SGD)", ylabel=f"training loss, last of {config.sweep_epochs} epochs "
-           "(mean over seeds)", title="Largest learning rate that trains (x at 3.0: a seed diverged)")
+        largest = _largest(m, net)
+        ax.plot(lrs, mean, "o-", color=COLOURS[net],
+                label=f"{net} (largest that trains: {largest:g})" if np.isfinite(largest) else f"{net} (none trains)")
+        diverged = [lr for lr, row in zip(lrs, m[f"lr_sweep.{net}.diverged_epoch"]) if any(e is not None for e in row)]
+        for i, lr in enumerate(diverged):  # above the data at that learning rate
+            marks.append((lr, None, COLOURS[net], f"{net}: a seed diverged (x)" if i == 0 else None))
+    ax.axhline(config.train_loss_threshold, color="k", ls=":", label=f"threshold {config.train_loss_threshold:g} "
+                                                                        "(trains below)")
+    ax.set_xscale("log")
+    common.mark_diverged(ax, marks)
+    ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs], minor=False)
+    ax.set(xlabel="learning rate", ylabel=f"training loss (cross-entropy, nats), last of "
+           f"{common.plural(config.sweep_epochs, 'epoch')}\n(mean over seeds that did not diverge)",
+           title=f"Largest learning rate that trains ({common.plural(config.sweep_epochs, 'epoch')}, {seeds})")
     ax = axes[1, 1]
+    drawn = []
     for net in ("plain", "batchnorm", "noisy_bn"):
         te = np.asarray(m[f"curves.{net}.test_error_pct"], float)
         tr = np.asarray(m[f"curves.{net}.train_error_pct"], float)
         e = np.arange(1, te.shape[1] + 1)
-        ax.plot(e, np.nanmean(te, 0), color=COLOURS[net], label=f"{net}: test error")
-        ax.plot(e, np.nanmean(tr, 0), "--", color=COLOURS[net], label=f"{net}: training error")
-    ax.set(xlabel="epoch", ylabel="error (%, evaluation mode, mean over seeds)", yscale="log",
-           title=f"Noisy BatchNorm vs standard (after each BN: s z + mu + sigma e)\n"
-                 f"s~U({config.noise_scale_low},{config.noise_scale_high}), mu~U(+-{config.noise_shift}), "
-                 f"sigma {config.noise_sigma}; lr {config.train.learning_rate}")
+        few = len(e) < 8  # a few epochs: each one visible (one epoch: a point), test and training told apart
+        ax.plot(e, np.nanmean(te, 0), color=COLOURS[net], label=f"{net}: test error", **(dict(marker="o", ms=5) if few else {}))
+        ax.plot(e, np.nanmean(tr, 0), "--", color=COLOURS[net], label=f"{net}: training error",
+                **(dict(marker="s", ms=6, mfc="none") if few else {}))
+        drawn += [np.nanmean(te, 0), np.nanmean(tr, 0)]
+    drawn = np.concatenate(drawn)
+    drawn = drawn[np.isfinite(drawn) & (drawn > 0)]
+    wide = drawn.size and drawn.max() / drawn.min() > 3  # a log axis only where the errors span a wide range
+    ax.set(xlabel="epoch", ylabel="error (%, evaluation mode, mean over seeds)", yscale="log" if wide else "linear")
+    ax.set_title(f"Noisy BatchNorm vs standard (after each BN: s z + mu + sigma e)\n"
+                 f"s~U({config.noise_scale_low:g}, {config.noise_scale_high:g}), mu~U(+-{config.noise_shift:g}), "
+                 f"sigma {config.noise_sigma:g}; lr {config.train.learning_rate:g}", fontsize=10)
     for a in axes.flat:
-        a.grid(alpha=0.3)
-        a.legend(fontsize=7)
-    fig.suptitle(f"Lecture 000, 'BatchNorm and the loss surface': MNIST-1D, PlainMLP depth {config.model.depth} width "
-                 f"{config.model.width}, SGD lr {config.train.learning_rate}, batch {config.train.batch_size}, {config.num_seeds} seeds")
+        a.grid(alpha=0.3, which="major" if a is axes[1, 0] else "both")
+    for a in (axes[0, 0], axes[0, 1], axes[1, 1]):
+        common.integer_ticks(a)
+    for a in axes.flat:
+        common.legend_outside(a, ncol=3 if a is axes[1, 1] else 2)
+    fig.suptitle(f"Lecture (seed 000), 'BatchNorm and the loss surface': MNIST-1D, PlainMLP depth {config.model.depth} "
+                 f"width {config.model.width}, {common.describe_optimizer(config.train)}, batch {config.train.batch_size},\n"
+                 f"{common.plural(config.train.epochs, 'epoch')} (learning-rate sweep: "
+                 f"{common.plural(config.sweep_epochs, 'epoch')}), {seeds}")
     common.save_figure(fig, path, dpi=100)
 
 
