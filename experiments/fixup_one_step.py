@@ -164,7 +164,7 @@ def plot(m: dict, config, path) -> None:
     plt = common.pyplot()
 
     depths = _depths(m)
-    fig, ax = plt.subplots(figsize=(7.5, 5))
+    fig, ax = plt.subplots(figsize=(7.5, 5.8))
     for init in INITS:
         ax.plot(depths, [m[f"log10_output_norm_after_one_step.{init}.L{d}"] for d in depths], "o-",
                 color=COLOURS[init], lw=2, label=f"{LABELS[init]}: after one step")
@@ -176,14 +176,19 @@ def plot(m: dict, config, path) -> None:
     top = max(max(m[f"log10_output_norm_after_one_step_per_seed.{i}.L{d}"]) for i in INITS for d in depths)
     if top > 30:  # only where it is near: the log-space pass goes beyond it
         ax.axhline(np.log10(np.finfo(np.float32).max), color="gray", ls="--", lw=1, label="float32 overflow")
-    ax.set_xscale("log")
+    if len(depths) > 1:
+        ax.set_xscale("log")
+    else:  # one depth: a linear axis around it, not a log decade with no tick at the depth
+        ax.set_xlim(depths[0] - 1, depths[0] + 1)
+    ax.set_xticks(depths, [str(d) for d in depths])  # the depths that ran, as integers
+    ax.minorticks_off()
     ax.set_xlabel("depth L (residual blocks)")
-    ax.set_ylabel("log10 |y| (output norm, median over inputs; dots: seeds)")
+    ax.set_ylabel("log10 |y| (output norm of the logits, median over\ninputs and seeds; dots: median of each seed)")
     ax.set_title(f"Zhang et al. (seed 003) Sec. 3.4 / Fig. 2: output norm after one full-batch GD step\n"
-                 f"(cross-entropy, MNIST-1D, {m['num_examples']} examples, lr {config.learning_rate}, width {config.width})",
-                 fontsize=10)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+                 f"(cross-entropy, MNIST-1D, {m['num_examples']} examples, lr {config.learning_rate:g}, width "
+                 f"{config.width}, {common.plural(config.num_seeds, 'seed')})", fontsize=10)
+    ax.grid(alpha=0.3)
+    common.legend_outside(ax)
     common.save_figure(fig, path)
 
 
