@@ -210,37 +210,73 @@ def _err(m, dataset, variant, depth) -> float:
     return math.inf if v is None else float(v)
 
 
+#: Curve labels and colours of the figure; the extra cells (one depth) are points beside the BatchNorm curves.
+PLOT_LABELS = {"tau_sqrt": "tau = 1/sqrt(L)", "tau_inv": "tau = 1/L", "fixup": "Fixup", "bn": "BN",
+               "bn_tau": "BN + tau = 1/sqrt(L)", "bn_nowarmup": "BN, no warm-up",
+               "bn_tau_learnable": "BN + learnable tau"}
+PLOT_COLOURS = {"tau_sqrt": "tab:blue", "tau_inv": "tab:orange", "fixup": "tab:green", "bn": "tab:purple",
+                "bn_tau": "tab:blue", "bn_nowarmup": "tab:red", "bn_tau_learnable": "tab:cyan"}
+
+
 def _plot(config, metrics, out_dir) -> None:
     plt = common.pyplot()
-    panels = [("without BN, " + config.nobn_dataset, config.nobn_dataset, ("tau_sqrt", "tau_inv", "fixup"),
-               config.nobn_depths)]
-    panels += [(f"with BN, {ds}", ds, ("bn", "bn_tau"), config.bn_depths) for ds in config.bn_datasets]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4), squeeze=False)
-    labels = {"tau_sqrt": "tau = 1/sqrt(L)", "tau_inv": "tau = 1/L", "fixup": "Fixup", "bn": "BN",
-              "bn_tau": "BN + tau = 1/sqrt(L)"}
-    for ax, (title, ds, variants, depths) in zip(axes[0], panels):
-        for v in variants:
-            xs, ys, lo, hi = [], [], [], []
-            for d in depths:
-                errs = metrics.get(f"final_test_error_pct.{key(ds, v, d)}")
+    panels = [("without BN, " + config.nobn_dataset, config.nobn_dataset,
+               [("tau_sqrt", config.nobn_depths), ("tau_inv", config.tau_inv_depths), ("fixup", config.nobn_depths)])]
+    panels += [(f"with BN, {ds}", ds, [("bn", config.bn_depths), ("bn_tau", config.bn_depths),
+                                       ("bn_nowarmup", (config.extra_depth,)),
+                                       ("bn_tau_learnable", (config.extra_depth,))]) for ds in config.bn_datasets]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5.6), squeeze=False)
+    for ax, (title, ds, series) in zip(axes[0], panels):
+        ran, marks = set(), []
+        drawn = [(v, depths) for v, depths in series
+                 if any(f"final_test_error_pct.{key(ds, v, d)}" in metrics for d in depths)]
+        for i, (v, depths) in enumerate(drawn):
+            dodge = 1 + 0.025 * (i - (len(drawn) - 1) / 2)  # side by side at a shared depth (log axis: a factor)
+            xs, ys, lo, hi, diverged, failed, runs = [], [], [], [], [], 0, 0
+            for d in sorted(set(depths)):
+                k = key(ds, v, d)
+                errs = metrics.get(f"final_test_error_pct.{k}")
                 if errs is None:
                     continue
-                errs = np.asarray(errs, float)
-                errs = errs[np.isfinite(errs)]
-                if errs.size:
-                    xs.append(d)
-                    ys.append(errs.mean())
-                    lo.append(errs.mean() - errs.min())
-                    hi.append(errs.max() - errs.mean())
+                ran.add(d)
+                errs = np.array([np.nan if e is None else e for e in errs], float)
+                failed, runs = failed + int(metrics.get(f"failed.{k}", 0)), runs + errs.size
+                finite = errs[np.isfinite(errs)]
+                if finite.size:
+                    xs.append(d * dodge)
+                    ys.append(finite.mean())
+                    lo.append(finite.mean() - finite.min())
+                    hi.append(finite.max() - finite.mean())
+                if finite.size < errs.size:
+                    diverged.append(d * dodge)
+            label = PLOT_LABELS[v] + (f" ({failed} of {runs} runs failed)" if failed else "")
             if xs:
-                ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=labels[v])
-        ax.set_xscale("log")
-        ax.set_xlabel("depth (layers, 6n+2)")
-        ax.set_ylabel("final test error (%), mean and range over seeds")
+                ax.errorbar(xs, ys, yerr=[lo, hi], marker="D" if v in ("bn_nowarmup", "bn_tau_learnable") else "o",
+                            capsize=3, ls="-" if len(xs) > 1 else "none", color=PLOT_COLOURS[v], label=label)
+                label = None
+            marks += [(d, None, PLOT_COLOURS[v], (label or PLOT_LABELS[v]) + ": diverged (x)" if j == 0 else None)
+                      for j, d in enumerate(diverged)]
+        ran = sorted(ran)
+        if len(ran) > 1:
+            ax.set_xscale("log")
+        elif ran:  # one depth: a linear axis around it
+            ax.set_xlim(ran[0] * 0.9, ran[0] * 1.1)
+        common.mark_diverged(ax, marks)
+        ax.set_xticks(ran, [str(d) for d in ran])  # the depths that ran, as integers
+        ax.minorticks_off()
+        ax.set_xlabel("depth L (layers, 6n+2)")
+        ax.set_ylabel("final test error (%), mean and range over\nthe seeds that did not diverge")
         ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=8)
-    stand_in = " - SYNTHETIC STAND-IN DATA, not a measurement" if metrics.get(image_runs.STAND_IN) else ""
-    fig.suptitle(f"Zhang et al. (seed 003) Figure 5 / Table 2: CIFAR ResNets with tau{stand_in}", fontsize=10)
+        ax.grid(alpha=0.3)
+        common.legend_outside(ax)
+    stand_in = "\nSYNTHETIC STAND-IN DATA, not a measurement" if metrics.get(image_runs.STAND_IN) else ""
+    warmup = (f"; BN from depth {config.bn_warmup_depth}: {config.bn_warmup_epochs:g} warm-up "
+              f"epoch{'' if config.bn_warmup_epochs == 1 else 's'}"
+              if config.bn_datasets else "")
+    fig.suptitle(f"Zhang et al. (seed 003) Figure 5 / Table 2: CIFAR ResNets with tau, "
+                 f"{common.describe_optimizer(config.train)}, batch {config.train.batch_size},\n"
+                 f"{common.plural(config.train.epochs, 'epoch')}, {common.plural(config.num_seeds, 'seed')} per cell"
+                 f"{warmup}; failed: diverged or accuracy below twice chance{stand_in}", fontsize=10)
     common.save_figure(fig, out_dir / f"{NAME}.png")
 
 
