@@ -129,32 +129,50 @@ def run(config, out_dir) -> dict:
     return metrics
 
 
+def _runs(values) -> np.ndarray:
+    """Seeds x epochs, ``None`` (a non-finite value in results.json) as NaN."""
+    return np.array([[np.nan if v is None else v for v in row] for row in values], float)
+
+
 def _plot(config, metrics, out_dir) -> None:
     plt = common.pyplot()
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 5.4))
+    marks1, marks2 = [], []
     for v in config.variants:
-        acc = np.asarray(metrics[f"curves.{v}.test_acc"], float)
-        loss = np.asarray(metrics[f"curves.{v}.train_loss"], float)
-        epochs = np.arange(1, acc.shape[1] + 1)
+        acc = _runs(metrics[f"curves.{v}.test_acc"])
+        loss = _runs(metrics[f"curves.{v}.train_loss"])
+        # A diverged run's loss turns non-finite (its accuracy is then counted as chance): marked where it does.
+        diverged = [int(np.argmax(~np.isfinite(row))) + 1 if (~np.isfinite(row)).any() else None for row in loss]
+        n = sum(e is not None for e in diverged)
+        label = LABELS[v] + (f": {n} of {len(loss)} runs diverged (x)" if n else "")
+        few = acc.shape[1] < 8  # a few epochs: each one a visible point
         for i, row in enumerate(acc):
-            a1.plot(epochs, row, marker="o", ms=3, color=COLOURS[v], alpha=0.6, lw=1,
-                    label=LABELS[v] if i == 0 else None)
+            a1.plot(np.arange(1, len(row) + 1), row, marker="o", ms=4 if few else 2, color=COLOURS[v], alpha=0.6,
+                    lw=1, label=label if i == 0 else None)
         for i, row in enumerate(loss):
-            a2.plot(np.arange(1, len(row) + 1), row, marker="o", ms=3, color=COLOURS[v], alpha=0.6, lw=1,
-                    label=LABELS[v] if i == 0 else None)
+            a2.plot(np.arange(1, len(row) + 1), row, marker="o", ms=4 if few else 2, color=COLOURS[v], alpha=0.6,
+                    lw=1, label=label if i == 0 else None)
+        marks1 += common.diverged_marks(acc, diverged, COLOURS[v])
+        marks2 += common.diverged_marks(loss, diverged, COLOURS[v])
     a1.axhline(0.434, color="goldenrod", ls=":", lw=1, label="seed: Taki, epoch-1 mean 0.434")
     a1.set_xlabel("epoch")
-    a1.set_ylabel("validation accuracy (fraction; diverged = 0.1)")
-    a1.set_title("validation accuracy (seed 004 Fig. 2a, Fig. 3)", fontsize=10)
+    a1.set_ylabel(f"validation accuracy (fraction; diverged = {CHANCE:g})")
+    a1.set_title("validation accuracy (seed 004 Fig. 2a, Fig. 3), one line per run", fontsize=10)
     a2.set_xlabel("epoch")
     a2.set_ylabel("training loss (cross-entropy, epoch mean)")
     a2.set_yscale("log")
-    a2.set_title("training loss (seed 004 Fig. 2b)", fontsize=10)
+    a2.set_title("training loss (seed 004 Fig. 2b), one line per run", fontsize=10)
+    common.mark_diverged(a1, marks1)
+    common.mark_diverged(a2, marks2, log=True)
     for ax in (a1, a2):
-        ax.legend(fontsize=8)
-    stand_in = " - SYNTHETIC STAND-IN DATA, not a measurement" if metrics.get(image_runs.STAND_IN) else ""
-    fig.suptitle(f"Taki (seed 004): {config.num_blocks}-block 8x8-conv ResNets on CIFAR-10, "
-                 f"{config.num_seeds} runs each{stand_in}", fontsize=10)
+        ax.grid(alpha=0.3)
+        common.integer_ticks(ax)
+        common.legend_outside(ax)
+    stand_in = "\nSYNTHETIC STAND-IN DATA, not a measurement" if metrics.get(image_runs.STAND_IN) else ""
+    fig.suptitle(f"Taki (seed 004): {config.num_blocks}-block 8x8-conv ResNets on {config.dataset.upper().replace('CIFAR', 'CIFAR-')}, "
+                 f"{common.describe_optimizer(config.train)}, batch {config.train.batch_size},\n"
+                 f"{common.plural(config.train.epochs, 'epoch')}, {common.plural(config.num_seeds, 'run')} each"
+                 f"{stand_in}", fontsize=10)
     common.save_figure(fig, out_dir / f"{NAME}.png")
 
 
