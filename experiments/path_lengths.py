@@ -373,7 +373,7 @@ def run(config, out_dir) -> dict:
 def plot(m: dict, config, path) -> None:
     plt = common.pyplot()
 
-    fig, axes = plt.subplots(1, 3, figsize=(17, 5.2), gridspec_kw={"width_ratios": [0.55, 1.4, 1.2]})
+    fig, axes = plt.subplots(1, 3, figsize=(17, 6.6), gridspec_kw={"width_ratios": [0.55, 1.4, 1.2]})
     # (a) the eight paths through three blocks.
     ax = axes[0]
     rows = sorted(range(8), key=lambda s: (bin(s).count("1"), s))
@@ -386,11 +386,11 @@ def plot(m: dict, config, path) -> None:
     ax.set_xticks([1, 2, 3])
     ax.set_yticks([])
     ax.set_xlabel("block")
-    ax.set_title("Paths through 3 blocks (lecture fig.\n'Path lengths', left; filled: branch)", fontsize=10)
+    ax.set_title("Paths through 3 blocks\n(lecture, seed 000, fig.\n'Path lengths', left;\nfilled: branch)", fontsize=9)
     for sp in ("top", "right", "left"):
         ax.spines[sp].set_visible(False)
 
-    def panel(ax, k, cases, title):
+    def panel(ax, k, cases, title, names):
         lengths = np.arange(k + 1)
         share = np.asarray(paths.path_length_shares(k))
         lo, hi = paths.central_band(k)
@@ -405,22 +405,30 @@ def plot(m: dict, config, path) -> None:
                 name = f"gradient_share_by_length{suffix}.{case}"
                 if name in m:
                     ls, what = styles[key]
-                    ax.plot(lengths, m[name], ls, color=colour, lw=1.6, marker=".", ms=4, label=f"{case}: {what}")
+                    ax.plot(lengths, m[name], ls, color=colour, lw=1.6, marker=".", ms=4, label=f"{names[case]}: {what}")
         ax.set_xlabel("path length m (branches passed through)")
         ax.set_ylabel("share of paths (bars) / share of gradient (lines)")
         ax.set_xlim(-0.5, k + 0.5)
+        common.integer_ticks(ax)
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper right")
+        common.legend_outside(ax, ncol=1)
 
     k = config.num_blocks
     panel(axes[1], k, [("init_bn", "tab:blue"), ("init_nonorm", "tab:red")],
-          f"Path lengths, {k} blocks (lecture fig. 'Path lengths', right panel)\n"
-          f"+ gradient share per length at init, width {config.width}, {config.num_examples} MNIST-1D examples")
-    kt = config.model.num_blocks
+          f"Path lengths, {k} blocks (lecture, seed 000, fig. 'Path lengths', right)\n"
+          f"+ gradient share per length at init: residual MLP width {config.width},\n"
+          f"{common.plural(config.num_examples, 'MNIST-1D test input')}, Veit's estimate from "
+          f"{common.plural(config.veit_samples, 'random path')} per length",
+          {"init_bn": "at init, BatchNorm", "init_nonorm": "at init, no normalisation"})
+    kt, epochs = config.model.num_blocks, common.plural(config.train.epochs, "epoch")
+    norm = {"batch": "BatchNorm", "none": "no normalisation", "layer": "LayerNorm"}.get(config.model.norm,
+                                                                                      f"norm {config.model.norm}")
     panel(axes[2], kt, [("before_training", "tab:blue"), ("after_training", "tab:purple")],
-          f"Beyond the lecture: depth-{kt} residual + BN network, at init and after {config.train.epochs} epochs\n"
-          f"(training error {m['trained_train_error_pct']:.1f}%)")
+          f"Beyond the lecture: {kt}-block residual MLP ({norm}, width {config.model.width}),\n"
+          f"at init and after {epochs} of {common.describe_optimizer(config.train)}, batch {config.train.batch_size}\n"
+          f"(final training error {m['trained_train_error_pct']:.1f}%)",
+          {"before_training": "at init", "after_training": f"after {epochs}"})
     fig.suptitle("Unravelled paths: how many paths have each length, and how much gradient each length carries")
     common.save_figure(fig, path)
 
