@@ -245,15 +245,15 @@ def plot(m: dict, config, path) -> None:
 
     K = config.num_blocks
     k = np.arange(K + 1)
-    fig, axes = plt.subplots(1, 3, figsize=(17, 5.2))
+    fig, axes = plt.subplots(1, 3, figsize=(17, 6.4))
     ax = axes[0]
     for name in BLOCKS:
         ax.plot(k, m[f"curves.variance.{name}"], color=COLOURS[name], lw=2, marker=".", label=f"branch {name}")
     ax.plot(k, m["curves.guide_doubling"], "k--", lw=1, label="2^k")
     ax.plot(k, m["curves.guide_linear"], "k:", lw=1.3, label="1 + k")
-    ax.set_title("Variance through depth (lecture fig. 'Variance through depth')\n"
-                 f"one network per curve, width {config.width}, batch of {config.batch_size} random inputs",
-                 fontsize=9)
+    ax.set_title("Variance through depth (lecture, seed 000, fig. 'Variance through depth')\n"
+                 f"{K} pre-activation blocks, {config.kernel_init} weights; one network per curve, width "
+                 f"{config.width},\nbatch of {config.batch_size} random N(0, 1) inputs", fontsize=9)
     ax = axes[1]
     for name in BLOCKS:
         c = COLOURS[name]
@@ -263,15 +263,15 @@ def plot(m: dict, config, path) -> None:
                 label=f"{name}: per-unit batch variance, mean")
     ax.plot(k, m["curves.guide_doubling"], "k--", lw=1, label="2^k")
     ax.plot(k, m["curves.guide_linear"], "k:", lw=1.3, label="1 + k")
-    ax.set_title(f"Beyond the lecture: {config.num_networks} networks (vmapped)\n"
+    ax.set_title(f"Beyond the lecture: {common.plural(config.num_networks, 'network')} per curve (vmapped)\n"
                  "solid: variance over all entries; dash-dot: per unit over the batch (udlbook 11.3)", fontsize=9)
     for a in axes[:2]:
         a.set_yscale("log")
         a.set_xlabel("residual blocks passed, k")
-        a.set_ylabel("activation variance of h_k")
+        a.set_ylabel("activation variance of h_k (inputs: variance 1)")
         a.set_xticks(range(0, K + 1, max(1, K // 10)))
         a.grid(alpha=0.3, which="both")
-        a.legend(fontsize=7)
+        common.legend_outside(a)
     ax = axes[2]
     j = np.arange(1, K + 1)
     ax.plot(j - 1, m["branch_ratio.normalised"], color="tab:green", marker=".", lw=1, label="normalised, one network")
@@ -283,9 +283,9 @@ def plot(m: dict, config, path) -> None:
     ax.set_xticks(range(0, K, max(1, K // 10)))
     ax.set_xlabel("blocks before the branch, k")
     ax.set_ylabel("Var(branch k+1 output) / Var(h_k)")
-    ax.set_title("Relative size of later branches (lecture section of that name)", fontsize=9)
+    ax.set_title("Relative size of later branches (lecture, seed 000, section of that name)", fontsize=9)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+    common.legend_outside(ax)
     common.save_figure(fig, path)
 
 
