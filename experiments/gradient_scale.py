@@ -144,33 +144,28 @@ def run(config, out_dir) -> dict:
 def plot(m: dict, config, path) -> None:
     plt = common.pyplot()
 
-    fig, (ax, zoom) = plt.subplots(1, 2, figsize=(14, 5.2))
+    K = config.branch_scale_blocks
+    fig, (ax, zoom) = plt.subplots(1, 2, figsize=(14, 6.2))
     k = np.arange(config.depth + 1)
-    for kind in ("plain", "residual_scaled"):
-        c = COLOURS[kind]
-        zoom.fill_between(k, m[f"curves.{kind}.p10"], m[f"curves.{kind}.p90"], color=c, alpha=0.2, lw=0)
-        zoom.plot(k, m[f"curves.{kind}.median"], color=c, lw=2, label=LABELS[kind].replace("K)", f"{config.branch_scale_blocks})"))
-        zoom.plot(k, m[f"curves.{kind}.rms_guide"], color=c, lw=1, ls=":")
-    zoom.set_yscale("log")
-    zoom.set_xlabel("layers passed back through, k")
-    zoom.set_ylabel("gradient norm |g_k|")
+    for a, kinds in ((ax, KINDS), (zoom, ("plain", "residual_scaled"))):
+        for kind in kinds:
+            c = COLOURS[kind]
+            a.fill_between(k, m[f"curves.{kind}.p10"], m[f"curves.{kind}.p90"], color=c, alpha=0.2, lw=0)
+            a.plot(k, m[f"curves.{kind}.median"], color=c, lw=2, label=LABELS[kind].replace("K)", f"{K})"))
+            a.plot(k, m[f"curves.{kind}.rms_guide"], color=c, lw=1, ls=":")
+        a.set_yscale("log")
+        a.set_xlim(0, config.depth)
+        common.integer_ticks(a)
+        a.set_xlabel(f"layers passed back through, k (0 to {config.depth})")
+        a.grid(alpha=0.3, which="both")
+        common.legend_outside(a, ncol=1)
+    zoom.set_ylabel("gradient norm |g_k| (start |g_0| = 1)")
     zoom.set_title("The same, plain and small branches only (zoomed)", fontsize=9)
-    zoom.grid(alpha=0.3, which="both")
-    zoom.legend(fontsize=8, loc="lower left")
-    for kind in KINDS:
-        c = COLOURS[kind]
-        label = LABELS[kind].replace("K)", f"{config.branch_scale_blocks})")
-        ax.fill_between(k, m[f"curves.{kind}.p10"], m[f"curves.{kind}.p90"], color=c, alpha=0.2, lw=0)
-        ax.plot(k, m[f"curves.{kind}.median"], color=c, lw=2, label=label)
-        ax.plot(k, m[f"curves.{kind}.rms_guide"], color=c, lw=1, ls=":")
-    ax.set_yscale("log")
-    ax.set_xlabel("layers passed back through, k")
     ax.set_ylabel("gradient norm |g_k| (start |g_0| = 1)")
-    ax.set_title("Gradient scale through depth (lecture fig. 'Gradient scale through depth')\n"
-                 f"width {config.width}, He ReLU layers, {config.num_draws} draws: median, band 10th-90th "
-                 "percentile;\ndotted: sqrt(E|g_k|^2) = 1, 2^(k/2), (1 + 1/K)^(k/2)", fontsize=9)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(f"Gradient scale through depth (lecture, seed 000, fig. 'Gradient scale through depth')\n"
+                 f"width {config.width}, ReLU layers with {config.kernel_init} weights, "
+                 f"{common.plural(config.num_draws, 'draw')}: median, band 10th-90th percentile;\n"
+                 f"dotted: sqrt(E|g_k|^2) under He draws = 1, 2^(k/2), (1 + 1/{K})^(k/2)", fontsize=9)
     common.save_figure(fig, path)
 
 
