@@ -195,7 +195,7 @@ def plot(m: dict, config, rhos, path) -> None:
 
     colours = {"fast": "tab:orange", "slow": "tab:blue"}
     t = np.asarray(m["curves.step"])
-    fig, axes = plt.subplots(1, 2, figsize=(15, 5), gridspec_kw={"width_ratios": [1.6, 1]})
+    fig, axes = plt.subplots(1, 2, figsize=(15, 6.2), gridspec_kw={"width_ratios": [1.6, 1]})
     ax = axes[0]
     ax.scatter(t, m["curves.batch_mean"], s=3, color="grey", alpha=0.5,
                label=f"batch mean (true + N(0, {config.noise_std:g}^2))")
@@ -205,20 +205,22 @@ def plot(m: dict, config, rhos, path) -> None:
                 label=f"running estimate, rho = {rho:g} (PyTorch momentum {rho:g}; flax momentum {1 - rho:g})")
     ax.set_xlabel("training step")
     ax.set_ylabel("activation mean of the unit (unitless)")
-    ax.set_title("Running estimates over training (lecture fig. 'Running estimates over training')\n"
-                 f"estimates start at {config.init:g}; m <- (1 - rho) m + rho m_batch", fontsize=9)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title("Running estimates over training (lecture, seed 000, fig. 'Running estimates over training')\n"
+                 f"true mean {config.mean_start:g} -> {config.mean_end:g} over steps {config.drift_start}-"
+                 f"{config.drift_end}; estimates start at {config.init:g}; m <- (1 - rho) m + rho m_batch", fontsize=9)
+    common.legend_outside(ax, ncol=1)
     ax.grid(alpha=0.3)
     ax = axes[1]
     for w, rho in rhos.items():
         ax.plot(t, m[f"curves.lag.{w}"], color=colours[w], lw=2, label=f"lag, rho = {rho:g}")
         ax.plot(t, m[f"curves.noise_std.{w}"], color=colours[w], lw=1.2, ls="--",
                 label=f"noise sd over {config.num_runs:,} runs, rho = {rho:g}")
-    ax.axvspan(config.drift_start, config.drift_end, color="grey", alpha=0.1, label="drift")
+    ax.axvspan(config.drift_start, config.drift_end, color="grey", alpha=0.1,
+               label=f"drift (steps {config.drift_start}-{config.drift_end})")
     ax.set_xlabel("training step")
-    ax.set_ylabel("true - estimate of the noise-free mean (lag);\nsd of the estimate's noise part")
+    ax.set_ylabel("true - estimate of the noise-free mean (lag);\nsd of the estimate's noise part (unitless)")
     ax.set_title("Beyond the lecture: the estimate's error split exactly into lag and noise", fontsize=9)
-    ax.legend(fontsize=8)
+    common.legend_outside(ax)
     ax.grid(alpha=0.3)
     common.save_figure(fig, path)
 
