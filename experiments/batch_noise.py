@@ -150,42 +150,61 @@ def report_section(m: dict) -> str:
 # ---- figure ------------------------------------------------------------------------------------------
 
 
+def at_lecture_settings(config) -> bool:
+    """Whether the run's data, example and epsilon are the lecture's (its 0.42 and 0.14 apply only then)."""
+    return (config.data_mean, config.data_std, config.example, config.epsilon) == (1.0, 2.0, 2.5, 0.0)
+
+
 def plot(m: dict, config, sizes, path) -> None:
     plt = common.pyplot()
+    from matplotlib.ticker import NullLocator
 
-    fig, axes = plt.subplots(1, 2, figsize=(14, 5))
+    fig, axes = plt.subplots(1, 2, figsize=(14, 6))
     ax = axes[0]
     colours = ["tab:orange", "tab:blue", "tab:green", "tab:purple"]
-    bins = np.linspace(-1.0, 2.5, 141)
-    for b, c in zip(config.batch_sizes, colours):
+    shown = np.concatenate([np.asarray(m[f"hist.b{b}"], float) for b in config.batch_sizes])
+    lo, hi = (shown.min(), shown.max()) if shown.size else (-1.0, 2.5)  # the data's range, not a fixed one
+    lo, hi = min(lo, m["data_standardised"]), max(hi, m["data_standardised"])
+    bins = np.linspace(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo), 141)
+    counts = []
+    for b, c in zip(config.batch_sizes, colours * 4):
         v = np.asarray(m[f"hist.b{b}"])
+        counts.append(len(v))
         ax.hist(v, bins=bins, color=c, alpha=0.5, label=f"B = {b}: median {np.median(v):.3f}, sd {np.std(v):.3f}")
         ax.axvline(np.median(v), color=c, lw=1.2)
     ax.axvline(m["data_standardised"], color="k", ls=":", lw=1.8,
                label=f"data-standardised ({config.example:g} - {config.data_mean:g}) / {config.data_std:g} "
                      f"= {m['data_standardised']:g}")
-    ax.set_xlabel("the example's BatchNorm output (epsilon 0, gamma 1, delta 0)")
-    ax.set_ylabel(f"number of minibatches (of {min(config.num_batches, 4000):,})")
-    ax.set_title("One example in many batches (lecture fig. 'One example in many batches')\n"
+    ax.set_xlim(bins[0], bins[-1])
+    ax.set_xlabel(f"the example's BatchNorm output (epsilon {config.epsilon:g}, gamma 1, delta 0; unitless)")
+    n = max(counts, default=0)
+    ax.set_ylabel(f"number of minibatches (of {n:,} per size" +
+                  (f", the first of {config.num_batches:,} drawn)" if n < config.num_batches else ")"))
+    ax.set_title("One example in many batches (lecture, seed 000, fig. 'One example in many batches')\n"
                  f"data N({config.data_mean:g}, {config.data_std:g}^2), example {config.example:g}; "
                  "solid lines: medians", fontsize=9)
-    ax.legend(fontsize=8)
+    common.legend_outside(ax, ncol=1)
     ax.grid(alpha=0.3)
     ax = axes[1]
     s = np.asarray(m["sweep.std"])
+    z = m["data_standardised"]
     ax.plot(sizes, s, "o-", color="tab:red", label=f"measured (log-log slope {m['sweep.loglog_slope']:.3f})")
-    ax.plot(sizes, m["sweep.delta_method_std"], "k--", lw=1, label="sqrt((1 + z^2/2) / B), z = 0.75 (first order)")
+    ax.plot(sizes, m["sweep.delta_method_std"], "k--", lw=1, label=f"sqrt((1 + z^2/2) / B), z = {z:.3g} (first order)")
     ax.plot(sizes, s[0] * np.sqrt(sizes[0] / np.asarray(sizes, float)), "k:", lw=1,
             label=f"1/sqrt(B) through B = {sizes[0]}")
-    ax.scatter(list(LECTURE_STD), list(LECTURE_STD.values()), marker="x", s=80, color="k", zorder=4,
-               label="lecture: 0.42 (B = 8), 0.14 (B = 64)")
+    lecture = {b: v for b, v in LECTURE_STD.items() if b in sizes}
+    if at_lecture_settings(config) and lecture:  # the lecture's numbers belong to its settings (and sizes) only
+        ax.scatter(list(lecture), list(lecture.values()), marker="x", s=80, color="k", zorder=4,
+                   label="lecture: " + ", ".join(f"{v} (B = {b})" for b, v in lecture.items()))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    ax.set_xticks(sizes, [str(b) for b in sizes])  # the batch sizes that ran, as integers
+    ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xlabel("minibatch size B (the example + B - 1 random others)")
     ax.set_ylabel("standard deviation of the example's output over minibatches")
     ax.set_title(f"Beyond the lecture: spread against batch size, {config.num_batches:,} batches each (vmapped)",
                  fontsize=9)
-    ax.legend(fontsize=8)
+    common.legend_outside(ax, ncol=1)
     ax.grid(alpha=0.3, which="both")
     common.save_figure(fig, path)
 
