@@ -152,8 +152,8 @@ def plot(m: dict, config, path) -> None:
     ax.set_xticks(range(4), labels, fontsize=8)
     ax.set_xlim(-0.3, 3.6)
     ax.set_ylabel("activation value (unitless)")
-    ax.set_xlabel("stage of batch normalisation (one unit, minibatch of 4, epsilon 0)")
-    ax.set_title("Four values, stage by stage (lecture fig. 'Four values, stage by stage')\n"
+    ax.set_xlabel(f"stage of batch normalisation (one unit, minibatch of {vals.shape[1]}, epsilon {config.epsilon:g})")
+    ax.set_title(f"{vals.shape[1]} values, stage by stage (lecture, seed 000, fig. 'Four values, stage by stage')\n"
                  f"mean {m['mean']:g}, population variance {m['variance.population']:g} "
                  f"(unbiased {m['variance.unbiased']:.2f}), gamma {config.gamma:g}, delta {config.delta:g}",
                  fontsize=9)
