@@ -7,7 +7,9 @@ validates every cell it will run, the output folder; a refused value is an argpa
 exit status 2), runs the experiment, and writes ``DIR/results.json`` =
 ``{"experiment", "config", "metrics", "seconds"}`` (``DIR``: ``--out``, else ``runs/<name>``, or
 ``runs/<name>-quick`` with ``--quick``). Metrics are flat dotted names mapping to numbers
-or (nested) lists of numbers; NaN and infinities are written as JSON ``null``.
+or (nested) lists of numbers; NaN and infinities are written as JSON ``null``. Every training cell
+checkpoints into ``--checkpoint_dir`` (default ``DIR/checkpoints``; ``none``: off) and the same command
+resumes; ``--fresh`` starts every cell over; SIGTERM/SIGINT exit 143/130 cleanly (``experiments.checkpoints``).
 """
 
 from __future__ import annotations

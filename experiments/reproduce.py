@@ -1,6 +1,6 @@
 """Run every registered experiment and write ``REPORT.md``: claim, the seed document's value, the measured value, holds.
 
-    python -m experiments.reproduce [--quick | --full] [--out DIR] [--only NAME ...] [--reuse]
+    python -m experiments.reproduce [--quick | --full] [--out DIR] [--only NAME ...] [--fresh] [--checkpoint_dir DIR]
 
 Sizes: ``--quick`` (a minute or two; what the tests run), the default (every lecture-scale figure,
 well under an hour on a 2-core CPU) and ``--full`` (paper-scale runs meant for an accelerator). Each
@@ -11,10 +11,14 @@ Without ``--out``, ``--quick`` writes ``runs/<name>-quick`` and ``runs/REPORT-qu
 Every experiment to be run is preflighted (``experiments.common.preflight``: every cell, every setting,
 the output folders) before the first one starts.
 
-``--reuse`` takes an experiment's existing ``DIR/<name>/results.json`` instead of running it again when
-its recorded config equals the config of this run (to resume an interrupted reproduction, or to
-rebuild the report). ``rebuild_report(DIR)`` (``python -c "from experiments.reproduce import
-rebuild_report; rebuild_report('docs/report')"``) writes ``DIR/REPORT.md`` again from the stored results
+An experiment whose ``DIR/<name>/results.json`` records the config of this run is not run again: its
+results are taken as they are (``--reuse``, which asked for that, is still accepted). The others run, each
+resuming from its checkpoints (``experiments.checkpoints``: a training cell finished before an interruption
+loads, the interrupted one goes on), so the same command after a SIGTERM or Ctrl-C (exit 143 or 130, the
+command printed) carries on where it stopped. ``--fresh`` runs every experiment again, every cell from its
+start; ``--checkpoint_dir DIR`` keeps the checkpoints in ``DIR/<name>`` (``none``: none kept).
+``rebuild_report(DIR)`` (``python -c "from experiments.reproduce import rebuild_report;
+rebuild_report('docs/report')"``) writes ``DIR/REPORT.md`` again from the stored results
 without running anything, whatever their configs.
 
 Experiments that train on a TFDS data set (``cifar_tau``, ``taki_cifar``: they define
