@@ -472,6 +472,19 @@ def plot(m: dict, config, path) -> None:
     _stage_lines(ax, deep)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    from matplotlib.ticker import LogLocator, NullLocator, ScalarFormatter, StrMethodFormatter
+
+    blocks = max(len(m[f"curves.log10_norm.bn.d{d}"]) for d in depths)
+    if blocks <= 12:  # a few blocks: each one ticked, as an integer (not 2 x 10^0)
+        ax.set_xticks(range(1, blocks + 1), [str(b) for b in range(1, blocks + 1)])
+        ax.xaxis.set_minor_locator(NullLocator())
+    else:
+        ax.xaxis.set_major_formatter(StrMethodFormatter("{x:g}"))  # 1, 10, 100 blocks
+    lo, hi = ax.get_ylim()
+    if hi / lo < 10:  # less than a decade (few blocks): plain numbers, more of them, not one lone 10^2
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_locator(LogLocator(subs=(1.5, 2, 3, 4, 5, 6, 7, 8, 9)))
+        ax.yaxis.set_minor_formatter(ScalarFormatter())
     ax.set_xlabel("block index l (log scale; dotted verticals: stage transitions of the deepest net)")
     ax.set_ylabel("block output norm |h_l| (per-example L2, mean over images)")
     ax.set_title("(a) with BatchNorm at initialisation (batch statistics)", fontsize=10)
