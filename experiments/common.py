@@ -431,7 +431,8 @@ def integer_ticks(ax, axis: str = "x") -> None:
     if len(whole) <= 8:  # a few epochs: each one ticked (one epoch: a single tick, not 0.96 ... 1.04)
         (ax.set_xticks if axis == "x" else ax.set_yticks)(whole)
     else:
-        (ax.xaxis if axis == "x" else ax.yaxis).set_major_locator(MaxNLocator(integer=True))
+        # steps 1, 2, 5, 10: round ticks (0, 20, ..., 100 epochs, not 0, 15, ..., 105)
+        (ax.xaxis if axis == "x" else ax.yaxis).set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
 
 
 def plural(count: int, word: str) -> str:
