@@ -304,7 +304,8 @@ def plot(m: dict, config, path) -> None:
     qs = list(config.n_var_w_values)
     shades = plt.get_cmap("viridis")(np.linspace(0.1, 0.85, len(qs)))
     fig, axes = plt.subplots(2, 4, figsize=(23, 10))
-    labels = {"he": "He N(0, 2/n)", "taki": f"Taki N(0, c/(nL)), c={config.c:g}", "bn": "BatchNorm, n Var[w]=1"}
+    labels = {"he": "He N(0, 2/n)", "taki": f"Taki N(0, c/(nL)), c={config.c:g}",
+              "bn": f"BatchNorm, n Var[w]={config.bn_n_var_w:g}"}
     step = max(1, L // 25)
 
     def curve(ax, case, act, colour, label, band=True, x0=0):
@@ -350,13 +351,21 @@ def plot(m: dict, config, path) -> None:
                 ax.set_title(f"{actname}: plain ResNet (no BatchNorm) over Var[w]\n"
                              "(1 + n Var[w] a)^(L - l): exponential, set by Var[w]", fontsize=9)
         for ax in axes[row]:
+            if ax.get_xscale() != "log":
+                common.integer_ticks(ax)
+            else:  # blocks as integers: 1, 10, 100 (not 10^0)
+                from matplotlib.ticker import StrMethodFormatter
+
+                ax.xaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
             ax.set_yscale("log")
             ax.set_xlabel("stream index l (residual blocks passed)" + (", from 1" if ax.get_xscale() == "log" else ""))
             ax.set_ylabel("Var[delta_l] / Var[delta_L]   (delta_l = dE/dx_l)")
             ax.grid(alpha=0.3, which="both")
             ax.legend(fontsize=6.5)
-    fig.suptitle(f"Taki (seed 004): gradient variance of plain ResNets at initialisation, {config.num_draws} draws "
-                 "(markers: measured, mean of draws) vs the library's mean-field curves (lines)", fontsize=11)
+    fig.suptitle(f"Taki (seed 004): gradient variance of plain ResNets at initialisation, {L} blocks, width "
+                 f"{config.width}, batch {config.batch_size} of N(0, {config.input_variance:g}) inputs, "
+                 f"{common.plural(config.num_draws, 'draw')}\n(markers: measured, mean of draws) vs the library's "
+                 "mean-field curves (lines)", fontsize=11)
     common.save_figure(fig, path, dpi=90)
 
 
