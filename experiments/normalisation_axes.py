@@ -235,12 +235,14 @@ def plot(groups: dict, config, path) -> None:
         ax.grid(False)
         kind, layer_axes = LAYERS[name]
         axes = bn.reduction_axes(kind, "NCHW", layer_axes)
-        extra = f" (+ {C // config.figure_groups} channels of a group)" if kind == "group" else ""
+        extra = (f" (+ the {C // config.figure_groups} channels of a group, {config.figure_groups} groups)"
+                 if kind == "group" else "")
         ax.set_title(f"{TITLES[name]}\nreduces over NCHW axes {axes}{extra}\n"
                      f"shaded: {int(shaded.sum())} values share one mean and variance", fontsize=8)
-    fig.suptitle("Normalisation axes (lecture fig. 'Normalisation axes'), generated from each resjax layer's own "
-                 f"Jacobian. Activation (B, C, H, W) = {tuple(config.figure_shape)}; flax holds it as (B, H, W, C). "
-                 "Shaded: the values whose one mean and variance normalise example 1, channel 1, position (1, 1).",
+    fig.suptitle("Normalisation axes (lecture, seed 000, fig. 'Normalisation axes'), generated from each resjax "
+                 f"layer's own Jacobian. Activation (B, C, H, W) = {tuple(config.figure_shape)}; flax holds it as "
+                 f"(B, H, W, C). Shaded: the values whose one mean and variance normalise example {ref[0]}, channel "
+                 f"{ref[3]}, position ({ref[1]}, {ref[2]}) (counting from 0).",
                  fontsize=9, y=0.98)
     fig.subplots_adjust(left=0.01, right=0.98, top=0.86, bottom=0.02, wspace=0.08)
     common.save_figure(fig, path, tight=False)
