@@ -141,10 +141,12 @@ def _begin_cell(s: Session | None, cell: str, directory: pathlib.Path | None) ->
     saved = directory is not None
     s.current, s.current_saved, s.current_dir = cell, saved, directory
     if saved and s.root is not None and not s.marked:  # this config's run, for the next one to recognise
-        from experiments.common import _write_atomically
+        from experiments.common import _write_atomically, is_main
 
-        s.root.mkdir(parents=True, exist_ok=True)
-        _write_atomically(s.marker, lambda tmp: tmp.write_text(json.dumps({"experiment": s.name, "config": s.config})))
+        if is_main():  # process 0 writes every file of a multi-process run
+            s.root.mkdir(parents=True, exist_ok=True)
+            _write_atomically(s.marker, lambda tmp: tmp.write_text(json.dumps({"experiment": s.name,
+                                                                               "config": s.config})))
         s.marked = True
 
 
@@ -177,9 +179,13 @@ def named_dir(name: str) -> pathlib.Path | None:
         return None
     directory = s.root / name
     if s.fresh and directory not in s.emptied:
+        from experiments.common import is_main
+        from resjax.train.distributed import barrier
+
         s.emptied.add(directory)
-        if directory.is_dir():
+        if is_main() and directory.is_dir():
             shutil.rmtree(directory)
+        barrier(f"resjax_fresh_{name}")  # no process opens the folder before it is emptied
     return directory
 
 
@@ -210,8 +216,10 @@ def sweep_settings(trainer, keys, hparams, epochs) -> tuple:
 
 def _announce(s: Session, cell: str, directory: pathlib.Path, steps_per_epoch: int, total: int) -> None:
     """Say that ``cell`` goes on from its checkpoint (when its folder holds one)."""
+    from experiments.common import is_main
+
     steps = [int(n) for n in os.listdir(directory) if n.isdigit()] if directory.is_dir() else []
-    if not steps:
+    if not steps or not is_main():
         return
     epoch = max(steps) // max(steps_per_epoch, 1)
     if epoch >= total:

@@ -254,3 +254,21 @@ def test_results_being_written_are_finished_before_a_stop(tmp_path, monkeypatch)
         common.run_experiment(module, {}, tmp_path)
     assert json.loads((tmp_path / "results.json").read_text())["metrics"] == {"x": 1}
     assert exits == [signal.SIGTERM]
+
+
+# Mutation caught: experiments/checkpoints.py `sweep`: `checkpoint_dir=directory` -> `checkpoint_dir=None` (an
+# experiment's cells were not checkpointed, and --train.checkpoint_every did nothing, as before #22).
+def test_checkpoint_every_saves_an_experiment_cell_that_often(tmp_path):
+    from resjax.train import make_train
+    from tests.test_training import DATA, tiny_config
+
+    config = tiny_config()  # 3 epochs
+    config.train.checkpoint_every, config.train.checkpoint_keep = 1, 5
+    trainer = make_train(config, DATA)
+    with checkpoints.session(tmp_path, "fake", {}):
+        checkpoints.sweep(trainer, [0, 1], cell="every epoch")
+    (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert folder.name.startswith("every_epoch-")
+    assert sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) == [
+        trainer.checkpoint_step(e) for e in (1, 2, 3)]
+    assert json.loads((tmp_path / ".run-fake.json").read_text()) == {"experiment": "fake", "config": {}}
