@@ -208,6 +208,7 @@ def report_section(m: dict) -> str:
 
 def plot(m: dict, config, path) -> None:
     plt = common.pyplot()
+    from matplotlib.ticker import StrMethodFormatter
     fig, axes = plt.subplots(1, 4, figsize=(19, 4.6), gridspec_kw={"width_ratios": [1, 1.3, 1.3, 1.3]})
 
     ax = axes[0]
@@ -221,16 +222,17 @@ def plot(m: dict, config, path) -> None:
             if v > 0.1 * m["bottleneck.basic_weights"]:
                 ax.text(i, bottom + v / 2, f"{lab}\n{v:,}", ha="center", va="center", fontsize=8)
             bottom += v
-        if name == "bottleneck":
-            lab = ", ".join(f"{lab} {v:,}" for lab, v in zip(labels, vals))
-            ax.text(i, bottom * 1.3 + 0.02 * m["bottleneck.basic_weights"], lab.replace(", ", "\n"),
-                    ha="center", va="bottom", fontsize=8)
-        ax.text(i, bottom, f"{bottom:,}", ha="center", va="bottom", fontsize=9)
+        total = ax.text(i, bottom, f"{bottom:,}", ha="center", va="bottom", fontsize=9)
+        if name == "bottleneck":  # its layers are too thin to label inside: listed above its total
+            lab = "\n".join(f"{lab} {v:,}" for lab, v in zip(labels, vals))
+            ax.annotate(lab, (0.5, 1.0), xycoords=total, xytext=(0, 4), textcoords="offset points",
+                        ha="center", va="bottom", fontsize=8)
     ax.set_ylim(0, 1.15 * m["bottleneck.basic_weights"])
+    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))  # weights as whole numbers, no 1e6 offset
     ax.set_xticks([0, 1], [f"basic\n{config.channels}->{config.channels}->{config.channels}",
                            f"bottleneck\n{config.channels}->{config.bottleneck}->{config.bottleneck}->{config.channels}"])
     ax.set_ylabel("conv weights in the branch, biases excluded")
-    ax.set_title(f"Weights in a bottleneck (lecture fig.)\n1/{m['bottleneck.ratio']:.1f} of the weights; "
+    ax.set_title(f"Weights in a bottleneck (lecture, seed 000, fig.)\n1/{m['bottleneck.ratio']:.1f} of the weights; "
                  f"1x1 layers {100 * m['bottleneck.one_by_one_share']:.0f}%", fontsize=9)
 
     k = np.arange(1, len(m["dense.channels_in"]) + 1)
@@ -243,7 +245,7 @@ def plot(m: dict, config, path) -> None:
     ax.set_xticks(k)
     ax.set_xlabel("layer")
     ax.set_ylabel("channels entering the layer")
-    ax.set_title(f"Width in a dense block (lecture fig.), left: channels in\n"
+    ax.set_title(f"Width in a dense block (lecture, seed 000, fig.), left: channels in\n"
                  f"layer {k[-1]}: {m['dense.channels_in'][-1]} vs {m['residual_stage.channels_in'][-1]}", fontsize=9)
     ax.legend(fontsize=8)
 
@@ -256,7 +258,8 @@ def plot(m: dict, config, path) -> None:
     ax.set_xticks(k)
     ax.set_xlabel("layer")
     ax.set_ylabel("weights in the layer's 3x3 convolution")
-    ax.set_title(f"Width in a dense block (lecture fig.), right: 3x3 weights\n"
+    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    ax.set_title(f"Width in a dense block (lecture, seed 000, fig.), right: 3x3 weights\n"
                  f"layer {k[-1]}: {m['dense.conv_weights'][-1]:,} vs {m['residual_stage.conv_weights'][-1]:,}",
                  fontsize=9)
     ax.legend(fontsize=8, loc="upper left")
@@ -283,8 +286,8 @@ def _plot_unet(ax, m: dict) -> None:
     ax.set_ylim(-max(sizes) / 2 - 10, max(sizes) / 2 + 30)
     ax.set_xticks([])
     ax.set_ylabel("spatial size (pixels; box height); box width: channels")
-    ax.set_title("U-Net skips (lecture fig.), from the module's own shapes\n"
-                 "blue encoder, green decoder after concat, purple bottleneck", fontsize=9)
+    ax.set_title("U-Net skips (lecture, seed 000, fig.),\nfrom the module's own shapes: blue encoder,\ngreen decoder "
+                 "after concat, purple bottleneck", fontsize=9)
 
 
 def plt_rect(x, y, w, h, colour):
