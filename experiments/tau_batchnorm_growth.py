@@ -152,14 +152,17 @@ def plot(m: dict, config, path) -> None:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
         if log:
+            from matplotlib.ticker import StrMethodFormatter
+
             ax.set_xscale("log")
             ax.set_yscale("log")
+            ax.xaxis.set_major_formatter(StrMethodFormatter("{x:g}"))  # blocks 1, 10, 100 (not 10^0)
             ax.set_title("log-log axes: slope = growth exponent")
         else:
             ax.set_title("linear axes")
     fig.suptitle(f"Zhang et al. (seed 003) Section 3.4, Proposition 1 / Fig. 2 (epoch 0): block output norm at "
                  f"initialisation, h_l = relu(h_(l-1) + BN(W_l h_(l-1))),\nwidth {config.width}, L = {config.depth}, "
-                 f"batch {config.batch_size} MNIST-1D inputs (batch statistics), {config.num_draws} draws")
+                 f"batch {config.batch_size} MNIST-1D inputs (batch statistics), {common.plural(config.num_draws, 'draw')}")
     common.save_figure(fig, path, dpi=100)
 
 
