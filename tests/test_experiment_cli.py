@@ -145,3 +145,75 @@ def test_shattered_and_tau_stability_figures_name_the_settings_that_ran(monkeypa
     labels = [t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts()]
     assert "tau = 1" in labels and not any("= 1 = 1" in t for t in labels)
     assert fig.axes[0].get_ylim()[1] < 1.0  # fits the data (and the claim's band), not a fixed +-5
+
+
+def test_figures_of_the_other_experiments_follow_the_run(monkeypatch, tmp_path):
+    """#26 item 3 for the rest: one depth ticked as itself, no empty epoch panels, 'none trains' and diverged
+    learning rates marked above the data, the run's epsilon (not the lecture's) and no lecture points off its
+    settings, failed and diverged CIFAR runs counted and marked."""
+    from experiments import batch_noise, batchnorm_loss_surface, cifar_tau, fixup_one_step
+
+    figures = _figure(monkeypatch)
+    config = fixup_one_step.get_config("quick")  # one depth, 2 seeds
+    m = {"num_examples": 256}
+    for init in fixup_one_step.INITS:
+        for d in config.depths:
+            m[f"log10_output_norm_after_one_step.{init}.L{d}"] = 1.0
+            m[f"log10_output_norm_at_init.{init}.L{d}"] = 0.8
+            m[f"log10_output_norm_after_one_step_per_seed.{init}.L{d}"] = [0.9, 1.1]
+    fixup_one_step.plot(m, config, tmp_path / "x.png")
+    ax = figures.pop().axes[0]
+    assert list(ax.get_xticks()) == list(config.depths) and ax.get_xscale() == "linear"
+    assert "2 seeds" in ax.get_title()
+
+    config = batchnorm_loss_surface.get_config("quick")  # one epoch; learning rates 0.01 and 1
+    s, e = config.num_seeds, config.train.epochs
+    m = {"path.epochs": [0, 1], "lr_sweep.learning_rates": list(config.sweep_learning_rates)}
+    for net in ("plain", "batchnorm", "noisy_bn"):
+        m[f"curves.{net}.test_error_pct"] = np.full((s, e), 80.0)
+        m[f"curves.{net}.train_error_pct"] = np.full((s, e), 75.0)
+    for net in batchnorm_loss_surface.NETS:
+        m[f"path.{net}.loss_range"] = m[f"path.{net}.grad_change"] = [[0.1, 0.05]] * s
+        m[f"lr_sweep.{net}.final_train_loss"] = [[2.0] * s, [None] * s]
+        m[f"lr_sweep.{net}.diverged_epoch"] = [[None] * s, [1] * s]
+        m[f"lr_sweep.{net}.largest"] = None
+    batchnorm_loss_surface.plot(m, config, tmp_path / "x.png")
+    fig = figures.pop()
+    assert "1 epoch" in fig._suptitle.get_text() and "SGD lr 0.05" in fig._suptitle.get_text()
+    sweep, errors = fig.axes[2], fig.axes[3]
+    legend = [t.get_text() for t in sweep.get_legend().get_texts()]
+    assert "plain (none trains)" in legend and not any("nan" in t for t in legend)
+    marks = [line for line in sweep.lines if line.get_marker() == "x"]
+    assert {line.get_xdata()[0] for line in marks} == {1.0}  # the diverged learning rate, not a fixed height
+    assert all(2.0 < line.get_ydata()[0] <= sweep.get_ylim()[1] for line in marks)
+    assert all(line.get_marker() not in (None, "None", "") for line in errors.lines)  # one epoch: points drawn
+    assert [float(t) for t in errors.get_xticks()] == [1.0]
+
+    config = batch_noise.get_config("quick")
+    config.epsilon, config.data_mean = 0.1, 0.0  # not the lecture's settings
+    sizes = sorted({*config.batch_sizes, *config.sweep_batch_sizes})
+    m = {"data_standardised": 1.25, "sweep.std": [0.5 / np.sqrt(b) for b in sizes], "sweep.loglog_slope": -0.5,
+         "sweep.delta_method_std": [0.5 / np.sqrt(b) for b in sizes]}
+    m.update({f"hist.b{b}": np.random.default_rng(0).normal(1.25, 2 / np.sqrt(b), 400) for b in config.batch_sizes})
+    batch_noise.plot(m, config, sizes, tmp_path / "x.png")
+    hist, sweep = figures.pop().axes
+    assert "epsilon 0.1" in hist.get_xlabel()
+    assert not [line for line in sweep.collections if "lecture" in str(line.get_label())]  # not its settings
+    assert hist.get_xlim()[0] <= min(np.min(m[f"hist.b{b}"]) for b in config.batch_sizes)  # the data's range
+    assert [int(t) for t in sweep.get_xticks()] == sizes
+
+    config = cifar_tau.get_config("quick")
+    rng = np.random.default_rng(0)
+    m = {}
+    for ds, v, d in cifar_tau.cells(config):
+        k = cifar_tau.key(ds, v, d)
+        m[f"final_test_error_pct.{k}"] = [float("nan"), 50.0] if v == "fixup" else list(40 + 10 * rng.random(2))
+        m[f"failed.{k}"] = 1 if v == "fixup" else 0
+    cifar_tau._plot(config, m, tmp_path)
+    fig = figures.pop()
+    nobn = fig.axes[0]
+    assert "2 epochs" in fig._suptitle.get_text() and "SGD momentum 0.9" in fig._suptitle.get_text()
+    assert any("Fixup (1 of 2 runs failed)" in t.get_text() for t in nobn.get_legend().get_texts())
+    marks = [line for line in nobn.lines if line.get_marker() == "x"]
+    assert len(marks) == 1 and marks[0].get_ydata()[0] <= nobn.get_ylim()[1]
+    assert [int(t) for t in nobn.get_xticks()] == list(config.nobn_depths)
