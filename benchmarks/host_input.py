@@ -19,7 +19,9 @@ not kept beside Grain, so this checkout no longer has it. The script exports the
 a temporary directory, and times it there: every run is a child process (``python -c``) whose working directory
 is the tree it times, so ``import resjax`` is that tree's (the export for "before", this checkout for the
 others). Runs alternate -- before, then each Grain setting, then before again ... -- ``repeats`` rounds in one
-sitting, and each variant's median is printed with its ratio to before's. (``--before none``, or a clone
+sitting; each variant's median is printed, and its ratio to before as the median over the rounds of its run's
+rate over that round's before run (neighbours in time, so a load that comes and goes cancels more than in the
+ratio of the medians). (``--before none``, or a clone
 without that commit, e.g. a shallow CI checkout, measures the Grain settings only.)
 
 Variants: ``before``; ``grain`` (the default settings: no worker process, no reader thread); ``grain threads=1``
@@ -147,9 +149,10 @@ def measure(examples: int, repeats: int, variants: tuple[str, ...], before: str)
         summary[v] = {"images_per_s": statistics.median(r["images_per_s"] for r in runs),
                       "first_batch_s": statistics.median(r["first_batch_s"] for r in runs),
                       "steady_images_per_s": statistics.median(steady) if steady else None}
-    base = summary.get("before", {}).get("images_per_s")
-    for v in summary:
-        summary[v]["ratio_to_before"] = summary[v]["images_per_s"] / base if base else None
+    before_runs = res["runs"].get("before")
+    for v in summary:  # each round's run against that round's before run (next to it in time), then the median
+        summary[v]["ratio_to_before"] = statistics.median(
+            r["images_per_s"] / b["images_per_s"] for r, b in zip(res["runs"][v], before_runs)) if before_runs else None
     res["summary"] = summary
     digests = {r["digest"] for runs in res["runs"].values() for r in runs}
     res["same_batches"] = len(digests) == 1
@@ -166,13 +169,14 @@ def report(res: dict) -> None:
     print_table(f"Host input: {s['examples']} uint8 32x32x3 images, crop_flip, batch {s['batch']}, one epoch "
                 f"(median of {s['repeats']}; load {res['load_avg_start']:.1f} -> {res['load_avg_end']:.1f}, "
                 f"{s['cpus']} CPUs)",
-                ["loader", "images/s", "steady images/s", "first batch ms", "vs before"], rows)
+                ["loader", "images/s", "steady images/s", "first batch ms", "vs before (paired)"], rows)
     summ = res["summary"]
     if "before" in summ:
-        b, g = summ["before"]["images_per_s"], summ["grain"]["images_per_s"] if "grain" in summ else None
+        b, g = summ["before"], summ.get("grain")
         if g:
-            print(f"\nbefore (hand-written, {s['before'][:7]}): {b:.0f} images/s; after (Grain, default settings): "
-                  f"{g:.0f} images/s; after/before = {g / b:.2f}")
+            print(f"\nbefore (hand-written, {s['before'][:7]}): {b['images_per_s']:.0f} images/s; after (Grain, default "
+                  f"settings): {g['images_per_s']:.0f} images/s; after/before = {g['ratio_to_before']:.2f} (median "
+                  f"of the rounds' ratios; ratio of the medians {g['images_per_s'] / b['images_per_s']:.2f})")
     print(f"same batches from every variant: {'yes' if res['same_batches'] else 'NO'}")
 
 
