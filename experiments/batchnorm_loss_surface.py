@@ -305,12 +305,13 @@ def plot(m: dict, config, path) -> None:
                          fontsize=10)
     ax = axes[1, 0]
     lrs = np.asarray(m["lr_sweep.learning_rates"], float)
-    marks = []
+    marks, finals = [], [config.train_loss_threshold]
     for net in NETS:
         v = _arr(m[f"lr_sweep.{net}.final_train_loss"])
         with np.errstate(all="ignore"):
             mean = np.array([np.nanmean(r) if np.isfinite(r).any() else np.nan for r in v])
         largest = _largest(m, net)
+        finals += [v for v in mean if np.isfinite(v) and v > 0]
         ax.plot(lrs, mean, "o-", color=COLOURS[net],
                 label=f"{net} (largest that trains: {largest:g})" if np.isfinite(largest) else f"{net} (none trains)")
         diverged = [lr for lr, row in zip(lrs, m[f"lr_sweep.{net}.diverged_epoch"]) if any(e is not None for e in row)]
@@ -319,7 +320,10 @@ def plot(m: dict, config, path) -> None:
     ax.axhline(config.train_loss_threshold, color="k", ls=":", label=f"threshold {config.train_loss_threshold:g} "
                                                                         "(trains below)")
     ax.set_xscale("log")
-    common.mark_diverged(ax, marks)
+    wide = max(finals) / min(finals) > 20  # a loss that exploded without diverging: log axis, the rest still visible
+    if wide:
+        ax.set_yscale("log")
+    common.mark_diverged(ax, marks, log=wide)
     ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs], minor=False)
     ax.set(xlabel="learning rate", ylabel=f"training loss (cross-entropy, nats), last of "
            f"{common.plural(config.sweep_epochs, 'epoch')}\n(mean over seeds that did not diverge)",
