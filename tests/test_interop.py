@@ -18,7 +18,8 @@ FIXTURES = ["tau_resnet_bn", "tau_resnet_nobn", "fixup"]
 TOL = 1e-10
 
 
-# No fast_compiles here: XLA:CPU without its optimisation passes runs float64 convolutions ~20x slower.
+# XLA:CPU without its optimisation passes (the test run's default) runs float64 convolutions ~20x slower.
+pytestmark = pytest.mark.usefixtures("optimized_compiles")
 
 
 def _fixture(name):

@@ -17,6 +17,8 @@ from resjax.train import image_train_config, run_config
 from resjax.train.core import Core, with_hyperparams
 from resjax.train.optim import PARAM_GROUP_PRESETS, fixup_param_groups, group_factors, make_optimizer
 
+# float64 convolutions: ~20% slower to run here without XLA's optimisation passes (the test run's default)
+pytestmark = pytest.mark.usefixtures("optimized_compiles")
 DATA = Path(__file__).parent / "data" / "parity"
 TOL = 1e-12
 

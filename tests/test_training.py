@@ -30,6 +30,10 @@ def tiny_config(**model) -> ml_collections.ConfigDict:
 
 DATA = tiny_data()
 
+# The promises here (a seed inside the vmapped sweep equals the seed alone, chunked equals one program, sharded
+# equals unsharded) are about the programs users compile: XLA's optimisation passes on (conftest.py).
+pytestmark = pytest.mark.usefixtures("optimized_compiles")
+
 
 def test_batch_stats_change_in_training_mode_only():
     model = ResidualMLP(width=8, num_blocks=2, norm="batch")
@@ -164,7 +168,8 @@ SHARDED = textwrap.dedent("""
 
 def test_seeds_are_sharded_across_devices(tmp_path):
     out = tmp_path / "sharded.npy"
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
+           "JAX_DISABLE_MOST_OPTIMIZATIONS": "0"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     subprocess.run([sys.executable, "-c", SHARDED.format(out=str(out))], check=True, env=env, cwd=root)
     trainer = make_train(tiny_config(), DATA)
