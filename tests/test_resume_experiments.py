@@ -26,8 +26,9 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 sys.path.insert(0, str(ROOT / "tools"))
 from compare_results import compare_values  # noqa: E402
 
-# Two small cells, three epochs in chunks of one (a chunk ends, and can be saved, after every epoch), one seed.
-DEGRADATION = ["-m", "experiments.degradation", "--quick", "--cells", "plain:2,plain:8", "--train.epochs", "3",
+# Two small cells, 12 epochs in chunks of one (a chunk ends, and can be saved, after every epoch; the signal sent
+# after the first lands well inside the cell), one seed.
+DEGRADATION = ["-m", "experiments.degradation", "--quick", "--cells", "plain:2,plain:8", "--train.epochs", "12",
                "--chunk_epochs", "1", "--num_seeds", "1"]
 
 
@@ -90,7 +91,7 @@ def test_a_stopped_experiment_resumes_from_its_checkpoints_and_ends_as_an_unbrok
     assert not (tmp_path / "unbroken" / "checkpoints").exists()  # --checkpoint_dir none: nothing saved
 
     out = tmp_path / "run"
-    rc, output = _signal_at(DEGRADATION, out, "[B=64 plain_d2] epoch 1/3")
+    rc, output = _signal_at(DEGRADATION, out, "[B=64 plain_d2] epoch 1/12")
     assert rc == 128 + signal.SIGTERM, output[-3000:]
     assert "resjax: stopped by SIGTERM after epoch" in output and "Traceback" not in output, output[-3000:]
     assert _resume_command(DEGRADATION, out).search(output), output[-3000:]
@@ -114,7 +115,7 @@ def test_a_stopped_experiment_resumes_from_its_checkpoints_and_ends_as_an_unbrok
             assert compare_values(resumed[name], unbroken[name])[0], (name, resumed[name], unbroken[name])
     table, count = _log(out / "metrics.jsonl")
     ref_table, ref_count = _log(tmp_path / "unbroken" / "metrics.jsonl")
-    assert count == len(table) == ref_count == 2 * 3  # 2 cells x 1 seed x 3 epochs, each once
+    assert count == len(table) == ref_count == 2 * 12  # 2 cells x 1 seed x 12 epochs, each once
     assert table == ref_table
     kept = {(r["cell"], r["run"], r["epoch"]): r["time"] for r in map(json.loads, open(out / "metrics.jsonl"))}
     assert {k: kept[k] for k in before} == before  # the lines of the epochs saved at the stop: kept, not rewritten
@@ -125,7 +126,7 @@ def test_a_stopped_experiment_resumes_from_its_checkpoints_and_ends_as_an_unbrok
     third = _run(DEGRADATION, out)
     assert third.returncode == 0, third.stderr[-3000:]
     assert third.stdout.count("finished in an earlier run: its results come from its final checkpoint") == 2
-    assert "epoch 1/3" not in third.stdout  # nothing trained
+    assert "epoch 1/12" not in third.stdout  # nothing trained
     assert _log(out / "metrics.jsonl") == (ref_table, ref_count)
 
 
