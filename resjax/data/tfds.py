@@ -386,7 +386,8 @@ class ImageSource(BatchSource):
                              f"{int(np.asarray(indices)[i])} (row {i} of the batch) has a non-finite value "
                              f"({value}); refusing to train on it")
 
-def check_read_labels(labels, indices, num_classes: int, where: str) -> np.ndarray:
+def check_read_labels(labels: Sequence[int] | np.ndarray, indices: Sequence[int] | np.ndarray, num_classes: int,
+                      where: str) -> np.ndarray:
     """``labels`` read for the records ``indices`` as int32 ``[N]`` if they are integers (any integer dtype)
     in ``0 .. num_classes - 1``, one per record; else ``ValueError`` naming ``where`` (data set/split) and the
     first bad record. A label 10 of a 10-class data set (a damaged or foreign record, a wrong data set) would
