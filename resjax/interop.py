@@ -39,8 +39,13 @@ Names and layouts:
 
 BatchNorm's running variance. PyTorch averages the *unbiased* batch variance (times n/(n-1), n = the
 values per channel in the batch: batch size x height x width at that layer), flax the biased one; the
-normalisation itself uses the stored value in both. So there are two correct conversions, chosen by
-``bn_count``:
+normalisation itself uses the stored value in both. A model built with resjax's BatchNorm option
+``running_variance='unbiased'`` (``norm=resjax.nn.norms.UnbiasedBatchNorm``;
+``repository_settings(name, running_variance='unbiased')`` for the peers' presets) averages PyTorch's
+unbiased variance, so with it the running variance is copied as it is both ways and the imported weights
+give PyTorch's evaluation outputs *and* its next training update at once (to float64 rounding;
+``bn_count`` is then refused). With flax's default (biased) convention there are two correct conversions,
+each exact for one of the two, chosen by ``bn_count``:
 
 - ``bn_count=None`` (default): the running variance is copied as it is. Evaluation-mode outputs are then
   identical (what a pretrained model's user wants); the next training-mode update differs from PyTorch's
@@ -76,7 +81,8 @@ if TYPE_CHECKING:
 
     from resjax.nn.resnet import ResNet
 
-__all__ = ["bn_counts", "from_torch_state_dict", "load_state_dict", "to_torch_state_dict", "torch_layout"]
+__all__ = ["bn_counts", "from_torch_state_dict", "load_state_dict", "repository_settings", "to_torch_state_dict",
+           "torch_layout"]
 
 _NBT = "num_batches_tracked"
 _TOP = {"stem_conv": "conv1", "stem_norm": "bn1", "stem_bias": "bias1", "head_bias": "bias2", "head": "fc",
@@ -221,15 +227,52 @@ def _natural(name: str):
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
-def _torch_order(name: str):
-    """conv1, bn1, bias1, layer1.0..., bias2, fc (torch's registration order, near enough)."""
-    top = name.split(".")[0]
-    rank = {"tau": 0, "conv1": 1, "bias1": 2, "bn1": 3}.get(top, 4 if top.startswith("layer") else 5)
-    return (rank, _natural(name))
+_LEAF_ORDER = {"weight": 0, "bias": 1, "running_mean": 2, "running_var": 3, _NBT: 4}
+
+
+def _part_rank(part: str, depth: int, leaf: bool, m: int) -> tuple:
+    """Where one part of a torch name comes among its siblings in ``state_dict`` order (``m``: convs per
+    block)."""
+    if leaf:  # a module's own parameters and buffers, in the order the peers register them
+        if depth > 0 and part in _LEAF_ORDER:
+            return (_LEAF_ORDER[part],)
+        if part == "tau":
+            return (-1,)
+        hit = re.fullmatch(r"bias(\d+)([ab]?)", part)
+        if hit:  # bias1a, bias1b, bias2a, (Fixup's scale,) bias2b; the model's bias1, bias2
+            return (int(hit.group(1)), {"": 0, "a": 0, "b": 2}[hit.group(2)])
+        if part == "scale":  # Fixup registers it just before the last branch bias (bias{m}b)
+            return (m, 1)
+        return (100, part)
+    if depth == 0:  # the model's children: conv1, bn1, layer1..layer4, fc
+        hit = re.fullmatch(r"layer(\d+)", part)
+        return {"conv1": (0,), "bn1": (1,)}.get(part, (2, int(hit.group(1))) if hit else (3, part))
+    hit = re.fullmatch(r"(conv|bn)(\d+)", part)
+    if hit:  # a block's children: conv1, bn1, conv2, bn2, (conv3, bn3,) downsample
+        return (int(hit.group(2)), 0 if hit.group(1) == "conv" else 1)
+    return (100, int(part)) if part.isdigit() else (101, part)
+
+
+def _torch_order(name: str, m: int = 2):
+    """The key that sorts a peer's ``state_dict`` names as torch writes them: each module's own parameters
+    and buffers (in the peers' registration order), then its children, depth first (``conv1``, ``bn1``,
+    ``layer1.0.conv1.weight``, ... ``fc``). ``m``: the convs per block, whose ``bias{m}b`` follows ``scale``."""
+    parts = name.split(".")
+    key = []
+    for depth, part in enumerate(parts):
+        leaf = depth == len(parts) - 1
+        key.append((0 if leaf else 1, _part_rank(part, depth, leaf, m)))
+    return tuple(key)
+
+
+def _in_torch_order(out: dict, model) -> dict:
+    m = 2 if model.kind == "basic" else 3
+    return {k: out[k] for k in sorted(out, key=lambda k: _torch_order(k, m))}
 
 
 def torch_layout(model: ResNet, in_channels: int = 3) -> dict[str, tuple[int, ...]]:
-    """The PyTorch ``state_dict`` names and shapes of ``model``'s peer (buffers included), in torch's order."""
+    """The PyTorch ``state_dict`` names and shapes of ``model``'s peer (buffers included), in the order torch
+    writes them (each module's parameters and buffers, then its children, as registered)."""
     _check_model(model)
     plan, unnamed = _cached_plan(model, in_channels)
     if unnamed:
@@ -237,7 +280,7 @@ def torch_layout(model: ResNet, in_channels: int = 3) -> dict[str, tuple[int, ..
     out = {name: _torch_shape(kind, shape) for name, kind, shape in plan.values()}
     out.update({f"{bn}.{_NBT}": () for bn in _bn_modules(plan)})
     out.update({name: (1,) for name in _tau_copies(model, plan)})
-    return {k: out[k] for k in sorted(out, key=_torch_order)}
+    return _in_torch_order(out, model)
 
 
 # ----------------------------------------------------------------------------------------------- bn counts
@@ -271,6 +314,36 @@ def bn_counts(model: ResNet, input_shape: Sequence[int]) -> dict[str, int]:
         if name is not None:
             out[name] = int(math.prod(leaf[0].shape[:-1]))
     return out
+
+
+def _check_bn_count(model, bn_count) -> None:
+    from resjax.nn.norms import running_variance_of
+
+    if bn_count is not None and running_variance_of(model.norm) == "unbiased":
+        raise ValueError("bn_count: this model's BatchNorm keeps PyTorch's unbiased running variance "
+                         "(running_variance='unbiased'), so the running variance is copied as it is and gives "
+                         "both PyTorch's evaluation outputs and its training updates; bn_count is for flax's "
+                         "default (biased) convention. Leave bn_count=None")
+
+
+def repository_settings(name: str, *, running_variance: str = "biased") -> dict[str, Any]:
+    """The ``cifar_resnet`` settings of a peer's model, ``REPOSITORY_MODELS[name]``, with BatchNorm's
+    running-variance convention: ``'biased'`` (flax's, the default: exactly ``REPOSITORY_MODELS[name]``) or
+    ``'unbiased'`` (PyTorch's: ``norm=UnbiasedBatchNorm``, same parameter names and counts, so that
+    ``from_torch_state_dict`` gives PyTorch's evaluation outputs and training updates at once). The peers
+    without BatchNorm (``'tau_resnet_nobn'``, ``'fixup'``) are the same either way. Use as
+    ``cifar_resnet(20, tau=1/3, **repository_settings('tau_resnet_bn', running_variance='unbiased'))``."""
+    from resjax.nn.norms import RUNNING_VARIANCES, UnbiasedBatchNorm, is_batch_norm
+    from resjax.nn.resnet import REPOSITORY_MODELS
+
+    if name not in REPOSITORY_MODELS:
+        raise ValueError(f"name: unknown repository model {name!r}; choose one of {tuple(REPOSITORY_MODELS)}")
+    if running_variance not in RUNNING_VARIANCES:
+        raise ValueError(f"running_variance: {' or '.join(map(repr, RUNNING_VARIANCES))}, got {running_variance!r}")
+    settings = dict(REPOSITORY_MODELS[name])
+    if running_variance == "unbiased" and is_batch_norm(settings["norm"]):
+        settings["norm"] = UnbiasedBatchNorm
+    return settings
 
 
 def _var_factor(bn_count, module: str) -> float | None:
@@ -339,6 +412,7 @@ def from_torch_state_dict(model: ResNet, state_dict: Mapping[str, Any] | str | o
     (scanned when ``model.scan``). Raises one ``ValueError`` naming every tensor it cannot place, every
     variable left without a source and every shape mismatch."""
     _check_model(model)
+    _check_bn_count(model, bn_count)
     sd = load_state_dict(state_dict)
     stem = sd.get("conv1.weight")
     in_channels = int(stem.shape[1]) if stem is not None and stem.ndim == 4 else 3
@@ -384,10 +458,12 @@ def from_torch_state_dict(model: ResNet, state_dict: Mapping[str, Any] | str | o
 
 def to_torch_state_dict(variables: Mapping[str, Any], model: ResNet, *, bn_count: int | Mapping[str, int] | None = None,
                         dtype: DTypeLike | None = None, num_batches_tracked: int = 0) -> dict:
-    """The PyTorch ``state_dict`` (``{name: numpy array}``, torch's order) of ``model``'s peer from flax
+    """The PyTorch ``state_dict`` (``{name: numpy array}``, in torch's order: each module's parameters and
+    buffers, then its children, as the peer registers them) of ``model``'s peer from flax
     ``variables`` (``'params'`` and, with BatchNorm, ``'batch_stats'``; scanned when ``model.scan``).
     ``torch.nn.Module.load_state_dict({k: torch.from_numpy(v) ...})`` takes it with ``strict=True``."""
     _check_model(model)
+    _check_bn_count(model, bn_count)
     variables = {c: _to_numpy_tree(v) for c, v in dict(variables).items() if c in ("params", "batch_stats")}
     if model.scan:
         variables = {c: _unstack_stages(v, model) for c, v in variables.items()}
@@ -426,7 +502,7 @@ def to_torch_state_dict(variables: Mapping[str, Any], model: ResNet, *, bn_count
         out[f"{bn}.{_NBT}"] = np.asarray(num_batches_tracked, np.int64)
     for copy in _tau_copies(model, plan):
         out[copy] = out["tau"].copy()
-    return {k: out[k] for k in sorted(out, key=_torch_order)}
+    return _in_torch_order(out, model)
 
 
 def _raise_if(unplaced, missing, mismatched, where, model, source="torch"):

@@ -134,6 +134,28 @@ def test_torchvision_state_dict_layout(depth):
     assert len(layout) == {18: 122, 34: 218, 50: 320, 101: 626, 152: 932}[depth]
 
 
+@pytest.mark.parametrize("name", FIXTURES)
+def test_exporter_writes_torchs_key_order(name):
+    """The fixtures' state_dicts keep torch's order (each module's parameters and buffers as registered, then
+    its children): the exporter and torch_layout write exactly that order."""
+    meta, sd, _, _, _ = _fixture(name)
+    model = _model(meta)
+    assert list(interop.to_torch_state_dict(interop.from_torch_state_dict(model, sd), model)) == list(sd)
+    assert list(interop.torch_layout(model)) == list(interop.torch_layout(_model(meta, scan=True))) == list(sd)
+
+
+@pytest.mark.parametrize("depth", [18, 50])
+def test_torchvision_key_order(depth):
+    expected = [line.split(" ")[1] for line in (DATA / "torchvision_resnet_layouts.txt").read_text().splitlines()
+                if line.startswith(f"resnet{depth} ")]
+    model = imagenet_resnet(depth, scan=True)
+    assert list(interop.torch_layout(model)) == expected
+    rng = np.random.default_rng(0)
+    template = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 32, 32, 3))))
+    variables = {c: _random_like(dict(v), rng) for c, v in template.items()}
+    assert list(interop.to_torch_state_dict(variables, model)) == expected
+
+
 def _random_like(template, rng):
     return jax.tree_util.tree_map(lambda s: rng.random(s.shape, dtype=np.float32), template)
 

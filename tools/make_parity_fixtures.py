@@ -39,8 +39,15 @@ Writes, under ``--out``:
 each repository model and torchvision's ResNet-18 and -50 (random weights and BN statistics, batch of 2
 at 224x224), the largest difference between PyTorch and resjax in float32 and float64: logits (train and
 eval), input gradients, BN running statistics after one training step (converted with
-``resjax.interop.bn_counts``), relative to the largest reference value; and each model's parameter count
-in both libraries.
+``resjax.interop.bn_counts``), relative to the largest reference value; for the models with BatchNorm the
+same model with ``running_variance='unbiased'`` (``UnbiasedBatchNorm``), from one import without
+``bn_count``: eval logits and the running statistics after one step (``unbiased``); and each model's
+parameter count in both libraries.
+
+The running statistics after one training step are in the fixtures already (``after/*`` of
+``{name}_resnet20.npz``, ``step1/*`` and ``step2/*`` of ``{name}_sgd_steps.npz``): ``tests/test_interop.py``
+checks them with ``bn_count``, ``tests/test_bn_running_variance.py`` with the unbiased option (the
+state_dicts' key order, torch's, is checked against the exporter's as well).
 """
 
 from __future__ import annotations
@@ -432,6 +439,18 @@ def _compare(label, net, model, x, r, torch, dtype, reference=None) -> dict:
         back = interop.to_torch_state_dict({**counted, **state}, model, bn_count=counts)
         keys = [k for k in back if k.endswith(("running_mean", "running_var"))]
         diffs["bn_stats"] = f"{max(_rel(back[k], after[k]) for k in keys):.1e}"
+        # PyTorch's running-variance convention: one import gives the eval logits and the update at once
+        from resjax.nn.norms import UnbiasedBatchNorm
+
+        unbiased = model.clone(norm=UnbiasedBatchNorm)
+        with jax.enable_x64(dtype == np.float64):
+            plain = interop.from_torch_state_dict(unbiased, sd, dtype=dtype)
+            lu, _, _ = _resjax_run(unbiased, plain, xt.numpy(), rt.numpy(), False)
+            _, _, state_u = _resjax_run(unbiased, plain, xt.numpy(), rt.numpy(), True)
+        back = interop.to_torch_state_dict({**plain, **state_u}, unbiased)
+        diffs["unbiased"] = (f"logits_eval {_fmt(lu, logits_e)} bn_stats "
+                             f"{max(_rel(back[k], after[k]) for k in keys):.1e}")
+        diffs["key_order"] = "torch's" if list(back) == list(sd) else "DIFFERS"
     n_torch = sum(p.numel() for p in net.parameters())
     n_jax = sum(v.size for v in jax.tree_util.tree_leaves(variables["params"]))
     print(f"{label:<24} {np.dtype(dtype).name:<8} " + "  ".join(f"{k} {v}" for k, v in diffs.items())

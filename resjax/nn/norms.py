@@ -14,7 +14,12 @@ BatchNorm defaults follow PyTorch, where the lecture's numbers come from: ``epsi
 estimates ``m <- (1 - rho) m + rho m_batch`` with rho = 0.1. Flax's ``momentum`` is 1 - rho, so the
 default here (``make_norm('batch')`` and the ``BatchNorm`` class itself) is ``momentum=0.9`` (flax's own
 default, 0.99, is rho = 0.01). Flax stores the biased
-(population) batch variance in the running estimate; PyTorch stores the unbiased one.
+(population) batch variance in the running estimate; PyTorch stores the unbiased one (times n/(n-1), n the
+values per channel in the batch). ``running_variance='unbiased'`` (a ``BatchNorm`` field, also
+``make_norm('batch', running_variance='unbiased')``; ``UnbiasedBatchNorm`` is the class with it set, to pass
+as a model's ``norm``) keeps PyTorch's: both normalise by the biased batch variance in training, and only the
+running estimate differs, so weights imported from PyTorch then give its evaluation outputs *and* its next
+training update at once (``resjax.interop``). The default, ``'biased'``, is flax's.
 
 Under ``jax.vmap`` over seeds, BatchNorm must not be given an ``axis_name`` equal to the vmapped
 axis's name: that would pool statistics across seeds. resjax never names its seed axis.
@@ -35,16 +40,22 @@ skipped during ``init``, which only needs shapes.
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any, Callable
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
+from flax.linen.normalization import _canonicalize_axes, _compute_stats
 
 from resjax.nn.precision import layer_dtypes
 
 NORMS = ("none", "batch", "layer", "group", "instance")
 
 BATCHNORM_DEFAULTS = {"momentum": 0.9, "epsilon": 1e-5}
+
+RUNNING_VARIANCES = ("biased", "unbiased")
 
 
 def _identity(x: jax.Array, *args: Any, **kwargs: Any) -> jax.Array:
@@ -65,12 +76,19 @@ class BatchNorm(nn.BatchNorm):
     flax's 0.99; ``epsilon`` is 1e-5 (flax's default and PyTorch's). Refuses training-mode statistics over a
     single value per channel. When neither the field nor the call gives ``use_running_average`` (a resjax
     model called without ``train``), ``apply`` raises ``ValueError`` naming ``train`` and the layer; ``init``
-    goes on with the running estimates, since it only needs shapes.
+    goes on with the running estimates, since it only needs shapes. ``running_variance='unbiased'`` keeps
+    PyTorch's running variance (see below).
 
     Attributes:
         momentum: flax's running-estimate momentum, 1 - rho: ``m <- momentum * m + (1 - momentum) * m_batch``;
             in [0, 1) (``make_norm`` checks it and accepts ``rho=`` instead). Default 0.9 (rho = 0.1).
         epsilon: added to the variance before the square root. Default 1e-5.
+        running_variance: what a training-mode call averages into the running variance ``batch_stats/var``:
+            ``'biased'`` (the default, flax's: the batch variance the layer normalises with, dividing by n) or
+            ``'unbiased'`` (PyTorch's: that variance times n/(n-1), n = the values per channel that gave it:
+            batch x spatial size, summed over ``axis_name``'s devices, or the ``mask``'s count). Only the
+            running estimate differs: both normalise a batch by its biased variance, and evaluation uses the
+            stored estimate as it is. Other values raise ``ValueError`` naming ``running_variance``.
         use_running_average: ``True`` (evaluation: the running estimates), ``False`` (training: minibatch
             statistics) or ``None`` (the default: given at call time; ``make_norm`` sets it from the model's
             ``train``, ``None`` when ``train`` is ``None``). The other fields are ``flax.linen.BatchNorm``'s
@@ -84,6 +102,7 @@ class BatchNorm(nn.BatchNorm):
 
     momentum: float = BATCHNORM_DEFAULTS["momentum"]
     epsilon: float = BATCHNORM_DEFAULTS["epsilon"]
+    running_variance: str = "biased"
 
     def __call__(self, x: jax.Array, use_running_average: bool | None = None, **kwargs: Any) -> jax.Array:
         """Normalise ``x`` per channel (``axis``, the last by default) over every other axis.
@@ -107,7 +126,9 @@ class BatchNorm(nn.BatchNorm):
         Collections:
             ``batch_stats`` (``mean``, ``var``): created by ``init``; updated in training mode, so ``apply``
             with ``use_running_average=False`` (a model's ``train=True``) needs ``mutable=['batch_stats']``.
+            ``var`` averages the biased or unbiased batch variance (``running_variance``).
         """
+        _check_running_variance(self.running_variance)
         if self.use_running_average is None and use_running_average is None:
             if not self.is_initializing():
                 raise ValueError(TRAIN_REQUIRED.format(layer="/".join(map(str, self.path)) or self.name))
@@ -124,7 +145,66 @@ class BatchNorm(nn.BatchNorm):
                     f"batch_size: BatchNorm in training mode (train=True) needs more than one value per channel "
                     f"to compute batch statistics; input shape {tuple(x.shape)} gives {count} (a batch of one). "
                     "Use evaluation mode (train=False, the running estimates) for single examples")
-        return super().__call__(x, use_running_average, **kwargs)
+        if self.running_variance == "biased" or use_ra or self.is_initializing():
+            return super().__call__(x, use_running_average, **kwargs)
+        old = self.get_variable("batch_stats", "var")
+        y = super().__call__(x, use_running_average, **kwargs)
+        self.put_variable("batch_stats", "var", self._unbiased_update(x, old, kwargs.get("mask")))
+        return y
+
+    def _unbiased_update(self, x: jax.Array, old: jax.Array, mask: jax.Array | None) -> jax.Array:
+        """``momentum * old + (1 - momentum) * var * n / (n - 1)``: PyTorch's running-variance update, with
+        ``var`` the biased batch variance exactly as flax's ``BatchNorm`` computed it for the normalisation."""
+        feature_axes = _canonicalize_axes(x.ndim, self.axis)
+        reduction_axes = tuple(i for i in range(x.ndim) if i not in feature_axes)
+        _, var = _compute_stats(x, reduction_axes, dtype=self.dtype, axis_name=self.axis_name,
+                                axis_index_groups=self.axis_index_groups, use_fast_variance=self.use_fast_variance,
+                                mask=mask, force_float32_reductions=self.force_float32_reductions)
+        if mask is None:
+            n = math.prod(x.shape[a] for a in reduction_axes)
+            if self.axis_name is not None:
+                n = n * jax.lax.psum(1, self.axis_name, axis_index_groups=self.axis_index_groups)
+        else:
+            n = jnp.sum(jnp.broadcast_to(mask, x.shape), axis=reduction_axes, dtype=var.dtype)
+            if self.axis_name is not None:
+                n = jax.lax.psum(n, self.axis_name, axis_index_groups=self.axis_index_groups)
+            n = n.reshape(var.shape)
+        unbiased = var * (n / (n - 1))
+        return (self.momentum * old + (1 - self.momentum) * unbiased).astype(old.dtype)
+
+
+class UnbiasedBatchNorm(BatchNorm):
+    """``BatchNorm`` with ``running_variance='unbiased'``: PyTorch's running variance (``n/(n-1)`` times the
+    batch variance). Pass it as a model's ``norm`` (``cifar_resnet(20, norm=UnbiasedBatchNorm)``;
+    ``resjax.interop.repository_settings(name, running_variance='unbiased')`` for the peers' models): every
+    BatchNorm of the model then keeps the unbiased estimate, with the same parameter names as ``norm='batch'``,
+    and ``make_norm`` gives it the model's ``train`` and ``dtype`` as it does ``'batch'``."""
+
+    running_variance: str = "unbiased"
+
+
+def _check_running_variance(value: Any) -> None:
+    if value not in RUNNING_VARIANCES:
+        raise ValueError(f"running_variance: BatchNorm's running variance is 'biased' (flax's) or 'unbiased' "
+                         f"(PyTorch's), got {value!r}")
+
+
+def _resjax_batch_norm(kind: Callable) -> bool:
+    """Whether ``kind`` is resjax's ``BatchNorm`` (or a subclass, or a ``functools.partial`` of one)."""
+    cls = kind.func if isinstance(kind, functools.partial) else kind
+    return isinstance(cls, type) and issubclass(cls, BatchNorm)
+
+
+def running_variance_of(kind: str | Callable) -> str | None:
+    """The running-variance convention of a ``norm`` setting: ``'biased'`` or ``'unbiased'`` for BatchNorm
+    (``'batch'`` and flax's own ``nn.BatchNorm`` are ``'biased'``), ``None`` for the other kinds."""
+    if not is_batch_norm(kind):
+        return None
+    if isinstance(kind, str):
+        return "biased"
+    keywords = kind.keywords if isinstance(kind, functools.partial) else {}
+    cls = kind.func if isinstance(kind, functools.partial) else kind
+    return keywords.get("running_variance", getattr(cls, "running_variance", "biased"))
 
 
 class GroupNorm(nn.GroupNorm):
@@ -186,17 +266,26 @@ def make_norm(kind: str | Callable, *, train: bool | None, name: str | None = No
     ``dtype``: the model's computation dtype (``resjax.nn.precision``): ``None`` (the default) leaves the layer
     as it was; otherwise the layer returns ``dtype`` with float32 parameters (``dtype``, ``param_dtype`` set;
     BatchNorm's statistics and running estimates stay float32) and a callable ``kind`` is given ``dtype=``.
-    Unknown names raise ``ValueError`` naming ``norm``.
+    Unknown names raise ``ValueError`` naming ``norm``. ``running_variance='biased'|'unbiased'`` (BatchNorm):
+    see ``BatchNorm``. A callable ``kind`` that is resjax's ``BatchNorm`` class or a subclass
+    (``UnbiasedBatchNorm``), or a ``functools.partial`` of one that does not fix ``use_running_average``, is
+    treated as ``'batch'``: it is given the mode from ``train`` and ``dtype``'s float32 parameters.
     """
+    resjax_bn = callable(kind) and _resjax_batch_norm(kind) and "use_running_average" not in getattr(
+        kind, "keywords", {})
     if dtype is not None:
         precision = layer_dtypes(dtype)
-        overrides = {**(precision if not callable(kind) else {"dtype": precision["dtype"]}), **overrides}
+        overrides = {**(precision if resjax_bn or not callable(kind) else {"dtype": precision["dtype"]}),
+                     **overrides}
+    if resjax_bn:
+        return kind(use_running_average=None if train is None else not train, name=name, **overrides)
     if callable(kind):
         return kind(name=name, **overrides)
     if kind == "none":
         return _identity
     if kind == "batch":
         kwargs = {**BATCHNORM_DEFAULTS, **_momentum(overrides)}
+        _check_running_variance(kwargs.get("running_variance", "biased"))
         return BatchNorm(use_running_average=None if train is None else not train, name=name, **kwargs)
     if kind == "layer":
         return nn.LayerNorm(name=name, **{"epsilon": 1e-5, **overrides})
