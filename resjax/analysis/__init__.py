@@ -1,5 +1,34 @@
 """Analysis tools: pure functions of (module, variables, inputs); no training inside.
 
+What a model of your own needs (any Flax Linen module, an NNX model through the bridge, or a function;
+no resjax base class; tested in ``tests/test_analysis_protocol.py``):
+
+- **The call.** A Linen module, applied as ``module.apply(variables, x, **kwargs)``, or a plain function
+  ``apply_fn(variables, x, **kwargs)`` with Linen's ``apply`` conventions (it returns ``(output,
+  updated_collections)`` when called with ``mutable=[...]``; a bound ``module.apply`` is one). ``variables``
+  is a Linen variables dict (``{'params': ...}``, plus ``'batch_stats'`` where there is BatchNorm).
+- **``train``.** Passed only to a callee that takes it: a module whose ``__call__`` has a ``train``
+  parameter (resjax's do; BatchNorm needs it), or a function with ``**kwargs`` when you give ``train``.
+  Giving ``train`` to a model that takes none raises ``ValueError`` naming ``train``.
+- **Sows, for variance through depth** (``stream_activations``, ``variance_through_depth``,
+  ``branch_variance_ratio``): every residual block's output, ``self.sow('intermediates', 'block_out', h)``
+  inside block k's own submodule (``blocks_0``, ``blocks_1``, ... or a list ``blocks``: ordered by their
+  numeric suffix) or once under ``nn.scan`` (a leading depth axis); and at the top level the stream's
+  start, ``self.sow('intermediates', 'stem_out', h)`` (optional when the inputs themselves are the start).
+  ``path_expansion``'s ``stream_input`` reads the same ``'stem_out'``.
+- **Shattered gradients** (``input_gradients``, ``input_gradients_many``): a module or ``apply_fn``
+  mapping a ``(1, 1)`` input to one number; no sows.
+- **Path expansion of your own stack**: ``branch_stack([(f_1, params_1), ..., (f_K, params_K)])``, block k
+  being ``x <- x + f_k(params_k, x)`` on one example, then ``path_expansion(stack, x0)`` with the stream
+  ``x0`` ``(B, D)`` before block 1; ``terms.sum(1)`` is the stack's Jacobian. (resjax's ``ResidualMLP``
+  needs none of this: ``path_expansion(model, variables, inputs)``.)
+- **NNX.** An NNX module of your own: wrap its class, ``flax.nnx.bridge.to_linen(MyNet, *args)``, and pass
+  that Linen module with its ``init`` variables (NNX ``self.sow(nnx.Intermediate, 'block_out', h)`` becomes
+  the ``'intermediates'`` collection). A Linen model held as ``flax.nnx.bridge.ToNNX``: ``from_nnx(model)``
+  gives ``(module, variables)``. An NNX module, ``nnx.State`` or NNX variables handed to an analysis are
+  refused with a ``TypeError`` saying this.
+
+protocol.py          what a model of your own needs: the call, ``train``, NNX objects (``from_nnx``)
 paths.py             block Jacobians, exact expansion by path length, path counts
 shattering.py        input gradients on a grid, autocorrelation estimators, half-correlation distance
 propagation.py       activation variance and gradient scale through depth
@@ -37,7 +66,7 @@ from resjax.analysis.loss_surface import (
     probe_gradient_direction, trains,
 )
 from resjax.analysis.paths import (
-    BranchStack, PathExpansion, block_jacobians, central_band, contributions_by_length, expand_by_length,
+    BranchStack, PathExpansion, block_jacobians, branch_stack, central_band, contributions_by_length, expand_by_length,
     expand_jvp, expand_vjp, expansion_rel_error, path_counts, path_expansion, path_length_shares, path_magnitudes,
     random_path_masks, residual_stack_of, sampled_path_magnitudes, share_of_paths, stream_input, trajectory,
 )
@@ -46,6 +75,7 @@ from resjax.analysis.propagation import (
     linear_guide, log2_growth_per_block, percentile_bands, product_norms, random_relu_jacobian, ratio_guide,
     stream_activations, sum_scale, variance_through_depth, variances_of_stream,
 )
+from resjax.analysis.protocol import from_nnx
 from resjax.analysis.resnet_signal import block_output_norms, block_outputs, mean_log10_norm
 from resjax.analysis.scale_invariance import (
     angle_between, check_learning_rate, check_scale, check_weight_decay, cross_entropy, effective_learning_rate,
@@ -66,13 +96,13 @@ from resjax.analysis.taki import (
 __all__ = [
     "BranchStack", "NoisyBNMLP", "NoisyBatchNorm", "PathExpansion", "angle_between", "apply_norm",
     "autocorrelation", "backprop_deltas", "batch_mean", "batch_variance", "batchnorm_steps", "block_jacobians",
-    "block_output_norms", "block_outputs", "bn_curve", "bn_growth_power", "branch_ratio_of_stream",
+    "block_output_norms", "block_outputs", "bn_curve", "branch_stack", "bn_growth_power", "branch_ratio_of_stream",
     "branch_variance_ratio", "central_band", "check_estimator", "check_flax_momentum", "check_learning_rate",
     "check_noise", "check_rho", "check_scale", "check_step_sizes", "check_torch_momentum", "check_weight_decay",
     "contributions_by_length", "cross_entropy", "data_standardised", "delta_method_std", "delta_variance",
     "direct_norms", "doubling_guide", "drifting_mean", "effective_learning_rate", "equivalent_learning_rate",
     "example_outputs", "expand_by_length", "expand_jvp", "expand_vjp", "expansion_rel_error",
-    "expected_sq_norm_guide", "flax_from_rho", "flax_from_torch", "get_weight", "gradient_scale",
+    "expected_sq_norm_guide", "flax_from_rho", "flax_from_torch", "from_nnx", "get_weight", "gradient_scale",
     "gradient_variance", "groups_from_layer", "growth_exponent", "half_correlation_distance", "he_curve",
     "identity_deviations", "init_many", "input_gradients", "input_gradients_many", "lag_and_noise", "lag_steps",
     "largest_trainable_learning_rate", "layer_and_params", "layer_overrides", "linear_guide", "log10_mean_square",

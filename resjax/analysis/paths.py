@@ -21,7 +21,9 @@ Two levels of use:
 
 - any residual stack: a ``BranchStack(branch, thetas, num_blocks)`` with ``branch(theta_k, x) =
   f_k(x)`` for one example ``x`` (no batch axis) and ``thetas`` a pytree whose leaves have a leading axis
-  of size K (block k's parameters). ``block_jacobians``, ``expand_jvp``, ``expand_vjp`` take it;
+  of size K (block k's parameters). ``block_jacobians``, ``expand_jvp``, ``expand_vjp`` take it, and
+  ``path_expansion(stack, x0)`` for a batch. ``branch_stack([(f_1, params_1), ..., (f_K, params_K)])``
+  builds one from your own blocks ``x <- x + f_k(params_k, x)`` (any functions, no resjax module);
 - a resjax ``ResidualMLP`` (``order='pre'``, any norm, unrolled or ``scan=True``): ``residual_stack_of``
   builds the stack from the module itself: each branch is the module's own ``ResidualBlock`` applied with
   block k's ``params``/``batch_stats``, minus its input (``f_k(x) = block_k(x) - x``); BatchNorm runs in
@@ -56,10 +58,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from resjax.analysis.protocol import applied
 from resjax.nn.residual import ResidualBlock, stack_unrolled
 
 __all__ = [
-    "BranchStack", "PathExpansion", "residual_stack_of", "stream_input", "trajectory", "block_jacobians", "expand_by_length",
+    "BranchStack", "PathExpansion", "branch_stack", "residual_stack_of", "stream_input", "trajectory", "block_jacobians", "expand_by_length",
     "expand_jvp", "expand_vjp", "path_expansion", "contributions_by_length", "expansion_rel_error",
     "random_path_masks", "path_magnitudes", "sampled_path_magnitudes", "path_counts", "path_length_shares",
     "central_band", "share_of_paths",
@@ -79,6 +82,50 @@ class BranchStack(NamedTuple):
     branch: Callable[[Any, jnp.ndarray], jnp.ndarray]
     thetas: Any
     num_blocks: int
+
+
+def _same_structure(params: list) -> bool:
+    first = jax.tree_util.tree_structure(params[0])
+    shapes = [(jnp.shape(a), jnp.result_type(a)) for a in jax.tree_util.tree_leaves(params[0])]
+    return all(jax.tree_util.tree_structure(p) == first
+               and [(jnp.shape(a), jnp.result_type(a)) for a in jax.tree_util.tree_leaves(p)] == shapes
+               for p in params[1:])
+
+
+def branch_stack(branches: Any) -> BranchStack:
+    """A ``BranchStack`` from your own residual stack: ``[(f_1, params_1), ..., (f_K, params_K)]``.
+
+    Block k is ``x <- x + f_k(params_k, x)`` on one example ``x`` (no batch axis), ``f_k``'s output of the
+    shape of ``x``: for a Linen branch module ``b`` with parameters ``p``, ``f_k = lambda p, x: b.apply({'params':
+    p}, x[None])[0]``. When every ``f_k`` is the same function and every ``params_k`` has the same tree and
+    shapes, the parameters are stacked (one branch under ``lax.scan``, as resjax's own stacks); otherwise
+    block k's branch is chosen by ``lax.switch`` with its parameters held as constants. Either way the
+    analyses (``path_expansion(stack, x0)``, ``block_jacobians``, ``expand_jvp``, ``expand_vjp``) give the
+    exact expansion of ``(I + J_K) ... (I + J_1)``.
+
+    Raises:
+        ValueError: no branches, or an entry that is not a ``(function, params)`` pair.
+    """
+    if isinstance(branches, BranchStack):
+        return branches
+    branches = list(branches)
+    if not branches:
+        raise ValueError("branch_stack: no branches (K = 0); a residual stack needs at least one block")
+    for k, entry in enumerate(branches):
+        if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and callable(entry[0])):
+            raise ValueError(f"branch_stack: entry {k} is not a (branch_function, params) pair: "
+                             f"{type(entry).__name__}")
+    fns = [f for f, _ in branches]
+    params = [p for _, p in branches]
+    if all(f is fns[0] for f in fns) and _same_structure(params):
+        thetas = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *params)
+        return BranchStack(fns[0], thetas, len(branches))
+    closed = [(lambda x, f=f, p=p: f(p, x)) for f, p in branches]
+
+    def branch(index, x):
+        return jax.lax.switch(index, closed, x)
+
+    return BranchStack(branch, jnp.arange(len(branches)), len(branches))
 
 
 # ---- building a stack from a resjax module -----------------------------------------------------------
@@ -138,10 +185,12 @@ def residual_stack_of(module: nn.Module, variables: dict, *, tau: float | jax.Ar
             sum times 1/sqrt(2)); ``variables`` has no ``'params'``; unrolled indices that do not run
             0 ... K-1; no blocks found (K = 0); ``module.num_blocks`` differs from the blocks found.
     """
+    applied(module, variables, "residual_stack_of")  # an NNX object: say what to pass
     if block is None:
         if not hasattr(module, "block_kwargs"):
             raise ValueError(f"path expansion: {type(module).__name__} has no residual blocks; pass a ResidualMLP "
-                             "(or block=ResidualBlock(...) for a module built from resjax residual blocks)")
+                             "(or block=ResidualBlock(...) for a module built from resjax residual blocks; for a "
+                             "stack of your own, branch_stack([(f_1, params_1), ...]))")
         block = ResidualBlock(**module.block_kwargs(), parent=None)
     if block.order != "pre":
         raise ValueError(f"path expansion: order={block.order!r} puts an activation after the sum, so a block is "
@@ -170,18 +219,24 @@ def residual_stack_of(module: nn.Module, variables: dict, *, tau: float | jax.Ar
     return BranchStack(branch, thetas, num)
 
 
-def stream_input(module: nn.Module, variables: dict, inputs: jnp.ndarray, *,
+def stream_input(module: nn.Module | Callable[..., Any], variables: dict, inputs: jnp.ndarray, *,
                  tau: float | jax.Array | None = None) -> jnp.ndarray:
     """``x_0``, the stream before the first block (a ``ResidualMLP``'s stem output), for a batch of inputs.
 
-    Runs ``module`` once in evaluation mode (``train=False``) and reads its sown ``'stem_out'``: shape
-    ``(B, D)`` for inputs ``(B, in_features)``. ``ValueError`` if the module sows no ``'stem_out'``.
+    Runs ``module`` (a Linen module or an ``apply_fn``, ``resjax.analysis.protocol``) once, in evaluation
+    mode (``train=False``) where its ``__call__`` takes ``train``, and reads its sown ``'stem_out'``
+    (top level: ``self.sow('intermediates', 'stem_out', h)``): shape ``(B, D)`` for inputs
+    ``(B, in_features)``. ``ValueError`` if the module sows no ``'stem_out'``.
     """
+    model = applied(module, variables, "stream_input")
     kwargs = {} if tau is None else {"tau": tau}
-    _, state = module.apply(variables, inputs, train=False, mutable=["intermediates"], **kwargs)
-    sown = state["intermediates"].get("stem_out")
+    train = {"train": False} if model.train_mode == "named" else {}
+    variables = {k: v for k, v in variables.items() if k != "intermediates"}
+    _, state = model.apply(variables, inputs, mutable=["intermediates"], **train, **kwargs)
+    sown = state.get("intermediates", {}).get("stem_out")
     if sown is None:
-        raise ValueError(f"path expansion: {type(module).__name__} does not sow 'stem_out'; compute x_0 yourself")
+        raise ValueError(f"path expansion: {model.name} does not sow 'stem_out'; sow it with "
+                         "self.sow('intermediates', 'stem_out', h) or compute x_0 yourself")
     return sown[0]
 
 
@@ -321,21 +376,41 @@ class PathExpansion(NamedTuple):
     stream: jnp.ndarray  # (B, K + 1, D): x_0 ... x_K
 
 
-def path_expansion(module: nn.Module, variables: dict, inputs: jnp.ndarray, *,
+def path_expansion(module: nn.Module | BranchStack | list, variables: Any, inputs: jnp.ndarray | None = None, *,
                    tau: float | jax.Array | None = None) -> PathExpansion:
-    """Dense block Jacobians and the expansion by length of a ``ResidualMLP`` at each of a batch of inputs.
+    """Dense block Jacobians and the expansion by length of a residual stack at each of a batch of inputs.
 
-    ``module``: a ``ResidualMLP`` (or ``ResidualStack``) with ``order='pre'`` and the stack's blocks named
-    ``blocks`` (``residual_stack_of`` with its defaults); ``inputs``: ``(B, in_features)``; ``tau``: the
-    call-time tau of ``scaling='tau'`` models. BatchNorm in evaluation mode (each example on its own).
+    Two forms:
+
+    - ``path_expansion(module, variables, inputs)``: ``module`` a ``ResidualMLP`` (or ``ResidualStack``)
+      with ``order='pre'`` and the stack's blocks named ``blocks`` (``residual_stack_of`` with its
+      defaults); ``inputs``: ``(B, in_features)``; ``tau``: the call-time tau of ``scaling='tau'`` models.
+      BatchNorm in evaluation mode (each example on its own);
+    - ``path_expansion(stack, x0)``: your own residual stack, a ``BranchStack`` or a list of
+      ``(branch_function, params)`` pairs (``branch_stack``), and the stream before its first block for a
+      batch, ``x0``: ``(B, D)`` (e.g. ``stream_input(model, variables, inputs)`` of a model that sows
+      ``'stem_out'``). No ``inputs`` and no ``tau``.
+
     Returns a ``PathExpansion`` (``terms`` ``(B, K + 1, D, D)``, ``jacobians`` ``(B, K, D, D)``, ``stream``
     ``(B, K + 1, D)``); memory is about 2 B K D^2 values, for small widths.
     """
-    inputs = jnp.asarray(inputs)
-    if inputs.ndim != 2:
-        raise ValueError(f"path_expansion: inputs must be a batch (B, in_features), got shape {inputs.shape}")
-    stack = residual_stack_of(module, variables, tau=tau)
-    x0 = stream_input(module, variables, inputs, tau=tau)
+    if isinstance(module, (BranchStack, list, tuple)):
+        if inputs is not None or tau is not None:
+            raise ValueError("path_expansion: a stack of your own takes path_expansion(stack, x0): the stream x0 "
+                             "(B, D) before its first block, no inputs and no tau")
+        stack = branch_stack(module)
+        x0 = jnp.asarray(variables)
+        if x0.ndim < 2:
+            raise ValueError(f"path_expansion: x0 must be a batch of streams (B, D), got shape {x0.shape}")
+    else:
+        if inputs is None:
+            raise ValueError("path_expansion: inputs (B, in_features) needed: path_expansion(module, variables, "
+                             "inputs)")
+        inputs = jnp.asarray(inputs)
+        if inputs.ndim != 2:
+            raise ValueError(f"path_expansion: inputs must be a batch (B, in_features), got shape {inputs.shape}")
+        stack = residual_stack_of(module, variables, tau=tau)
+        x0 = stream_input(module, variables, inputs, tau=tau)
     _check(stack, x0[0])
     jacs, xs = jax.vmap(lambda x: block_jacobians(stack, x))(x0)
     return PathExpansion(jax.vmap(expand_by_length)(jacs), jacs, xs)

@@ -7,7 +7,10 @@ Activation variance (lecture 000, "Variance growth" ... "Relative size of later 
 the stem output (``'stem_out'``, or the inputs themselves when the module sows no stem) followed by
 every block's ``'block_out'``, in depth order. It works for any module that sows ``'block_out'`` the
 way ``resjax.nn.ResidualBlock`` does, unrolled (``blocks_0`` ... ``blocks_{K-1}``, ordered by their
-numeric suffix) or under ``nn.scan`` (one ``block_out`` with a leading depth axis).
+numeric suffix) or under ``nn.scan`` (one ``block_out`` with a leading depth axis). A model of your own
+needs only that (``self.sow('intermediates', 'block_out', h)`` in each block, ``'stem_out'`` optionally):
+a Linen module or an ``apply_fn(variables, x, **kwargs)``, ``train`` passed only where its ``__call__``
+takes it (the protocol: ``resjax.analysis``'s docstring and ``resjax.analysis.protocol``).
 
 On that stream:
 
@@ -64,6 +67,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from resjax.analysis.protocol import applied
 from resjax.nn.init import get_initializer
 
 __all__ = [
@@ -107,28 +111,33 @@ def _collect(tree, key: str, out: list) -> None:
             _collect(value, key, out)
 
 
-def stream_activations(module: nn.Module, variables: dict, inputs: jnp.ndarray, *, train: bool | None = None,
-                       block_key: str = "block_out", stem_key: str = "stem_out", **apply_kwargs: Any) -> jnp.ndarray:
+def stream_activations(module: nn.Module | Callable[..., Any], variables: dict, inputs: jnp.ndarray, *,
+                       train: bool | None = None, block_key: str = "block_out", stem_key: str = "stem_out",
+                       **apply_kwargs: Any) -> jnp.ndarray:
     """The residual stream at depths 0..K, shape ``(K + 1, batch, width)``; see the module docstring.
 
-    ``train`` is passed to the module (BatchNorm: ``True`` uses the batch's statistics, as at the first
-    training step; ``False`` the running estimates). A model with BatchNorm applied without ``train``
-    (``None``) raises ``ValueError`` naming ``train``; models without BatchNorm ignore it. Nothing is
-    returned but the activations: the updated ``batch_stats`` are discarded (a pure function).
+    ``module``: a Linen module or an ``apply_fn(variables, x, **kwargs)`` with Linen's ``apply``
+    conventions (``resjax.analysis.protocol``); NNX objects are refused with a ``TypeError`` saying what
+    to pass. ``train`` is passed to a module whose ``__call__`` takes it (BatchNorm: ``True`` uses the
+    batch's statistics, as at the first training step; ``False`` the running estimates), and to no other.
+    A resjax model with BatchNorm applied without ``train`` (``None``) raises ``ValueError`` naming
+    ``train``; models without BatchNorm ignore it. Nothing is returned but the activations: the updated
+    ``batch_stats`` are discarded (a pure function).
     """
+    model = applied(module, variables, "stream_activations")
     if jnp.ndim(inputs) < 2:
         raise ValueError(f"inputs: need a batch axis and a feature axis, got shape {tuple(jnp.shape(inputs))}")
     if jnp.shape(inputs)[0] < 2:
         raise ValueError(f"inputs: a batch of {jnp.shape(inputs)[0]} example(s) has no batch variance; need >= 2")
     mutable = ["intermediates"] + (["batch_stats"] if "batch_stats" in variables else [])
     variables = {k: v for k, v in variables.items() if k != "intermediates"}
-    _, state = module.apply(variables, inputs, train=train, mutable=mutable, **apply_kwargs)
+    _, state = model(variables, inputs, train=train, mutable=mutable, **apply_kwargs)
     inter = state.get("intermediates", {})
     blocks: list = []
     _collect(inter, block_key, blocks)
     if not blocks:
-        raise ValueError(f"module: {type(module).__name__} sowed no {block_key!r} intermediates; "
-                         "use resjax.nn.ResidualBlock (or sow each block's output under that name)")
+        raise ValueError(f"module: {model.name} sowed no {block_key!r} intermediates; use resjax.nn.ResidualBlock "
+                         f"(or sow each block's output: self.sow('intermediates', {block_key!r}, h))")
     stems: list = []
     _collect({k: v for k, v in inter.items() if k == stem_key}, stem_key, stems)
     if stems:
@@ -153,8 +162,8 @@ def variances_of_stream(stream: jnp.ndarray) -> dict:
     }
 
 
-def variance_through_depth(module: nn.Module, variables: dict, inputs: jnp.ndarray, *, train: bool | None = None,
-                           **apply_kwargs: Any) -> dict:
+def variance_through_depth(module: nn.Module | Callable[..., Any], variables: dict, inputs: jnp.ndarray, *,
+                           train: bool | None = None, **apply_kwargs: Any) -> dict:
     """Activation variance after each depth k = 0..K: ``{'variance', 'per_unit_variance'}``, each ``(K + 1,)``.
 
     ``variance``: over all entries of the ``(batch, width)`` activation; ``per_unit_variance``: each
@@ -172,8 +181,8 @@ def sum_scale(module: nn.Module) -> float:
     return 1.0 / math.sqrt(2.0) if scaling == "rescale" else 1.0
 
 
-def branch_variance_ratio(module: nn.Module, variables: dict, inputs: jnp.ndarray, *, train: bool | None = None,
-                          **apply_kwargs: Any) -> jnp.ndarray:
+def branch_variance_ratio(module: nn.Module | Callable[..., Any], variables: dict, inputs: jnp.ndarray, *,
+                          train: bool | None = None, **apply_kwargs: Any) -> jnp.ndarray:
     """For block j = 1..K: Var(what block j adds) / Var(h_{j-1}), variances over all entries; ``(K,)``.
 
     Compare with ``ratio_guide(K)`` = 1/(k + 1), k = j - 1 (BatchNorm at the branch input).

@@ -52,6 +52,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from resjax.analysis.protocol import applied
+
 if TYPE_CHECKING:
     import flax.linen as nn
 
@@ -89,20 +91,28 @@ def init_many(module: nn.Module, key: jax.Array, num_networks: int, input_size: 
     of the returned variables has a leading axis of size ``num_networks``."""
     if not isinstance(num_networks, (int, np.integer)) or isinstance(num_networks, bool) or num_networks < 1:
         raise ValueError(f"num_networks: need an integer >= 1, got {num_networks!r}")
+    applied(module, None, "init_many")  # an NNX module: say what to pass
+    if not hasattr(module, "init"):
+        raise TypeError(f"init_many: needs a Linen module (with .init), got {type(module).__name__}; initialise a "
+                        "plain apply_fn's variables yourself")
     keys = jax.random.split(key, num_networks)
     x = jnp.zeros((1, input_size), jnp.float32)
     # Not jitted: compiling a deep unrolled module's init costs seconds, running it eagerly a fraction.
     return jax.vmap(lambda k: module.init(k, x, **init_kwargs))(keys)
 
 
-def scalar_function(module: nn.Module, variables: dict, **apply_kwargs: Any) -> Callable[[ArrayLike], jax.Array]:
+def scalar_function(module: nn.Module | Callable[..., Any], variables: dict,
+                    **apply_kwargs: Any) -> Callable[[ArrayLike], jax.Array]:
     """``x -> y`` for a module mapping a ``(1, 1)`` input to a single output, as a function of a scalar.
 
-    The returned function raises ``ValueError`` when the module's output is not a single number.
+    ``module``: a Linen module or an ``apply_fn(variables, x, **kwargs)`` (``resjax.analysis.protocol``);
+    NNX objects are refused with a ``TypeError`` saying what to pass. The returned function raises
+    ``ValueError`` when the module's output is not a single number.
     """
+    model = applied(module, variables, "scalar_function")
 
     def f(x):
-        y = module.apply(variables, jnp.reshape(x, (1, 1)), **apply_kwargs)
+        y = model.apply(variables, jnp.reshape(x, (1, 1)), **apply_kwargs)
         if y.size != 1:
             raise ValueError(f"module: input gradients need a scalar output, got output shape {tuple(y.shape)}")
         return jnp.reshape(y, ())
@@ -110,17 +120,21 @@ def scalar_function(module: nn.Module, variables: dict, **apply_kwargs: Any) -> 
     return f
 
 
-def input_gradients(module: nn.Module, variables: dict, grid: ArrayLike, **apply_kwargs: Any) -> jnp.ndarray:
+def input_gradients(module: nn.Module | Callable[..., Any], variables: dict, grid: ArrayLike,
+                    **apply_kwargs: Any) -> jnp.ndarray:
     """``dy/dx`` of a scalar-input, scalar-output module at every point of ``grid`` (shape ``(n,)``), by
-    ``jax.grad`` vmapped over the grid. ``apply_kwargs`` go to ``module.apply`` (e.g. ``tau=...``)."""
+    ``jax.grad`` vmapped over the grid. ``apply_kwargs`` go to ``module.apply`` (e.g. ``tau=...``); a plain
+    ``apply_fn(variables, x, **kwargs)`` may stand for the module."""
     grid = _check_grid(grid)
     return jax.vmap(jax.grad(scalar_function(module, variables, **apply_kwargs)))(grid)
 
 
-def input_gradients_many(module: nn.Module, variables: dict, grid: ArrayLike, **apply_kwargs: Any) -> jnp.ndarray:
+def input_gradients_many(module: nn.Module | Callable[..., Any], variables: dict, grid: ArrayLike,
+                         **apply_kwargs: Any) -> jnp.ndarray:
     """``input_gradients`` for stacked variables (leading network axis, e.g. from ``init_many``):
     shape ``(networks, n)``, one jitted program vmapped over networks and grid points."""
     grid = _check_grid(grid)
+    applied(module, variables, "input_gradients_many")
     fn = jax.jit(jax.vmap(lambda v, g: input_gradients(module, v, g, **apply_kwargs), in_axes=(0, None)))
     return fn(variables, grid)
 
