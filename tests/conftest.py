@@ -90,12 +90,15 @@ def release_compiled_programs():
     gc.collect()
 
 
-#: Test modules that take longest (seconds summed over their tests on this project's 2-core CPU, 2026-12-01), run
-#: first: pytest-xdist hands whole modules (``--dist=loadfile``) to workers in collection order, so a long module
-#: collected last would leave the other worker idle at the end. Every other module follows in name order.
-LONGEST_FIRST = ("test_multiprocess", "test_readme", "test_experiments", "test_batchnorm", "test_tau", "test_paths",
-                 "test_training", "test_train_core", "test_loss_surface", "test_resnet_signal", "test_resnet_training",
-                 "test_residual", "test_image_train", "test_interop", "test_image_experiments")
+#: Test modules that take longest (seconds summed over their tests on this project's 2-core CPU, 2026-12-02, with the
+#: run's compiles without XLA's optimisation passes), run first: pytest-xdist hands whole modules
+#: (``--dist=loadfile``) to workers in collection order, so a long module collected last would leave the other
+#: worker idle at the end. Every other module follows in name order.
+LONGEST_FIRST = ("test_multiprocess", "test_experiments", "test_resume_experiments", "test_training", "test_interop",
+                 "test_readme", "test_peer_training", "test_accelerator_benchmark", "test_tau", "test_experiment_cli",
+                 "test_loss_surface", "test_resnet_signal", "test_paths", "test_batchnorm", "test_grid",
+                 "test_monitor", "test_image_experiments", "test_grain_feeder", "test_residual", "test_train_core",
+                 "test_image_train", "test_compare")
 
 
 def pytest_collection_modifyitems(config, items):
