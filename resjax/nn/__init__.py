@@ -72,7 +72,10 @@ from resjax.nn.init import (
     taki_init,
 )
 from resjax.nn.mlp import PlainLayer, PlainMLP, ResidualMLP, ResidualStack
-from resjax.nn.norms import BATCHNORM_DEFAULTS, NORMS, BatchNorm, GroupNorm, check_norm, is_batch_norm, make_norm
+from resjax.nn.norms import (
+    BATCHNORM_DEFAULTS, NORMS, RUNNING_VARIANCES, BatchNorm, GroupNorm, UnbiasedBatchNorm, check_norm, is_batch_norm,
+    make_norm, running_variance_of,
+)
 from resjax.nn.precision import DTYPES, is_float32, layer_dtypes, resolve_dtype
 from resjax.nn.residual import (
     ORDERS,
@@ -117,17 +120,19 @@ __all__ = [
     "BATCHNORM_DEFAULTS", "BIAS_INITIALIZERS", "BLOCK_KINDS", "CIFAR_DEPTHS", "CLASSIFIERS", "DTYPES", "DTYPE_KINDS",
     "IMAGENET_STAGES",
     "INITIALIZERS", "NORMS", "OPTION_A_INPUTS", "ORDERS", "PARAMETRISED_INITIALIZERS", "REPOSITORY_MODELS",
-    "SCALINGS", "SHORTCUTS", "TAU_CONVENTIONS",
+    "RUNNING_VARIANCES", "SCALINGS", "SHORTCUTS", "TAU_CONVENTIONS",
     # modules (flax.linen)
     "BasicBranch", "BatchNorm", "BottleneckBranch", "ConvBlock", "ConvResidualBlock", "DenseBlock", "DenseLayer",
     "DenseNet", "GroupNorm", "Hourglass", "PlainLayer", "PlainMLP", "ResNet", "ResNetBlock", "ResidualBlock",
     "ResidualMLP", "ResidualStack", "StackedHourglass", "TakiBlock", "TakiResNet", "Transition", "UNet",
+    "UnbiasedBatchNorm",
     # functions
     "build_model", "check_call_tau", "check_model_fields", "check_norm", "check_tau_field", "check_tau_value",
     "cifar_resnet", "close_block", "concat_merge", "conv_kernel_weights", "densenet121", "densenet_bc_cifar",
     "fixup_kernel_init", "get_bias_initializer", "get_initializer", "imagenet_resnet", "imagenet_tau",
     "is_batch_norm", "layer_dtypes", "make_norm", "num_blocks_for", "plain_params_from_residual", "residual_add",
-    "residual_stack", "resolve_dtype", "resolve_tau", "scale_branch", "stack_blocks", "stack_unrolled", "taki_init",
+    "residual_stack", "resolve_dtype", "resolve_tau", "running_variance_of", "scale_branch", "stack_blocks",
+    "stack_unrolled", "taki_init",
     "taki_resnet", "tau_resnet", "tau_resnet_config", "tau_value", "unstack_scanned",
 ]
 
