@@ -39,82 +39,171 @@ stability.py         log-space forward norms and per-block gradients of positive
 taki.py              Taki's gradient-variance curves through depth and their measurement
 resnet_signal.py     block-output norms of convolutional ResNets from their sown intermediates (overflow-safe)
 
-Every function and class a submodule exports (its ``__all__``) is importable from ``resjax.analysis`` itself
-(``from resjax.analysis import path_expansion, PathExpansion``), and the submodules stay importable as
-``resjax.analysis.paths`` etc. No two submodules export the same name. Left at their submodules, since
-their names only make sense there: the constants (``shattering.ESTIMATORS``, ``propagation.KINDS``,
-``batchnorm.LAYOUTS`` and ``AXIS_KINDS``, ``scale_invariance.COLLECTIONS``, ``taki.NORMS``,
-``taki.ACTIVATIONS`` and ``taki.MOMENTS``), ``taki.identity`` (the identity activation) and
-``loss_surface.summarise`` (one probe's summaries). Two similar names differ: ``loglog_slope(x, y)``
-(batchnorm: log y against log x) and ``log_log_slope(values, start)`` (stability: a curve against its index).
-Importing this package imports JAX and Flax (as the submodules do); SciPy is imported only by
-``groups_from_layer``.
+What is exported here is what a user runs, grouped by task (``__all__`` in this order); the submodules stay
+importable as ``resjax.analysis.paths`` etc. and keep everything else: the helpers of the lecture experiments
+(the lecture's guide curves, Taki's mean-field curves, percentile bands, path-count bands, ...), the argument
+checks (``check_*``) and the constants. Those are imported from their submodule
+(``from resjax.analysis.propagation import doubling_guide``); a name that was exported here before still
+resolves from ``resjax.analysis`` with a ``DeprecationWarning`` that names its submodule.
+
+**Signal propagation** (the forward stream and gradient sizes through depth, at initialisation):
+
+- ``variance_through_depth``, ``stream_activations``, ``branch_variance_ratio`` (propagation): the stream's
+  variance, the stream itself, and what each block adds, for any module following the protocol above;
+- ``gradient_scale`` (propagation): gradient norms through random plain and residual Jacobian products;
+- ``gradient_variance`` (taki): per-layer gradient second moments of a ``ResidualStack`` over draws;
+- ``block_output_norms``, ``block_outputs`` (resnet_signal): a convolutional ``ResNet``'s block outputs;
+- ``log_space_propagation`` (stability): forward and backward norms in log space, overflow-free.
+
+**Gradients / shattering** (how input gradients decorrelate):
+
+- ``input_gradients``, ``input_gradients_many``, ``init_many``: dy/dx on a grid, for one network or many;
+- ``autocorrelation``, ``shattering_statistics``, ``half_correlation_distance``: their correlation by lag.
+
+**Paths** (the exact path expansion of a residual stack):
+
+- ``path_expansion`` -> ``PathExpansion``: block Jacobians and the terms by path length;
+- ``branch_stack`` -> ``BranchStack`` (your own stack), ``residual_stack_of`` (resjax's), ``stream_input``;
+- ``block_jacobians``, ``expand_jvp``, ``expand_vjp``: dense or matrix-free forms;
+- ``path_counts``, ``path_length_shares``, ``sampled_path_magnitudes``: how many paths of each length, and
+  how large they are.
+
+**BatchNorm** (its statistics, its running estimates, and what it does to the loss and the learning rate):
+
+- ``batchnorm_steps``: BatchNorm by hand, stage by stage; ``example_outputs``: batch noise on one example;
+- ``running_update``, ``running_estimate``, ``lag_and_noise``: running estimates, split into lag and noise;
+  ``flax_from_torch``, ``torch_from_flax``: BatchNorm momentum between the two conventions;
+- ``reduction_axes``, ``statistic_groups``: which values share one mean and variance (batch, layer, group,
+  instance);
+- ``scale_identities``, ``weight_loss_fn``, ``effective_learning_rate``, ``sgd_step_geometry``,
+  ``step_geometry_from_update`` (scale_invariance): a weight followed by BatchNorm is scale-invariant;
+- ``params_loss_fn``, ``probe_gradient_direction`` (loss_surface): loss and gradient along the gradient.
+
+**Your own model**: the protocol above; ``from_nnx`` for a Linen model held by ``flax.nnx.bridge.ToNNX``.
+
+Two similar names differ: ``batchnorm.loglog_slope(x, y)`` (log y against log x) and
+``stability.log_log_slope(values, start)`` (a curve against its index). No two submodules export the same
+name. Importing this package imports JAX and Flax (as the submodules do); SciPy is imported only by
+``batchnorm.groups_from_layer``.
 """
 
 from __future__ import annotations
 
+import importlib
+import warnings
+from typing import Any
+
 from resjax.analysis.batchnorm import (
-    apply_norm, batch_mean, batch_variance, batchnorm_steps, check_flax_momentum, check_rho, check_torch_momentum,
-    data_standardised, delta_method_std, drifting_mean, example_outputs, flax_from_rho, flax_from_torch,
-    groups_from_layer, lag_and_noise, lag_steps, layer_overrides, loglog_slope, nchw_to_nhwc, nhwc_to_nchw,
-    noise_std, norm_module, normalise_by_groups, reduction_axes, rho_from_flax, rho_from_torch, running_estimate,
-    running_update, same_partition, scale_shift, standardise, statistic_groups, torch_from_flax, torch_from_rho,
-    unbiased_from_population,
+    batchnorm_steps, example_outputs, flax_from_torch, lag_and_noise, reduction_axes, running_estimate, running_update,
+    statistic_groups, torch_from_flax,
 )
-from resjax.analysis.loss_surface import (
-    NoisyBatchNorm, NoisyBNMLP, check_noise, check_step_sizes, largest_trainable_learning_rate, params_loss_fn,
-    probe_gradient_direction, trains,
-)
+from resjax.analysis.loss_surface import params_loss_fn, probe_gradient_direction
 from resjax.analysis.paths import (
-    BranchStack, PathExpansion, block_jacobians, branch_stack, central_band, contributions_by_length, expand_by_length,
-    expand_jvp, expand_vjp, expansion_rel_error, path_counts, path_expansion, path_length_shares, path_magnitudes,
-    random_path_masks, residual_stack_of, sampled_path_magnitudes, share_of_paths, stream_input, trajectory,
+    BranchStack, PathExpansion, block_jacobians, branch_stack, expand_jvp, expand_vjp, path_counts, path_expansion,
+    path_length_shares, residual_stack_of, sampled_path_magnitudes, stream_input,
 )
 from resjax.analysis.propagation import (
-    branch_ratio_of_stream, branch_variance_ratio, doubling_guide, expected_sq_norm_guide, gradient_scale,
-    linear_guide, log2_growth_per_block, percentile_bands, product_norms, random_relu_jacobian, ratio_guide,
-    stream_activations, sum_scale, variance_through_depth, variances_of_stream,
+    branch_variance_ratio, gradient_scale, stream_activations, variance_through_depth,
 )
 from resjax.analysis.protocol import from_nnx
-from resjax.analysis.resnet_signal import block_output_norms, block_outputs, mean_log10_norm
+from resjax.analysis.resnet_signal import block_output_norms, block_outputs
 from resjax.analysis.scale_invariance import (
-    angle_between, check_learning_rate, check_scale, check_weight_decay, cross_entropy, effective_learning_rate,
-    equivalent_learning_rate, get_weight, identity_deviations, parse_path, replace_weight, scale_identities,
-    sgd_step_geometry, step_geometry_from_update, weight_loss_fn,
+    effective_learning_rate, scale_identities, sgd_step_geometry, step_geometry_from_update, weight_loss_fn,
 )
 from resjax.analysis.shattering import (
-    autocorrelation, check_estimator, half_correlation_distance, init_many, input_gradients, input_gradients_many,
-    make_grid, scalar_function, shattering_statistics,
+    autocorrelation, half_correlation_distance, init_many, input_gradients, input_gradients_many,
+    shattering_statistics,
 )
-from resjax.analysis.stability import direct_norms, layer_and_params, log_log_slope, log_space_propagation
-from resjax.analysis.taki import (
-    backprop_deltas, bn_curve, bn_growth_power, delta_variance, gradient_variance, growth_exponent, he_curve,
-    log10_mean_square, make_stack, mean_over_draws, scale_kernels, scaled_fan_in, seed_bn_curve, taki_bound,
-    taki_curve, weight_grad_variance,
-)
+from resjax.analysis.stability import log_space_propagation
+from resjax.analysis.taki import gradient_variance
+
+#: The top level's names by task, in ``__all__``'s order.
+GROUPS = {
+    "signal propagation": (
+        "variance_through_depth", "stream_activations", "branch_variance_ratio", "gradient_scale",
+        "gradient_variance", "block_output_norms", "block_outputs", "log_space_propagation",
+    ),
+    "gradients / shattering": (
+        "input_gradients", "input_gradients_many", "init_many", "autocorrelation", "shattering_statistics",
+        "half_correlation_distance",
+    ),
+    "paths": (
+        "path_expansion", "PathExpansion", "branch_stack", "BranchStack", "residual_stack_of", "stream_input",
+        "block_jacobians", "expand_jvp", "expand_vjp", "path_counts", "path_length_shares",
+        "sampled_path_magnitudes",
+    ),
+    "BatchNorm": (
+        "batchnorm_steps", "example_outputs", "running_update", "running_estimate", "lag_and_noise",
+        "flax_from_torch", "torch_from_flax", "reduction_axes", "statistic_groups", "scale_identities",
+        "weight_loss_fn", "effective_learning_rate", "sgd_step_geometry", "step_geometry_from_update",
+        "params_loss_fn", "probe_gradient_direction",
+    ),
+    "your own model": ("from_nnx",),
+}
 
 __all__ = [
-    "BranchStack", "NoisyBNMLP", "NoisyBatchNorm", "PathExpansion", "angle_between", "apply_norm",
-    "autocorrelation", "backprop_deltas", "batch_mean", "batch_variance", "batchnorm_steps", "block_jacobians",
-    "block_output_norms", "block_outputs", "bn_curve", "branch_stack", "bn_growth_power", "branch_ratio_of_stream",
-    "branch_variance_ratio", "central_band", "check_estimator", "check_flax_momentum", "check_learning_rate",
-    "check_noise", "check_rho", "check_scale", "check_step_sizes", "check_torch_momentum", "check_weight_decay",
-    "contributions_by_length", "cross_entropy", "data_standardised", "delta_method_std", "delta_variance",
-    "direct_norms", "doubling_guide", "drifting_mean", "effective_learning_rate", "equivalent_learning_rate",
-    "example_outputs", "expand_by_length", "expand_jvp", "expand_vjp", "expansion_rel_error",
-    "expected_sq_norm_guide", "flax_from_rho", "flax_from_torch", "from_nnx", "get_weight", "gradient_scale",
-    "gradient_variance", "groups_from_layer", "growth_exponent", "half_correlation_distance", "he_curve",
-    "identity_deviations", "init_many", "input_gradients", "input_gradients_many", "lag_and_noise", "lag_steps",
-    "largest_trainable_learning_rate", "layer_and_params", "layer_overrides", "linear_guide", "log10_mean_square",
-    "log2_growth_per_block", "log_log_slope", "log_space_propagation", "loglog_slope", "make_grid", "make_stack",
-    "mean_log10_norm", "mean_over_draws", "nchw_to_nhwc", "nhwc_to_nchw", "noise_std", "norm_module",
-    "normalise_by_groups", "params_loss_fn", "parse_path", "path_counts", "path_expansion", "path_length_shares",
-    "path_magnitudes", "percentile_bands", "probe_gradient_direction", "product_norms", "random_path_masks",
-    "random_relu_jacobian", "ratio_guide", "reduction_axes", "replace_weight", "residual_stack_of", "rho_from_flax",
-    "rho_from_torch", "running_estimate", "running_update", "same_partition", "sampled_path_magnitudes",
-    "scalar_function", "scale_identities", "scale_kernels", "scale_shift", "scaled_fan_in", "seed_bn_curve",
-    "sgd_step_geometry", "share_of_paths", "shattering_statistics", "standardise", "statistic_groups",
-    "step_geometry_from_update", "stream_activations", "stream_input", "sum_scale", "taki_bound", "taki_curve",
-    "torch_from_flax", "torch_from_rho", "trains", "trajectory", "unbiased_from_population",
-    "variance_through_depth", "variances_of_stream", "weight_grad_variance", "weight_loss_fn",
+    # signal propagation
+    "variance_through_depth", "stream_activations", "branch_variance_ratio", "gradient_scale", "gradient_variance",
+    "block_output_norms", "block_outputs", "log_space_propagation",
+    # gradients / shattering
+    "input_gradients", "input_gradients_many", "init_many", "autocorrelation", "shattering_statistics",
+    "half_correlation_distance",
+    # paths
+    "path_expansion", "PathExpansion", "branch_stack", "BranchStack", "residual_stack_of", "stream_input",
+    "block_jacobians", "expand_jvp", "expand_vjp", "path_counts", "path_length_shares", "sampled_path_magnitudes",
+    # BatchNorm
+    "batchnorm_steps", "example_outputs", "running_update", "running_estimate", "lag_and_noise", "flax_from_torch",
+    "torch_from_flax", "reduction_axes", "statistic_groups", "scale_identities", "weight_loss_fn",
+    "effective_learning_rate", "sgd_step_geometry", "step_geometry_from_update", "params_loss_fn",
+    "probe_gradient_direction",
+    # your own model
+    "from_nnx",
 ]
+
+#: Names this package exported before they were left to their submodules (issue #24 item 4): each still
+#: resolves from ``resjax.analysis`` through ``__getattr__``, with a ``DeprecationWarning``.
+MOVED = {
+    "batchnorm": (
+        "apply_norm", "batch_mean", "batch_variance", "check_flax_momentum", "check_rho", "check_torch_momentum",
+        "data_standardised", "delta_method_std", "drifting_mean", "flax_from_rho", "groups_from_layer", "lag_steps",
+        "layer_overrides", "loglog_slope", "nchw_to_nhwc", "nhwc_to_nchw", "noise_std", "norm_module",
+        "normalise_by_groups", "rho_from_flax", "rho_from_torch", "same_partition", "scale_shift", "standardise",
+        "torch_from_rho", "unbiased_from_population",
+    ),
+    "loss_surface": (
+        "NoisyBNMLP", "NoisyBatchNorm", "check_noise", "check_step_sizes", "largest_trainable_learning_rate", "trains",
+    ),
+    "paths": (
+        "central_band", "contributions_by_length", "expand_by_length", "expansion_rel_error", "path_magnitudes",
+        "random_path_masks", "share_of_paths", "trajectory",
+    ),
+    "propagation": (
+        "branch_ratio_of_stream", "doubling_guide", "expected_sq_norm_guide", "linear_guide", "log2_growth_per_block",
+        "percentile_bands", "product_norms", "random_relu_jacobian", "ratio_guide", "sum_scale",
+        "variances_of_stream",
+    ),
+    "resnet_signal": ("mean_log10_norm",),
+    "scale_invariance": (
+        "angle_between", "check_learning_rate", "check_scale", "check_weight_decay", "cross_entropy",
+        "equivalent_learning_rate", "get_weight", "identity_deviations", "parse_path", "replace_weight",
+    ),
+    "shattering": ("check_estimator", "make_grid", "scalar_function"),
+    "stability": ("direct_norms", "layer_and_params", "log_log_slope"),
+    "taki": (
+        "backprop_deltas", "bn_curve", "bn_growth_power", "delta_variance", "growth_exponent", "he_curve",
+        "log10_mean_square", "make_stack", "mean_over_draws", "scale_kernels", "scaled_fan_in", "seed_bn_curve",
+        "taki_bound", "taki_curve", "weight_grad_variance",
+    ),
+}
+_MOVED_FROM = {name: submodule for submodule, names in MOVED.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    """A name this package exported before (``MOVED``), from its submodule, with a ``DeprecationWarning``
+    naming the import to use instead; ``AttributeError`` for any other name."""
+    submodule = _MOVED_FROM.get(name)
+    if submodule is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(f"resjax.analysis.{name} has moved to its submodule: use "
+                  f"`from resjax.analysis.{submodule} import {name}`", DeprecationWarning, stacklevel=2)
+    return getattr(importlib.import_module(f"{__name__}.{submodule}"), name)
