@@ -214,6 +214,17 @@ def check_positive(setting: str, value: int) -> None:
         raise ValueError(f"{setting}: must be an integer >= 1, got {value!r}")
 
 
+def check_input_width(block: nn.Module, x: jax.Array, width: int, what: str) -> None:
+    """Raise ``ValueError`` naming both widths unless ``x``'s last axis is ``width`` (``what`` says where
+    ``width`` comes from, e.g. ``features=16`` or ``its parameters``): a block checks its input where it
+    enters, so another width after init gives this message instead of a broadcasting error in a norm."""
+    if jnp.ndim(x) == 0 or jnp.shape(x)[-1] != width:
+        label = type(block).__name__ + (f" {block.name!r}" if block.name else "")
+        got = jnp.shape(x)[-1] if jnp.ndim(x) else "none (a scalar)"
+        raise ValueError(f"inputs: {label} takes inputs of width {width} ({what}), got width {got} "
+                         f"(input shape {tuple(jnp.shape(x))})")
+
+
 def check_tau_field(tau: float | str, num_blocks: int | None) -> None:
     """A module's ``tau`` field, at construction (whatever its ``scaling``): a number must be finite and > 0,
     a rule must be known. A rule that needs K is evaluated when the block is called (with ``num_blocks``
@@ -378,13 +389,15 @@ class ResidualBlock(nn.Module):
         Raises:
             ValueError: ``train`` missing with BatchNorm; a ``tau`` passed to a block whose scaling is not
                 ``'tau'``, or a concrete ``tau`` that is not a finite number > 0; a tau rule that needs K
-                without ``num_blocks``; a branch whose shape differs from ``x`` (``residual_add``).
+                without ``num_blocks``; a branch whose shape differs from ``x`` (``residual_add``); ``x``'s
+                last axis not ``features`` (names ``inputs`` and both widths).
 
         Collections:
             ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
             ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
             ``intermediates``: sows ``block_out`` (the output) when the caller makes it mutable.
         """
+        check_input_width(self, x, self.features, f"features={self.features}: the skip is the identity")
         h = x
         for i in range(self.num_layers):
             if self.order == "pre":

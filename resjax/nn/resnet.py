@@ -93,9 +93,9 @@ import jax.numpy as jnp
 from resjax.nn.init import get_bias_initializer, get_initializer
 from resjax.nn.norms import check_norm, make_norm
 from resjax.nn.precision import PrecisionRepr, layer_dtypes, resolve_dtype
-from resjax.nn.residual import (ORDERS, SCALINGS, check_call_tau, check_choice, check_positive, check_tau_field,
-                                close_block, fixup_kernel_init, residual_add, resolve_tau, scale_branch,
-                                stack_blocks)
+from resjax.nn.residual import (ORDERS, SCALINGS, check_call_tau, check_choice, check_input_width, check_positive,
+                                check_tau_field, close_block, fixup_kernel_init, residual_add, resolve_tau,
+                                scale_branch, stack_blocks)
 
 BLOCK_KINDS = ("basic", "bottleneck")
 SHORTCUTS = ("A", "B")
@@ -120,6 +120,26 @@ def _scalar(module: nn.Module, name: str, h: jax.Array, init: Callable = nn.init
     return module.param(name, init, (), jnp.promote_types(h.dtype, jnp.float32)).astype(h.dtype)
 
 
+def _check_strides(strides: Any) -> None:
+    """A block's ``strides``: an integer >= 1 or a pair of them (a tuple or list), else ``ValueError``
+    naming ``strides``."""
+    if isinstance(strides, (tuple, list)):
+        if len(strides) != 2:
+            raise ValueError(f"strides: must be an integer >= 1 or a pair (height, width) of them, got {strides!r}")
+        for s in strides:
+            try:
+                check_positive("strides", s)
+            except ValueError:
+                raise ValueError(f"strides: must be an integer >= 1 or a pair (height, width) of them, "
+                                 f"got {strides!r}") from None
+        return
+    try:
+        check_positive("strides", strides)
+    except ValueError:
+        raise ValueError(f"strides: must be an integer >= 1 or a pair (height, width) of them, got {strides!r}") \
+            from None
+
+
 class ResNetBlock(PrecisionRepr, nn.Module):
     """One convolutional residual block; see the module docstring. Call as ``block(x, train, tau)``.
 
@@ -133,7 +153,9 @@ class ResNetBlock(PrecisionRepr, nn.Module):
     Attributes:
         features: the block's output channels; an integer >= 1 (a bottleneck's must be divisible by
             ``expansion``). Required.
-        strides: the stride of the branch's first 3x3 conv (and of the shortcut); an integer >= 1. Default 1.
+        strides: the stride of the branch's 3x3 conv (the first conv in ``'basic'``) and of the shortcut: an
+            integer >= 1, or a pair ``(height, width)`` of them as flax's convolutions take (``(2, 2)`` is
+            ``2``). Default 1.
         kind: ``'basic'`` (default; 3x3 -> 3x3) or ``'bottleneck'`` (1x1 -> 3x3 -> 1x1); ``BLOCK_KINDS``.
         expansion: a bottleneck's inner width is ``features // expansion``; an integer >= 1. Default 4.
         order: ``'post'`` (default; He et al. 2016a) or ``'pre'`` (pre-activation, He et al. 2016b); ``ORDERS``.
@@ -166,7 +188,7 @@ class ResNetBlock(PrecisionRepr, nn.Module):
     """
 
     features: int
-    strides: int = 1
+    strides: int | tuple[int, int] = 1
     kind: str = "basic"
     expansion: int = 4
     order: str = "post"
@@ -189,7 +211,7 @@ class ResNetBlock(PrecisionRepr, nn.Module):
         check_choice("option_a_input", self.option_a_input, OPTION_A_INPUTS)
         if not isinstance(self.option_a_norm, bool):
             raise ValueError(f"option_a_norm: must be True or False, got {self.option_a_norm!r}")
-        check_positive("strides", self.strides)
+        _check_strides(self.strides)
         check_positive("expansion", self.expansion)
         if self.num_blocks is not None:
             check_positive("num_blocks", self.num_blocks)
@@ -210,17 +232,22 @@ class ResNetBlock(PrecisionRepr, nn.Module):
         """Whether the block has scalar biases: ``scalar_biases``, or when it is ``None``, ``scaling == 'fixup'``."""
         return self.scaling == "fixup" if self.scalar_biases is None else self.scalar_biases
 
-    def _layers(self) -> list[tuple[int, int, int]]:
-        """(kernel size, output channels, stride) of each conv of the branch."""
+    @property
+    def stride_pair(self) -> tuple[int, int]:
+        """``strides`` as ``(height stride, width stride)``."""
+        return (self.strides, self.strides) if isinstance(self.strides, int) else tuple(self.strides)
+
+    def _layers(self) -> list[tuple[int, int, tuple[int, int]]]:
+        """(kernel size, output channels, stride pair) of each conv of the branch."""
         if self.kind == "basic":
-            return [(3, self.features, self.strides), (3, self.features, 1)]
+            return [(3, self.features, self.stride_pair), (3, self.features, (1, 1))]
         width = self.features // self.expansion
-        return [(1, width, 1), (3, width, self.strides), (1, self.features, 1)]
+        return [(1, width, (1, 1)), (3, width, self.stride_pair), (1, self.features, (1, 1))]
 
     def _bias(self, name: str, h):
         return h + _scalar(self, name, h) if self.uses_scalar_biases else h
 
-    def _conv(self, i: int, size: int, features: int, strides: int, h):
+    def _conv(self, i: int, size: int, features: int, strides: tuple[int, int], h):
         m = len(self._layers())
         if self.scaling == "fixup":
             init = fixup_kernel_init(self.kernel_init, i, m, self.num_blocks or 1)
@@ -235,7 +262,8 @@ class ResNetBlock(PrecisionRepr, nn.Module):
         reads (``first_input``: the pre-activated input in the pre order, as He et al.'s pre-activation
         code; ``x`` plus Fixup's first scalar bias in the post order, as Fixup's ImageNet code); option A
         reads ``x``, or ``first_input`` with ``option_a_input='conv_input'`` (Fixup's CIFAR code)."""
-        out_shape = (x.shape[0], -(-x.shape[1] // self.strides), -(-x.shape[2] // self.strides), self.features)
+        sh, sw = self.stride_pair
+        out_shape = (x.shape[0], -(-x.shape[1] // sh), -(-x.shape[2] // sw), self.features)
         if tuple(x.shape) == out_shape:
             return x
         if self.shortcut == "A":
@@ -244,11 +272,11 @@ class ResNetBlock(PrecisionRepr, nn.Module):
                 raise ValueError(f"shortcut: option 'A' (zero padding) cannot reduce channels from {x.shape[-1]} "
                                  f"to {self.features}; use shortcut='B'")
             source = first_input if self.option_a_input == "conv_input" else x
-            skip = source[:, ::self.strides, ::self.strides, :]
+            skip = source[:, ::sh, ::sw, :]
             if self.option_a_norm:
                 skip = make_norm(self.norm, train=train, name="shortcut_norm", dtype=self.dtype)(skip)
             return jnp.pad(skip, ((0, 0), (0, 0), (0, 0), (0, extra)))
-        skip = nn.Conv(self.features, (1, 1), strides=self.strides, use_bias=self.norm == "none",
+        skip = nn.Conv(self.features, (1, 1), strides=self.stride_pair, use_bias=self.norm == "none",
                        kernel_init=get_initializer(self.kernel_init), name="shortcut_conv",
                        **layer_dtypes(self.dtype))(first_input)
         if self.order == "post":
@@ -271,19 +299,22 @@ class ResNetBlock(PrecisionRepr, nn.Module):
                 field.
 
         Returns:
-            ``(batch, ceil(height / strides), ceil(width / strides), features)``.
+            ``(batch, ceil(height / strides[0]), ceil(width / strides[1]), features)`` (an integer
+            ``strides`` is both).
 
         Raises:
             ValueError: ``train`` missing with BatchNorm; a ``tau`` passed to a block whose scaling is not
                 ``'tau'``, or a concrete ``tau`` that is not a finite number > 0 (unless ``learned_tau``); a tau
                 rule that needs K without ``num_blocks``; option A asked to reduce the channels (names
-                ``shortcut``).
+                ``shortcut``); after init, ``x`` with another channel count than the block's parameters
+                were made for (names ``inputs`` and both widths).
 
         Collections:
             ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
             ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
             ``intermediates``: sows ``block_out`` (the output) when the caller makes it mutable.
         """
+        self._check_input_width(x)
         layers = self._layers()
         m = len(layers)
         h = x
@@ -300,6 +331,15 @@ class ResNetBlock(PrecisionRepr, nn.Module):
             if i < m - 1:
                 h = self.activation(self._bias(f"bias_act_{i}", h))
         return close_block(self, self._shortcut(x, first_input, train), self._scale_branch(h, tau))
+
+    def _check_input_width(self, x: jax.Array) -> None:
+        """After init, the input's channels must be those the first conv's kernel was made for (a
+        BatchNorm in the pre order would otherwise fail with a broadcasting error)."""
+        if self.is_initializing():
+            return
+        kernel = self.variables.get("params", {}).get("conv_0", {}).get("kernel")
+        if kernel is not None:
+            check_input_width(self, x, kernel.shape[-2], "the channels its parameters were initialised for")
 
     def _scale_branch(self, h: jax.Array, tau: float | jax.Array | None) -> jax.Array:
         return scale_branch(self, h, tau, lambda h: self._bias("bias_out", h), check_value=not self.learned_tau)
@@ -705,6 +745,7 @@ class TakiBlock(PrecisionRepr, nn.Module):
             ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
             ``intermediates``: sows ``block_out`` (the output) when the caller makes it mutable.
         """
+        check_input_width(self, x, self.features, f"features={self.features}: the skip is the identity")
         h = self.activation(make_norm(self.norm, train=train, name="norm", dtype=self.dtype)(x))
         h = nn.Conv(self.features, (self.kernel_size,) * 2, padding="SAME", use_bias=False,
                     kernel_init=_taki_kernel_init(self.kernel_init, self.num_blocks), name="conv",
