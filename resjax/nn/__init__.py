@@ -28,19 +28,24 @@ Every name below is importable from ``resjax.nn`` (``__all__`` lists them):
   ``build_model`` kinds that take it; ``resolve_dtype`` checks a value, ``layer_dtypes`` gives a flax
   layer's ``dtype``/``param_dtype``.
 
-Conventions shared by every module:
+Conventions shared by every module (written here once: each ``__call__`` docstring refers to them and
+states only what is particular to its module, such as its sows):
 
 - shapes: flax's channels-last layout, ``(batch, features)`` for the MLPs and ``(batch, height, width,
   channels)`` for the convolutional models;
 - ``train: bool | None = None`` at call time: ``True`` = training mode (BatchNorm normalises with the
   minibatch's statistics and updates its running estimates in the ``batch_stats`` collection, so ``apply``
   needs ``mutable=['batch_stats']`` and returns ``(output, updates)``), ``False`` = evaluation (BatchNorm uses
-  the running estimates). A model with BatchNorm applied without ``train`` raises ``ValueError`` naming
-  ``train``; ``init`` without it is allowed (it only needs shapes). Models without BatchNorm ignore it;
+  the running estimates; nothing is mutated). A model with BatchNorm applied without ``train`` (``None``)
+  raises ``ValueError`` naming ``train``; ``init`` without it is allowed (it only needs shapes) and creates
+  ``batch_stats`` (``mean``, ``var`` per BatchNorm layer) next to ``params``. A module passes ``train`` on to
+  its blocks and layers; models without BatchNorm ignore it. ``batch_stats`` is the only collection a
+  training call mutates;
 - ``tau`` at call time (residual models with ``scaling='tau'`` only): a number or a traced scalar that
   replaces the ``tau`` field, so a sweep over tau is a ``vmap``;
-- the residual models sow every block's output (``block_out``) and their stem's into ``'intermediates'``
-  when ``apply`` is given ``mutable=['intermediates']``;
+- the residual models sow every block's output (``block_out``) and their stem's (``stem_out``; ``ResNet``:
+  ``stem``) into ``'intermediates'`` when ``apply`` is given ``mutable=['intermediates']`` (with ``'batch_stats'`` too in
+  training mode), and only then; each ``__call__`` lists its own sows;
 - every setting is checked at construction: a bad one raises ``ValueError`` naming it.
 """
 

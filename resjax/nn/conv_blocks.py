@@ -82,17 +82,13 @@ class BasicBranch(PrecisionRepr, nn.Module):
 
         Args:
             x: the feature maps, channels-last ``(batch, height, width, channels)``.
-            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
-                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
-                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
-                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+            train: training or evaluation mode, as ``resjax.nn``'s docstring sets out for every module.
 
         Returns:
             ``(batch, height, width, features)`` (stride 1, 'SAME' padding).
 
         Collections:
-            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
-            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``). Nothing is sown.
+            ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out. Nothing is sown.
         """
         bias = self.norm == "none"
         h = _conv(self, self.features, 3, "conv3x3_0", bias)(x)
@@ -137,17 +133,13 @@ class BottleneckBranch(PrecisionRepr, nn.Module):
 
         Args:
             x: the feature maps, channels-last ``(batch, height, width, channels)``.
-            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
-                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
-                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
-                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+            train: training or evaluation mode, as ``resjax.nn``'s docstring sets out for every module.
 
         Returns:
             ``(batch, height, width, features)`` (stride 1, 'SAME' padding).
 
         Collections:
-            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
-            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``). Nothing is sown.
+            ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out. Nothing is sown.
         """
         bias = self.norm == "none"
         h = _conv(self, self.bottleneck, 1, "conv1x1_reduce", bias)(x)
@@ -182,10 +174,8 @@ class ConvResidualBlock(nn.Module):
         Args:
             x: the input, e.g. channels-last ``(batch, height, width, channels)``; the branch must keep its
                 shape.
-            train: passed on to the branch. ``True``: training mode (BatchNorm normalises with the minibatch's
-                statistics and updates ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates).
-                With BatchNorm in the branch, ``apply`` without it (``None``, the default) raises ``ValueError``
-                naming ``train``; ``init`` may omit it (it only needs shapes). Without BatchNorm it is ignored.
+            train: passed on to the branch, which takes it as ``resjax.nn``'s docstring sets out for every
+                module.
 
         Returns:
             The block's output, the shape of ``x``.
@@ -195,8 +185,8 @@ class ConvResidualBlock(nn.Module):
                 when the branch has BatchNorm.
 
         Collections:
-            The branch's: ``batch_stats`` when its norm is BatchNorm and ``train=True`` (``apply`` then needs
-            ``mutable=['batch_stats']``), and whatever it sows.
+            The branch's (``batch_stats`` when its norm is BatchNorm, as ``resjax.nn``'s docstring sets out),
+            and whatever it sows.
         """
         # re-parent the branch here, so its parameters live under this block's ``branch`` whether it was
         # built inside another module's compact method or outside any module
@@ -245,17 +235,13 @@ class DenseLayer(PrecisionRepr, nn.Module):
 
         Args:
             x: the feature maps, channels-last ``(batch, height, width, channels)``.
-            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
-                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
-                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
-                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+            train: training or evaluation mode, as ``resjax.nn``'s docstring sets out for every module.
 
         Returns:
             The new channels, ``(batch, height, width, growth_rate)``.
 
         Collections:
-            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
-            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``). Nothing is sown.
+            ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out. Nothing is sown.
         """
         bias = self.norm == "none"
         h = self.activation(make_norm(self.norm, train=train, name="norm_0", dtype=self.dtype)(x))
@@ -303,17 +289,13 @@ class DenseBlock(PrecisionRepr, nn.Module):
 
         Args:
             x: the feature maps, channels-last ``(batch, height, width, channels)``.
-            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
-                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
-                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
-                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+            train: training or evaluation mode, as ``resjax.nn``'s docstring sets out for every module.
 
         Returns:
             ``(batch, height, width, channels + num_layers * growth_rate)``.
 
         Collections:
-            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
-            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``). Nothing is sown.
+            ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out. Nothing is sown.
         """
         h = x
         for k in range(self.num_layers):
@@ -357,17 +339,13 @@ class Transition(PrecisionRepr, nn.Module):
 
         Args:
             x: the feature maps, channels-last ``(batch, height, width, channels)``.
-            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
-                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
-                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
-                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+            train: training or evaluation mode, as ``resjax.nn``'s docstring sets out for every module.
 
         Returns:
             ``(batch, height // 2, width // 2, max(1, floor(compression * channels)))``.
 
         Collections:
-            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
-            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``). Nothing is sown.
+            ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out. Nothing is sown.
         """
         out_channels = max(1, int(self.compression * x.shape[-1]))
         h = self.activation(make_norm(self.norm, train=train, name="norm", dtype=self.dtype)(x))

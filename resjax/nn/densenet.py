@@ -97,17 +97,13 @@ class DenseNet(PrecisionRepr, nn.Module):
 
         Args:
             x: the images, channels-last ``(batch, height, width, channels)``.
-            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
-                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
-                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
-                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+            train: training or evaluation mode, as ``resjax.nn``'s docstring sets out for every module.
 
         Returns:
             The logits, ``(batch, num_classes)``; float32 also when computed in a half ``dtype``.
 
         Collections:
-            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
-            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``). Nothing is sown.
+            ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out. Nothing is sown.
         """
         bias = self.norm == "none"
         init = get_initializer(self.kernel_init)

@@ -63,10 +63,7 @@ class Hourglass(nn.Module):
         Args:
             x: the feature maps, channels-last ``(batch, height, width, channels)``; height and width
                 divisible by ``2**depth``.
-            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
-                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
-                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
-                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+            train: training or evaluation mode, as ``resjax.nn``'s docstring sets out for every module.
 
         Returns:
             ``(batch, height, width, features)``.
@@ -76,8 +73,7 @@ class Hourglass(nn.Module):
                 ``input`` and ``depth``); ``train`` missing with BatchNorm.
 
         Collections:
-            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
-            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
+            ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out.
             ``intermediates``: sows ``skip`` (this level's processed skip; the deeper levels' under ``inner``)
             when the caller makes it mutable.
         """
@@ -127,10 +123,7 @@ class StackedHourglass(nn.Module):
         Args:
             x: the images, channels-last ``(batch, height, width, channels)``; height and width divisible by
                 ``2**depth``.
-            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
-                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
-                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
-                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+            train: training or evaluation mode, as ``resjax.nn``'s docstring sets out for every module.
 
         Returns:
             A list of ``num_stacks`` arrays ``(batch, height, width, num_heatmaps)``; the last is the prediction.
@@ -140,8 +133,7 @@ class StackedHourglass(nn.Module):
                 ``input`` and ``depth``); ``train`` missing with BatchNorm.
 
         Collections:
-            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
-            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
+            ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out.
             ``intermediates``: every hourglass sows its ``skip``s (under ``hourglass_s``) when the caller
             makes it mutable.
         """

@@ -68,17 +68,13 @@ class PlainLayer(nn.Module):
 
         Args:
             h: the input, ``(batch, in_features)`` (any leading axes).
-            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
-                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
-                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
-                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+            train: training or evaluation mode, as ``resjax.nn``'s docstring sets out for every module.
 
         Returns:
             ``(batch, width)``: the layer's output.
 
         Collections:
-            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
-            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
+            ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out.
             ``intermediates``: sows ``hidden_out`` (the output) when the caller makes it mutable.
         """
         use_bias = self.use_bias and not is_batch_norm(self.norm)
@@ -159,17 +155,13 @@ class PlainMLP(nn.Module):
 
         Args:
             x: the inputs, ``(batch, in_features)`` (any leading axes).
-            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
-                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
-                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
-                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+            train: training or evaluation mode, as ``resjax.nn``'s docstring sets out for every module.
 
         Returns:
             The logits, ``(batch, num_classes)``.
 
         Collections:
-            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
-            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
+            ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out.
             ``intermediates``: sows ``stem_out`` (the stem's activated output) and ``hidden_out`` (each hidden
             layer's output: ``depth`` entries in order, or with ``scan=True`` one entry under
             ``hidden_layers/layer`` with a leading axis of size ``depth``) when the caller makes it mutable.
@@ -267,10 +259,7 @@ class ResidualStack(_ResidualFields):
 
         Args:
             x: the stream h_0, ``(batch, width)`` (any leading axes; the last must equal ``width``).
-            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
-                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
-                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
-                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+            train: training or evaluation mode, as ``resjax.nn``'s docstring sets out for every module.
             tau: a scalar branch scale for this call, shared by every block (a number, or a traced value: a
                 sweep over tau is a ``vmap``), in place of the ``tau`` field. Only with ``scaling='tau'`` (else
                 ``ValueError``); a concrete tau must be a finite number > 0. ``None`` (default): the field.
@@ -283,8 +272,7 @@ class ResidualStack(_ResidualFields):
                 BatchNorm; a ``tau`` refused as above.
 
         Collections:
-            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
-            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
+            ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out.
             ``intermediates``: sows ``stem_out`` (the input ``x``) and every block's ``block_out`` (unrolled:
             under ``blocks_k``; scanned: under ``blocks/block`` with a leading axis of size K) when the caller
             makes it mutable.
@@ -330,10 +318,7 @@ class ResidualMLP(_ResidualFields):
 
         Args:
             x: the inputs, ``(batch, in_features)`` (any leading axes).
-            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
-                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
-                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
-                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+            train: training or evaluation mode, as ``resjax.nn``'s docstring sets out for every module.
             tau: a scalar branch scale for this call, shared by every block (a number, or a traced value: a
                 sweep over tau is a ``vmap``), in place of the ``tau`` field. Only with ``scaling='tau'`` (else
                 ``ValueError``); a concrete tau must be a finite number > 0. ``None`` (default): the field.
@@ -342,8 +327,7 @@ class ResidualMLP(_ResidualFields):
             The logits, ``(batch, num_classes)``.
 
         Collections:
-            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
-            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
+            ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out.
             ``intermediates``: sows ``stem_out`` (the stem's output, activated in the post order) and every
             block's ``block_out`` (unrolled: under ``blocks_k``; scanned: under ``blocks/block`` with a leading
             axis of size K) when the caller makes it mutable.

@@ -375,10 +375,7 @@ class ResidualBlock(nn.Module):
 
         Args:
             x: the stream, ``(..., features)``, e.g. ``(batch, features)``.
-            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
-                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
-                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
-                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+            train: training or evaluation mode, as ``resjax.nn``'s docstring sets out for every module.
             tau: a scalar branch scale for this call (a number, or a traced value: a sweep over tau is a
                 ``vmap``) in place of the ``tau`` field. Only with ``scaling='tau'``; ``None`` (default): the
                 field.
@@ -393,8 +390,7 @@ class ResidualBlock(nn.Module):
                 last axis not ``features`` (names ``inputs`` and both widths).
 
         Collections:
-            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
-            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
+            ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out.
             ``intermediates``: sows ``block_out`` (the output) when the caller makes it mutable.
         """
         check_input_width(self, x, self.features, f"features={self.features}: the skip is the identity")

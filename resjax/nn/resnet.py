@@ -290,10 +290,7 @@ class ResNetBlock(PrecisionRepr, nn.Module):
 
         Args:
             x: the images, channels-last ``(batch, height, width, channels)``.
-            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
-                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
-                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
-                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+            train: training or evaluation mode, as ``resjax.nn``'s docstring sets out for every module.
             tau: a scalar branch scale for this call (a number, or a traced value: a sweep over tau is a
                 ``vmap``) in place of the ``tau`` field. Only with ``scaling='tau'``; ``None`` (default): the
                 field.
@@ -310,8 +307,7 @@ class ResNetBlock(PrecisionRepr, nn.Module):
                 were made for (names ``inputs`` and both widths).
 
         Collections:
-            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
-            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
+            ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out.
             ``intermediates``: sows ``block_out`` (the output) when the caller makes it mutable.
         """
         self._check_input_width(x)
@@ -486,10 +482,7 @@ class ResNet(PrecisionRepr, nn.Module):
 
         Args:
             x: the images, channels-last ``(batch, height, width, channels)``.
-            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
-                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
-                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
-                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+            train: training or evaluation mode, as ``resjax.nn``'s docstring sets out for every module.
             tau: a scalar branch scale for this call, shared by every block (a number, or a traced value: a
                 sweep over tau is a ``vmap``), in place of the ``tau`` field. Only with ``scaling='tau'``;
                 ``None`` (default): the field. With ``learnable_tau=True`` the parameter ``tau`` is used: a
@@ -504,8 +497,7 @@ class ResNet(PrecisionRepr, nn.Module):
                 number > 0.
 
         Collections:
-            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
-            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
+            ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out.
             ``intermediates``: sows ``stem`` (the stem's output), every block's ``block_out`` (under
             ``stage{i}_first``, and ``stage{i}_k`` or, scanned, ``stage{i}/block`` with a leading axis) and
             ``pre_logits`` (the pooled features, ``(batch, channels)``) when the caller makes it mutable.
@@ -662,10 +654,7 @@ class TakiResNet(PrecisionRepr, nn.Module):
 
         Args:
             x: the images, channels-last ``(batch, height, width, channels)``.
-            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
-                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
-                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
-                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+            train: training or evaluation mode, as ``resjax.nn``'s docstring sets out for every module.
 
         Returns:
             The logits, ``(batch, num_classes)``; float32 also when computed in a half ``dtype``.
@@ -674,8 +663,7 @@ class TakiResNet(PrecisionRepr, nn.Module):
             ValueError: ``x`` without 4 axes (names ``images``); ``train`` missing with BatchNorm.
 
         Collections:
-            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
-            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
+            ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out.
             ``intermediates``: sows every block's ``block_out`` (scanned: under ``blocks/block`` with a leading
             axis of size ``num_blocks``; unrolled: under ``blocks_k``) when the caller makes it mutable.
         """
@@ -732,17 +720,14 @@ class TakiBlock(PrecisionRepr, nn.Module):
 
         Args:
             x: the images, channels-last ``(batch, height, width, features)``.
-            train: required (positional, no default). ``True``: training mode (BatchNorm normalises with the
-                minibatch's statistics and updates ``batch_stats``); ``False``: evaluation (BatchNorm's running
-                estimates); ``None``: with ``norm='batch'`` ``apply`` raises ``ValueError`` naming ``train``
-                (``init`` is allowed). Without BatchNorm it is ignored.
+            train: training or evaluation mode, as ``resjax.nn``'s docstring sets out for every module; here
+                a required positional argument (``init`` may pass ``None``).
 
         Returns:
             The block's output, the shape of ``x``.
 
         Collections:
-            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
-            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
+            ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out.
             ``intermediates``: sows ``block_out`` (the output) when the caller makes it mutable.
         """
         check_input_width(self, x, self.features, f"features={self.features}: the skip is the identity")

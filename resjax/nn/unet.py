@@ -50,17 +50,13 @@ class ConvBlock(nn.Module):
 
         Args:
             x: the feature maps, channels-last ``(batch, height, width, channels)``.
-            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
-                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
-                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
-                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+            train: training or evaluation mode, as ``resjax.nn``'s docstring sets out for every module.
 
         Returns:
             ``(batch, height, width, features)``.
 
         Collections:
-            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
-            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``). Nothing is sown.
+            ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out. Nothing is sown.
         """
         for i in range(self.num_convs):
             x = nn.Conv(self.features, (3, 3), padding="SAME", use_bias=self.norm == "none", name=f"conv_{i}")(x)
@@ -121,10 +117,7 @@ class UNet(nn.Module):
         Args:
             x: the images, channels-last ``(batch, height, width, channels)``; height and width divisible by
                 ``2**depth``.
-            train: ``True``: training mode (BatchNorm normalises with the minibatch's statistics and updates
-                ``batch_stats``); ``False``: evaluation (BatchNorm's running estimates). With ``norm='batch'``,
-                ``apply`` without it (``None``, the default) raises ``ValueError`` naming ``train``; ``init``
-                may omit it (it only needs shapes). Without BatchNorm it is ignored.
+            train: training or evaluation mode, as ``resjax.nn``'s docstring sets out for every module.
 
         Returns:
             ``(batch, height, width, out_channels)``.
@@ -134,8 +127,7 @@ class UNet(nn.Module):
                 ``input`` and ``depth``); ``train`` missing with BatchNorm.
 
         Collections:
-            ``batch_stats``: with ``norm='batch'`` and ``train=True`` the running estimates are updated, so
-            ``apply`` needs ``mutable=['batch_stats']`` (and returns ``(output, updates)``).
+            ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out.
             ``intermediates``: sows ``skip_i`` (the encoder's output at scale i, i = 0 at full resolution)
             when the caller makes it mutable.
         """
