@@ -41,11 +41,12 @@ import re
 import shutil
 import signal
 import sys
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+
+from resjax.train.preemption import SignalHandlers
 
 #: ``--checkpoint_dir none``: no checkpoints.
 NONE = "none"
@@ -265,32 +266,15 @@ def cell_done() -> None:
 # ---- stop signals ------------------------------------------------------------------------------------------
 
 
-class _Stop:
+class _Stop(SignalHandlers):
     """The entry points' SIGTERM/SIGINT handling outside the library's (see the module docstring)."""
 
     def __init__(self, name: str) -> None:
+        super().__init__()
         self.name = name
-        self.signum: int | None = None
         self.deferred = 0
-        self._previous: dict = {}
 
-    def __enter__(self) -> _Stop:
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGTERM, signal.SIGINT):
-                self._previous[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        self._previous.clear()
-
-    def _handle(self, signum, frame) -> None:
-        if self.signum is not None:  # a second signal: stop now, the default way
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        self.signum = signum
+    def first(self, signum: int) -> None:
         if self.deferred:
             print(f"{self.name}: {signal.Signals(signum).name} received while writing the results; stopping once "
                   "they are written (send it again to stop at once)", file=sys.stderr, flush=True)

@@ -76,38 +76,19 @@ def test_unbiased_option_gives_torchs_eval_logits_and_running_statistics_at_once
 def test_two_sgd_steps_continue_exactly_with_the_unbiased_option():
     """resjax's training step from the imported weights (no bn_count) against two steps of the repository's
     own training script: every stored tensor, the running statistics of both steps included."""
-    from resjax.train import image_train_config, run_config
-    from resjax.train.core import Core, with_hyperparams
-    from resjax.train.optim import make_optimizer
+    from resjax.train import image_train_config
+    from tests.test_peer_training import assert_two_peer_steps
 
     meta, start, _, _ = _fixture()
     with np.load(DATA / "tau_resnet_bn_sgd_steps.npz") as f:
         steps = {k: f[k] for k in f.files}
-    peer = json.loads(str(steps["meta"]))
     model = cifar_resnet(meta["depth"], **meta["resjax"],
                          **interop.repository_settings("tau_resnet_bn", running_variance="unbiased"))
     config = image_train_config(param_groups=("tau_resnet",))
     with jax.enable_x64(True):
         variables = interop.from_torch_state_dict(model, start)
-        params = variables["params"]
-        core = Core(config=run_config(train=config), model=model, tx=make_optimizer(config, params, 1),
-                    example_shape=(32, 32, 3), uses_tau=False, steps_per_epoch=1)
-        run = core.init_run(jax.random.key(0))
-        opt_state = with_hyperparams(core.tx.init(params), core.default_hparams())
-        run = run._replace(state=run.state.replace(params=params, batch_stats=variables["batch_stats"],
-                                                   opt_state=opt_state))
-        step = jax.jit(core.train_step)
-        for i in (1, 2):
-            x = np.transpose(steps[f"x{i}"], (0, 2, 3, 1))
-            run, (loss, _) = step(run, (x, steps[f"y{i}"].astype(np.int32)))
-            np.testing.assert_allclose(float(loss), peer["losses"][i - 1], rtol=TOL)
-            after = interop.to_torch_state_dict(run.state.variables(), model)
-            expected = {k[len(f"step{i}/"):]: v for k, v in steps.items()
-                        if k.startswith(f"step{i}/") and not k.endswith("num_batches_tracked")}
-            assert sum(k.endswith("running_var") for k in expected) == 21
-            for k, v in expected.items():
-                err = np.max(np.abs(np.asarray(after[k]) - v)) / max(np.max(np.abs(v)), 1e-300)
-                assert err < TOL, f"step {i}, {k}: relative error {err:.2e}"
+        compared = assert_two_peer_steps(model, config, variables, steps)  # no bn_count: copied as they are
+    assert [sum(k.endswith("running_var") for k in names) for names in compared] == [21, 21]
 
 
 def test_same_parameter_names_round_trip_and_bn_count_refused():

@@ -52,28 +52,38 @@ def test_one_and_two_sgd_steps_match_the_peers_training_step_in_float64(name):
     config = _train_config(name, batch)
     with jax.enable_x64(True):
         variables = interop.from_torch_state_dict(model, start, bn_count=counts)
-        params = variables["params"]
-        core = Core(config=run_config(train=config), model=model, tx=make_optimizer(config, params, 1),
-                    example_shape=(32, 32, 3), uses_tau=False, steps_per_epoch=1)
-        run = core.init_run(jax.random.key(0))
-        opt_state = with_hyperparams(core.tx.init(params), core.default_hparams())
-        assert opt_state.hyperparams["learning_rate"].dtype == np.float64
-        run = run._replace(state=run.state.replace(params=params, batch_stats=variables.get("batch_stats", {}),
-                                                   opt_state=opt_state))
-        step = jax.jit(core.train_step)
-        for i in (1, 2):
-            x = np.transpose(steps[f"x{i}"], (0, 2, 3, 1))
-            run, (loss, _) = step(run, (x, steps[f"y{i}"].astype(np.int32)))
-            np.testing.assert_allclose(float(loss), peer["losses"][i - 1], rtol=TOL)
-            after = interop.to_torch_state_dict(run.state.variables(), model, bn_count=counts)
-            expected = {k[len(f"step{i}/"):]: v for k, v in steps.items() if k.startswith(f"step{i}/")}
-            for k, v in expected.items():
-                if k.endswith("num_batches_tracked"):
-                    continue
-                a = np.asarray(after[k])
-                assert a.dtype == np.float64, k
-                err = np.max(np.abs(a - v)) / max(np.max(np.abs(v)), 1e-300)
-                assert err < TOL, f"step {i}, {k}: relative error {err:.2e}"
+        assert_two_peer_steps(model, config, variables, steps, bn_count=counts)
+
+
+def assert_two_peer_steps(model, config, variables, steps, bn_count=None) -> list[str]:
+    """resjax's own ``Core.train_step`` (float64: call under ``jax.enable_x64``) from the imported ``variables``
+    against the peer's two stored SGD steps (``steps``: a ``*_sgd_steps.npz``): the losses and every stored tensor
+    (exported with ``bn_count``) to ``TOL``, relative. Returns the names compared at each step."""
+    peer = json.loads(str(steps["meta"]))
+    params = variables["params"]
+    core = Core(config=run_config(train=config), model=model, tx=make_optimizer(config, params, 1),
+                example_shape=(32, 32, 3), uses_tau=False, steps_per_epoch=1)
+    run = core.init_run(jax.random.key(0))
+    opt_state = with_hyperparams(core.tx.init(params), core.default_hparams())
+    assert opt_state.hyperparams["learning_rate"].dtype == np.float64
+    run = run._replace(state=run.state.replace(params=params, batch_stats=variables.get("batch_stats", {}),
+                                               opt_state=opt_state))
+    step = jax.jit(core.train_step)
+    compared = []
+    for i in (1, 2):
+        x = np.transpose(steps[f"x{i}"], (0, 2, 3, 1))
+        run, (loss, _) = step(run, (x, steps[f"y{i}"].astype(np.int32)))
+        np.testing.assert_allclose(float(loss), peer["losses"][i - 1], rtol=TOL)
+        after = interop.to_torch_state_dict(run.state.variables(), model, bn_count=bn_count)
+        expected = {k[len(f"step{i}/"):]: v for k, v in steps.items()
+                    if k.startswith(f"step{i}/") and not k.endswith("num_batches_tracked")}
+        for k, v in expected.items():
+            a = np.asarray(after[k])
+            assert a.dtype == np.float64, k
+            err = np.max(np.abs(a - v)) / max(np.max(np.abs(v)), 1e-300)
+            assert err < TOL, f"step {i}, {k}: relative error {err:.2e}"
+        compared.append(sorted(expected))
+    return compared
 
 
 def test_the_presets_select_the_peers_groups():

@@ -25,7 +25,7 @@ import signal
 import sys
 import threading
 
-__all__ = ["SIGNALS", "Preempted", "StopSignals", "resume_command"]
+__all__ = ["SIGNALS", "Preempted", "SignalHandlers", "StopSignals", "resume_command"]
 
 #: The signals ``StopSignals`` handles: SIGTERM (preemption) and SIGINT (Ctrl-C).
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -48,19 +48,27 @@ def resume_command() -> str:
     return shlex.join(argv)
 
 
-class StopSignals:
-    """Context manager: while open (and ``enabled``), SIGTERM and SIGINT set ``signum`` instead of
-    stopping the process; the previous handlers come back on exit."""
+class SignalHandlers:
+    """Context manager: while open (and ``enabled``; from the main thread only, as Python allows), the first
+    SIGTERM or SIGINT sets ``signum`` and calls ``first(signum)`` instead of stopping the process, and a second
+    one stops it at once, the default way; the previous handlers come back on exit. Subclasses say what the
+    first signal does (``StopSignals``: the trainers save and stop; the experiments' entry points: exit now)."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled and threading.current_thread() is threading.main_thread()
         self.signum: int | None = None
         self._previous: dict = {}
 
-    @property
-    def requested(self) -> bool:
-        """Whether a stop signal has arrived (``signum`` is set)."""
-        return self.signum is not None
+    def __enter__(self):
+        if self.enabled:
+            for s in SIGNALS:
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous.clear()
 
     def _handle(self, signum, frame) -> None:
         if self.signum is not None:  # a second signal: stop now, the default way
@@ -68,6 +76,24 @@ class StopSignals:
             os.kill(os.getpid(), signum)
             return
         self.signum = signum
+        self.first(signum)
+
+    def first(self, signum: int) -> None:
+        """What the first signal does besides setting ``signum`` (nothing here)."""
+
+
+class StopSignals(SignalHandlers):
+    """Context manager: while open (and ``enabled``), SIGTERM and SIGINT set ``signum`` instead of
+    stopping the process (the trainer then saves and raises ``Preempted``); the previous handlers come back on
+    exit."""
+
+    @property
+    def requested(self) -> bool:
+        """Whether a stop signal has arrived (``signum`` is set)."""
+        return self.signum is not None
+
+    def first(self, signum: int) -> None:
+        """Say that the step in progress is finished and saved before the run stops."""
         print(f"resjax: {signal.Signals(signum).name} received; finishing the current step, then saving a "
               "checkpoint (send it again to stop at once)", file=sys.stderr, flush=True)
 
@@ -88,17 +114,6 @@ class StopSignals:
             print(f"resjax: process {int(np.argmax(signums))} received {signal.Signals(self.signum).name}; "
                   "every process saves this step and stops", file=sys.stderr, flush=True)
         return self.requested
-
-    def __enter__(self) -> StopSignals:
-        if self.enabled:
-            for s in SIGNALS:
-                self._previous[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        self._previous.clear()
 
     def stop(self, checkpoint_dir: str, step: int, where: str) -> Preempted:
         """The ``Preempted`` to raise once the checkpoint ``step`` of ``where`` is written (also printed)."""
