@@ -895,6 +895,21 @@ def start() -> None:
     initialize_if_needed()
 
 
+@contextlib.contextmanager
+def unusable_checkpoints_end_the_run(name: str):
+    """An entry point's ``CheckpointError`` (a cell's checkpoints that cannot be used: every step damaged, say)
+    as resjax's message and how to go on, exit status 1, without a Python traceback."""
+    from resjax.train.checkpoint import CheckpointError
+
+    try:
+        yield
+    except CheckpointError as err:
+        print(f"{name}: {err}\n{name}: nothing of that cell was trained in this run. To train it again, remove "
+              f"{err.directory} (the other cells keep their checkpoints) and run the same command, or add --fresh "
+              "to train every cell from its start.", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
 def main(module, argv=None) -> dict:
     """The command line of ``module`` (a module or its name, e.g. ``__name__``)."""
     start()
@@ -902,7 +917,7 @@ def main(module, argv=None) -> dict:
         module = sys.modules[module]
     options: dict = {}
     config, out_dir = parse_args(module, argv, check=True, options=options)
-    with checkpoints.stop_signals(module.NAME):  # SIGTERM/SIGINT: a clean exit 143/130 at any moment (#22)
+    with unusable_checkpoints_end_the_run(module.NAME), checkpoints.stop_signals(module.NAME):  # 143/130 (#22)
         results = run_experiment(module, config, out_dir, options["checkpoint_dir"], options["fresh"])
     if is_main():
         print(f"{module.NAME}: wrote {out_dir / 'results.json'} and {out_dir / (module.NAME + '.png')} "

@@ -273,3 +273,27 @@ def test_checkpoint_every_saves_an_experiment_cell_that_often(tmp_path):
     assert sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) == [
         trainer.checkpoint_step(e) for e in (1, 2, 3)]
     assert json.loads((tmp_path / ".run-fake.json").read_text()) == {"experiment": "fake", "config": {}}
+
+
+# Mutation caught: experiments/common.py: `unusable_checkpoints_end_the_run(module.NAME)` dropped from `main` (the
+# refusal ends in a Python traceback again, no word on how to go on).
+def test_unusable_checkpoints_end_the_run_with_the_message_and_how_to_go_on(tmp_path):
+    """Every step of a finished cell damaged: the same command again exits 1 with resjax's message naming the cell's
+    folder and saying how to train it again, and no traceback; with --fresh the run trains and ends."""
+    from tests.test_faults import _flip
+
+    args = ["-m", "experiments.degradation", "--quick", "--cells", "plain:2", "--train.epochs", "2", "--num_seeds",
+            "1", "--ablations", "false"]
+    out = tmp_path / "out"
+    assert _run(args, out).returncode == 0
+    (cell,) = [p for p in (out / "checkpoints").iterdir() if p.is_dir()]
+    steps = [p for p in cell.iterdir() if p.name.isdigit()]
+    assert steps
+    for step in steps:
+        _flip(str(step))
+    again = _run(args, out)
+    assert again.returncode == 1, again.stderr[-3000:]
+    assert "no step in this directory is good" in again.stderr and f"remove {cell}" in again.stderr, again.stderr
+    assert "--fresh" in again.stderr and "Traceback" not in again.stderr, again.stderr[-3000:]
+    fresh = _run(args, out, "--fresh")
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
