@@ -76,6 +76,12 @@ def claim_text(claim: common.Claim) -> str:
     return f"{claim.text} {PROBE_MARK}" if claim.probe_threshold else claim.text
 
 
+def table_text(text: str) -> str:
+    """``text`` in a cell of the report's markdown tables: a ``|`` (``|h_L|/|h_0|``) escaped as ``\\|``, so it shows
+    as itself instead of ending the cell."""
+    return str(text).replace("|", "\\|")
+
+
 def _cell(value) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
@@ -141,7 +147,7 @@ def report_section(module, results: dict, out_dir: pathlib.Path, report_dir: pat
     lines += [f"Ran in {results['seconds']:.0f} s. Config: `{results['config']}`.", ""] + ([differ, ""] if differ else []) + [
               "| claim | source | seed document | measured | holds |", "|---|---|---|---|---|"]
     for text, source, seed_value, measured, ok in claim_rows(module, results):
-        lines.append(f"| {text} | {source} | {seed_value} | {measured} | {ok} |")
+        lines.append(f"| {table_text(text)} | {table_text(source)} | {table_text(seed_value)} | {measured} | {ok} |")
     lines.append("")
     if hasattr(module, "report_section"):
         lines += [module.report_section(metrics), ""]
