@@ -47,7 +47,6 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from flax.linen.normalization import _canonicalize_axes, _compute_stats
 
 from resjax.nn.precision import layer_dtypes
 
@@ -149,28 +148,28 @@ class BatchNorm(nn.BatchNorm):
             return super().__call__(x, use_running_average, **kwargs)
         old = self.get_variable("batch_stats", "var")
         y = super().__call__(x, use_running_average, **kwargs)
-        self.put_variable("batch_stats", "var", self._unbiased_update(x, old, kwargs.get("mask")))
+        new = self.get_variable("batch_stats", "var")  # flax's update: momentum * old + (1 - momentum) * var
+        n = self._count(x, kwargs.get("mask"), old.dtype)
+        # PyTorch's: momentum * old + (1 - momentum) * var * n / (n - 1), from flax's own update (its var is the
+        # biased batch variance the layer normalised with), so the statistics are computed once
+        self.put_variable("batch_stats", "var", (self.momentum * old + (new - self.momentum * old) * (n / (n - 1)))
+                          .astype(old.dtype))
         return y
 
-    def _unbiased_update(self, x: jax.Array, old: jax.Array, mask: jax.Array | None) -> jax.Array:
-        """``momentum * old + (1 - momentum) * var * n / (n - 1)``: PyTorch's running-variance update, with
-        ``var`` the biased batch variance exactly as flax's ``BatchNorm`` computed it for the normalisation."""
-        feature_axes = _canonicalize_axes(x.ndim, self.axis)
-        reduction_axes = tuple(i for i in range(x.ndim) if i not in feature_axes)
-        _, var = _compute_stats(x, reduction_axes, dtype=self.dtype, axis_name=self.axis_name,
-                                axis_index_groups=self.axis_index_groups, use_fast_variance=self.use_fast_variance,
-                                mask=mask, force_float32_reductions=self.force_float32_reductions)
+    def _count(self, x: jax.Array, mask: jax.Array | None, dtype: Any) -> jax.Array | int:
+        """The values per channel that gave the batch statistics: batch x spatial size, summed over
+        ``axis_name``'s devices, or the ``mask``'s count per channel (in ``dtype``)."""
+        axes = {a % x.ndim for a in ((self.axis,) if isinstance(self.axis, int) else self.axis)}
+        reduction_axes = tuple(i for i in range(x.ndim) if i not in axes)
         if mask is None:
             n = math.prod(x.shape[a] for a in reduction_axes)
             if self.axis_name is not None:
                 n = n * jax.lax.psum(1, self.axis_name, axis_index_groups=self.axis_index_groups)
-        else:
-            n = jnp.sum(jnp.broadcast_to(mask, x.shape), axis=reduction_axes, dtype=var.dtype)
-            if self.axis_name is not None:
-                n = jax.lax.psum(n, self.axis_name, axis_index_groups=self.axis_index_groups)
-            n = n.reshape(var.shape)
-        unbiased = var * (n / (n - 1))
-        return (self.momentum * old + (1 - self.momentum) * unbiased).astype(old.dtype)
+            return n
+        n = jnp.sum(jnp.broadcast_to(mask, x.shape), axis=reduction_axes, dtype=dtype)
+        if self.axis_name is not None:
+            n = jax.lax.psum(n, self.axis_name, axis_index_groups=self.axis_index_groups)
+        return n.reshape([x.shape[a] for a in sorted(axes)])
 
 
 class UnbiasedBatchNorm(BatchNorm):
