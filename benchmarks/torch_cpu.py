@@ -295,13 +295,13 @@ def step_worker(spec: dict) -> dict:
         if pad:
             keys, hp = jax.tree_util.tree_map(lambda a: jnp.concatenate([a, jnp.repeat(a[-1:], pad, 0)]), (keys, hp))
         keys, hp = shard_over_seeds((keys, hp))
-        lowered = mtrainer._chunk_fn(epochs).lower(mtrainer._init_fn(keys, hp), hp)
+        program = jax.jit(jax.vmap(lambda r, h: mtrainer.run_epochs(r, h, epochs)), donate_argnums=0)  # sweep's chunk
+        lowered = program.lower(mtrainer._init_fn(keys, hp), hp)
         mlp = {"programs": {}, "epochs": epochs}
         for name, (options, precision) in variants.items():
             if precision:
                 with jax.default_matmul_precision(precision):
-                    low = jax.jit(jax.vmap(lambda r, h: mtrainer.run_epochs(r, h, epochs)), donate_argnums=0).lower(
-                        mtrainer._init_fn(keys, hp), hp)
+                    low = program.lower(mtrainer._init_fn(keys, hp), hp)
             else:
                 low = lowered
             start = time.perf_counter()

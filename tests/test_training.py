@@ -95,6 +95,48 @@ def test_divergence_is_recorded_and_seed_mates_go_on():
     np.testing.assert_allclose(m["train_error"][1], alone["train_error"][0], rtol=1e-5)
 
 
+def _same_runs(a, b) -> None:
+    """Bit-identical run states (keys by their data), history included (NaN equal to NaN)."""
+    def data(x):
+        return jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(data(x)), np.asarray(data(y)))
+
+
+def test_diverged_runs_are_not_trained_on_and_end_as_if_they_were():
+    # Every seed diverges in epoch 1 (lr 1e30); after the first chunk the sweep stops training them (Core.skip_epoch)
+    # and the runs, history and all, equal one program that trained every epoch of the frozen runs.
+    c = tiny_config(kind="plain_mlp", width=8, depth=2)
+    c.train.epochs = 5
+    trainer = make_train(c, DATA)
+    keys = jax.random.split(jax.random.key(3), 2)
+    hp = {"learning_rate": np.float32(1e30)}
+    one, m_one = trainer.sweep(keys, hp)
+    chunked, m_chunked = trainer.sweep(keys, hp, chunk_epochs=1)
+    assert trainer._skip_fn.cache_info().currsize == 1  # epochs 2-5 were skipped, not trained
+    assert m_one["diverged_epoch"].tolist() == [1, 1]
+    _same_runs(one, chunked)
+    assert np.isnan(m_chunked["train_loss"]).all() and (m_chunked["lr"] == np.float32(1e30)).all()
+
+
+def test_eval_every_evaluates_every_kth_and_the_last_epoch_and_trains_the_same():
+    c = tiny_config()
+    c.train.epochs = 5
+    every = make_train(c, DATA)
+    c.train.eval_every = 2
+    sparse = make_train(c, DATA)
+    keys = jax.random.split(jax.random.key(4), 2)
+    run_every, m_every = every.sweep(keys, chunk_epochs=3)
+    run_sparse, m_sparse = sparse.sweep(keys, chunk_epochs=3)
+    _same_runs(run_every._replace(history={}), run_sparse._replace(history={}))  # the training is the same
+    evaluated = np.array([False, True, False, True, True])  # epochs 2 and 4, and the last
+    for name in ("train_error", "test_loss", "test_error"):
+        np.testing.assert_array_equal(m_sparse[name][:, evaluated], m_every[name][:, evaluated])
+        assert np.isnan(m_sparse[name][:, ~evaluated]).all()
+    for name in ("train_loss", "batch_error", "lr"):
+        np.testing.assert_array_equal(m_sparse[name], m_every[name])
+
+
 def test_learning_rate_and_tau_vmap_inside_one_program():
     c = tiny_config(kind="residual_mlp", width=8, num_blocks=3, scaling="tau")
     trainer = make_train(c, DATA)
@@ -113,6 +155,7 @@ def test_learning_rate_and_tau_vmap_inside_one_program():
     ("batch_size", 10_000, "batch_size"),
     ("epochs", 0, "epochs"),
     ("momentum", 1.5, "momentum"),
+    ("eval_every", 0, "eval_every"),
 ])
 def test_bad_training_settings_name_the_setting(setting, value, match):
     c = tiny_config()

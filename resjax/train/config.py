@@ -21,6 +21,8 @@ fields:
   schedule           'constant' | 'step' | 'cosine' | an optax schedule's name with ``schedule_args``;
                      ``milestones``, ``decay_factor``, ``warmup_epochs`` (see ``resjax.train.schedules``)
   batch_size, epochs, eval_batch_size (host feeder: evaluation batches)
+  eval_every         evaluate after every k-th epoch and after the last (default 1: every epoch); the history's
+                     evaluation entries (train_error, test_loss, test_error) are NaN at the epochs in between
   augment, shuffle   host feeder: the data source's augmentation and shuffling
   checkpoint_every   epochs between checkpoints (on-device: rounded to whole chunks); 0 = only at the end
   checkpoint_keep    how many checkpoints to keep
@@ -78,6 +80,7 @@ def train_config(**overrides: Any) -> ml_collections.ConfigDict:
     c.batch_size = 100
     c.eval_batch_size = 1000
     c.epochs = 300
+    c.eval_every = 1
     c.augment = False
     c.shuffle = True
     c.checkpoint_every = 10
@@ -144,8 +147,8 @@ def check_train_config(c: ml_collections.ConfigDict) -> None:
     """Raise ``ValueError`` naming the first bad setting of a ``train_config``: every float setting must be
     finite (``train.learning_rate: must be a finite number, got nan``), then each setting's range."""
     check_finite_settings(c)
-    for name in ("batch_size", "eval_batch_size", "epochs"):
-        v = c.get(name)
+    for name in ("batch_size", "eval_batch_size", "epochs", "eval_every"):
+        v = c.get(name, 1 if name == "eval_every" else None)  # a config made before eval_every: every epoch
         if not is_int(v) or v < 1:
             raise ValueError(f"{name}: must be an integer >= 1, got {v!r}")
     v = c.get("checkpoint_every", 0)

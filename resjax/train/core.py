@@ -62,7 +62,9 @@ __all__ = ["HPARAMS", "METRICS", "RESUME_FREE", "Core", "Progress", "check_run_c
 METRICS = ("train_loss", "batch_error", "train_error", "test_loss", "test_error", "lr")
 #: The values ``hparams`` may vary inside one program (``tau`` only for models with ``scaling='tau'``).
 HPARAMS = ("learning_rate", "weight_decay", "tau")
-RESUME_FREE = ("train.checkpoint_every", "train.checkpoint_keep")  # settings a resumed run may change
+#: Settings a resumed run may change: when checkpoints are made and which epochs are evaluated (neither changes the
+#: training).
+RESUME_FREE = ("train.checkpoint_every", "train.checkpoint_keep", "train.eval_every")
 _DATA_SEED_TAG = 0x64617461  # fold_in tag for drawing a data seed from a key
 
 
@@ -251,6 +253,18 @@ class Core:
         base = run.state.opt_state.hyperparams["learning_rate"]
         schedule = make_schedule(self.config.train, self.steps_per_epoch, base, self.optim.get("schedule"))
         return schedule(run.epoch * self.steps_per_epoch)
+
+    def evaluated(self, epoch: ArrayLike) -> ArrayLike:
+        """Whether the run is evaluated after its 1-based ``epoch`` (``config.train.eval_every``): every k-th
+        epoch and the last."""
+        k = self.config.train.get("eval_every", 1)
+        return (epoch % k == 0) | (epoch == self.config.train.epochs)
+
+    def skip_epoch(self, run: RunState) -> RunState:
+        """The epoch of a run that has diverged, without training it: the state stays as it is (as every
+        step of a diverged run keeps it) and the history gets the epoch's learning rate and NaN elsewhere,
+        so the result equals a trained epoch's bit for bit (``guarded_step``)."""
+        return self.end_epoch(run, {"lr": self.epoch_learning_rate(run)})
 
     def end_epoch(self, run: RunState, metrics: dict) -> RunState:
         """Write ``metrics`` (name -> scalar; missing names NaN) as the epoch's history entry."""

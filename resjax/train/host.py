@@ -3,7 +3,8 @@ data source yields (``resjax.data.tfds`` sources, or anything with their interfa
 
 Image data sets do not fit in a program, so epochs run on the host: each minibatch of
 ``train_source.epoch(...)`` goes through one jitted, state-donating step of the core's ``train_step``
-(``resjax.train.core``); after every epoch the model is evaluated on ``test_source`` (evaluation mode,
+(``resjax.train.core``); after every epoch (every ``config.train.eval_every``-th and the last) the model is
+evaluated on ``test_source`` (evaluation mode,
 running BatchNorm statistics) and, every ``config.train.checkpoint_every`` epochs, the whole run state is
 checkpointed::
 
@@ -262,7 +263,7 @@ class ImageTrainer(Core):
                         raise ValueError("batch_size: the training source yielded no full batch")
                     metrics = {"train_loss": jnp.mean(jnp.stack(losses), 0), "batch_error": jnp.mean(jnp.stack(errors), 0),
                                "lr": lr(run)}
-                    if self.test_source is not None:
+                    if self.test_source is not None and self.evaluated(done + 1):
                         ev = self.evaluate(run, hparams=hp)
                         metrics["test_loss"], metrics["test_error"] = ev["loss"], ev["error"]
                     run = end_epoch(run, metrics)

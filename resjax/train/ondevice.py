@@ -10,8 +10,8 @@ dropped, so every step has the same shape; each epoch draws a fresh permutation 
     run, metrics = jax.jit(jax.vmap(trainer))(jax.random.split(key, 3))
 
 ``hparams`` (``learning_rate``, ``weight_decay`` and, for models with ``scaling='tau'``, ``tau``) are arrays
-vmapped like the keys. After every epoch the whole training and test sets are evaluated (evaluation
-mode); the metrics are the core's (``resjax.train.core``).
+vmapped like the keys. After every epoch (every ``config.train.eval_every``-th and the last) the whole
+training and test sets are evaluated (evaluation mode); the metrics are the core's (``resjax.train.core``).
 
 ``trainer.sweep(keys, hparams, chunk_epochs=..., checkpoint_dir=...)`` runs the same computation as
 jitted chunks of epochs with a thin host loop between them (progress bar, checkpoints); one chunk is the
@@ -22,7 +22,8 @@ A SIGTERM or SIGINT during such a sweep lets the current chunk finish, saves it 
 ``resjax.train.preemption.Preempted`` (exit status 143/130); ``checkpoint_every`` bounds the wait.
 With more than one device the seeds are sharded across devices (one mesh axis ``'seeds'``; nothing in the
 model names it, so BatchNorm never pools statistics across seeds); when the seeds do not divide evenly,
-the last run is repeated to fill the devices and dropped from the results. On a CPU,
+the last run is repeated to fill the devices and dropped from the results. Once every run of a sweep has
+diverged, its remaining epochs are not trained (``Core.skip_epoch``: the same result, bit for bit). On a CPU,
 ``resjax.use_every_cpu_core()`` makes each core a device (the experiment entry points call it).
 
 Measurements from inside the compiled run (as purejaxrl returns metrics out of its scan):
@@ -82,10 +83,12 @@ class Trainer(Core):
         loss, wrong = self.eval_sums(run, x, y, None, hparams)
         return loss / len(y), wrong / len(y)
 
-    def train_epoch(self, run: RunState, hparams: dict | None) -> tuple[RunState, dict]:
+    def train_epoch(self, run: RunState, hparams: dict | None,
+                    evaluate: bool | jax.Array = True) -> tuple[RunState, dict]:
         """One epoch: ``train_step`` (``lax.scan``) over the minibatches of a fresh permutation (``fold_in(run.key,
-        run.epoch)``; the last partial batch dropped), then the whole training and test sets in evaluation
-        mode. Returns ``(run, records)``: the run with the epoch's metrics in its history and ``epoch + 1``,
+        run.epoch)``; the last partial batch dropped), then, when ``evaluate`` (a bool, or a scalar that is not
+        vmapped: a real branch), the whole training and test sets in evaluation mode (else those metrics are
+        NaN). Returns ``(run, records)``: the run with the epoch's metrics in its history and ``epoch + 1``,
         and the hooks' values (``step_records``, ``epoch_records``; empty without hooks)."""
         n, b = len(self.data.y_train), self.config.train.batch_size
         steps = n // b
@@ -100,10 +103,18 @@ class Trainer(Core):
                 out = (*out, self.step_hook(r, after, hparams))
             return after, out
 
+        def evaluation(r):
+            _, train_error = self.evaluate(r, x_train, y_train, hparams)
+            test_loss, test_error = self.evaluate(r, jnp.asarray(self.data.x_test), jnp.asarray(self.data.y_test),
+                                                  hparams)
+            return train_error, test_loss, test_error
+
         run, outs = jax.lax.scan(step, run, batches)
-        _, train_error = self.evaluate(run, x_train, y_train, hparams)
-        test_loss, test_error = self.evaluate(run, jnp.asarray(self.data.x_test), jnp.asarray(self.data.y_test),
-                                              hparams)
+        if evaluate is True:
+            train_error, test_loss, test_error = evaluation(run)
+        else:
+            nan = jnp.full((), jnp.nan, jnp.float32)
+            train_error, test_loss, test_error = jax.lax.cond(evaluate, evaluation, lambda r: (nan, nan, nan), run)
         metrics = {"train_loss": jnp.mean(outs[0]), "batch_error": jnp.mean(outs[1]), "train_error": train_error,
                    "test_loss": test_loss, "test_error": test_error, "lr": lr}
         run = self.end_epoch(run, metrics)
@@ -114,9 +125,19 @@ class Trainer(Core):
             records["epoch_records"] = self.epoch_hook(run, hparams)
         return run, records
 
-    def run_epochs(self, run: RunState, hparams: dict | None, num_epochs: int) -> tuple[RunState, dict]:
-        """``num_epochs`` epochs as one ``lax.scan``; the hooks' records have a leading epoch axis."""
-        return jax.lax.scan(lambda r, _: self.train_epoch(r, hparams), run, None, length=num_epochs)
+    def run_epochs(self, run: RunState, hparams: dict | None, num_epochs: int,
+                   start: int | jax.Array = 0) -> tuple[RunState, dict]:
+        """``num_epochs`` epochs as one ``lax.scan``, the first of them epoch ``start + 1`` of the run (it decides
+        which are evaluated, ``config.train.eval_every``; under ``vmap`` keep ``start`` unmapped); the hooks'
+        records have a leading epoch axis."""
+        if self.config.train.get("eval_every", 1) == 1:
+            return jax.lax.scan(lambda r, _: self.train_epoch(r, hparams), run, None, length=num_epochs)
+        epochs = start + 1 + jnp.arange(num_epochs)
+        return jax.lax.scan(lambda r, e: self.train_epoch(r, hparams, self.evaluated(e)), run, epochs)
+
+    def skip_epochs(self, run: RunState, num_epochs: int) -> RunState:
+        """``num_epochs`` epochs of a run that has diverged (``Core.skip_epoch``): equal to training them."""
+        return jax.lax.fori_loop(0, num_epochs, lambda _, r: self.skip_epoch(r), run)
 
     def __call__(self, key: jax.Array, hparams: dict | None = None) -> tuple[RunState, dict]:
         """The whole run as one pure function: ``(run, metrics)``; metrics are the history arrays
@@ -188,7 +209,8 @@ class Trainer(Core):
         ckpt, run, _ = self.open_checkpoints(checkpoint_dir, run, num + pad, resume, hp)
         done = int(np.max(to_host(run.epoch)))
         with closed_on_error(ckpt):  # the directory's lock is given up if this fails before training
-            if (self.step_hook or self.epoch_hook) and done:
+            hooks = self.step_hook is not None or self.epoch_hook is not None
+            if hooks and done:
                 raise ValueError(f"checkpoint_dir: {checkpoint_dir} holds a run {done} epochs in; the hooks' records "
                                  "of those epochs were not saved, so a run with hooks cannot resume")
             log, progress = resolve_log(log, progress)
@@ -199,8 +221,11 @@ class Trainer(Core):
             with StopSignals(enabled=ckpt is not None) as stop:
                 while done < epochs:
                     n = min(chunk, epochs - done, every - done % every if every else epochs)
-                    run, rec = self._chunk_fn(n)(run, hp)
-                    records.append(to_host(rec))
+                    if not hooks and np.all(to_host(run.diverged_epoch) >= 0):  # nothing left to train
+                        run = self._skip_fn(n)(run)
+                    else:
+                        run, rec = self._chunk_fn(n)(run, hp, jnp.int32(done))
+                        records.append(to_host(rec))
                     last, done = done, done + n
                     if ckpt is not None and (done == epochs or (every and done % every == 0)):
                         self.save(ckpt, run, done, num + pad, hparams=hp)
@@ -237,8 +262,12 @@ class Trainer(Core):
 
     @functools.lru_cache(maxsize=None)
     def _chunk_fn(self, num_epochs: int):
-        run = jax.vmap(functools.partial(self.run_epochs, num_epochs=num_epochs))
+        run = jax.vmap(lambda r, hp, start: self.run_epochs(r, hp, num_epochs, start), in_axes=(0, 0, None))
         return jax.jit(run, donate_argnums=0)
+
+    @functools.lru_cache(maxsize=None)
+    def _skip_fn(self, num_epochs: int):
+        return jax.jit(jax.vmap(functools.partial(self.skip_epochs, num_epochs=num_epochs)), donate_argnums=0)
 
 
 def shard_over_seeds(tree: Any) -> Any:
