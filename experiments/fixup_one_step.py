@@ -32,6 +32,9 @@ curve's shape).
 
 from __future__ import annotations
 
+import math
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -39,7 +42,7 @@ import numpy as np
 import optax
 
 from experiments import common
-from resjax.analysis.stability import log_space_propagation
+from resjax.analysis.stability import layer_and_params, log_space_propagation
 from resjax.data import load_dataset
 from resjax.nn.tau_resnet import tau_resnet
 
@@ -84,11 +87,37 @@ def check(config) -> None:
             raise ValueError(f"{name}: must be an integer >= 1, got {config[name]!r}")
 
 
+def checkpointed_logits(model, params, x, segment: int | None = None):
+    """``model.apply({'params': params}, x)`` for a scanned post-order ``ResidualMLP`` without normalisation (the
+    ``'tau'`` and ``'fixup'`` kinds), with the blocks rematerialised in segments of ``segment`` (default about
+    sqrt(K)) blocks: the same stem, blocks and head, called on the same values in the same order, so the logits
+    and their gradient are those of ``model.apply`` (bit for bit on CPU, checked against it at the default size),
+    but the backward pass keeps only every segment's input and one segment's activations instead of every
+    block's. A full batch of 4,000 examples through 1,000 blocks with 3 seeds vmapped keeps 7.9 GB otherwise."""
+    if model.order != "post" or model.norm != "none" or not model.scan:
+        raise ValueError("model: checkpointed_logits needs a scanned post-order ResidualMLP without normalisation")
+    layer, call_kwargs, stacked = layer_and_params(model, {"params": params})
+    h = model.activation(nn.Dense(model.width, use_bias=model.use_bias).apply({"params": params["stem"]}, x))
+
+    def blocks(h, ps):
+        return jax.lax.scan(lambda u, p: (layer.apply({"params": p}, u, train=None), None), h, ps)[0]
+
+    k = model.num_blocks
+    segment = segment or max(1, math.isqrt(k))
+    whole, rest = divmod(k, segment)
+    head = jax.tree_util.tree_map(lambda a: a[:whole * segment].reshape(whole, segment, *a.shape[1:]), stacked)
+    h = jax.lax.scan(lambda u, ps: (jax.checkpoint(blocks)(u, ps), None), h, head)[0]
+    if rest:
+        h = jax.checkpoint(blocks)(h, jax.tree_util.tree_map(lambda a: a[whole * segment:], stacked))
+    return nn.Dense(model.num_classes).apply({"params": params["head"]}, h)
+
+
 def one_step(model, x, y, learning_rate: float):
-    """``key -> (log |y_i| at init, log |y_i| after one full-batch GD step)``, both ``(N,)``."""
+    """``key -> (log |y_i| at init, log |y_i| after one full-batch GD step)``, both ``(N,)``. The step's gradient
+    goes through ``checkpointed_logits`` (the same logits as ``model.apply``, in a fraction of the memory)."""
 
     def loss(params):
-        logits = model.apply({"params": params}, x)
+        logits = checkpointed_logits(model, params, x)
         return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
     def run(key):
