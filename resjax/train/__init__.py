@@ -11,7 +11,7 @@ Exported here: the feeders and their builders (``Trainer``, ``make_train``, ``sh
 ``image_train_config``, ``check_train_config``), the state (``RunState``, ``TrainState``), the core
 (``Core``, ``METRICS``), grids of runs (``grid``, ``fit_grid``, ``Grid``, ``GridResult``: seeds x hyperparameters,
 labelled results), the optimiser and schedule builders, run logs (``RunLog``, ``log_to``: ``metrics.jsonl`` and
-TensorBoard as training goes), checkpoints (``Checkpoints``,
+TensorBoard as training goes), independent sweeps one per device (``side_by_side``), checkpoints (``Checkpoints``,
 ``CheckpointError``), the stop-signal exit (``Preempted``) and data parallelism (``make_data_mesh``,
 ``initialize_if_needed``). Everything else stays in its submodule (``resjax.train.checkpoint.save`` ...),
 each of which lists its public names in ``__all__``.
@@ -30,10 +30,11 @@ from resjax.train.ondevice import Trainer, make_train, shard_over_seeds
 from resjax.train.optim import make_optimizer
 from resjax.train.preemption import Preempted
 from resjax.train.schedules import make_schedule
+from resjax.train.side_by_side import side_by_side
 from resjax.train.state import RunState, TrainState
 
 __all__ = ["METRICS", "CheckpointError", "Checkpoints", "Core", "Grid", "GridResult", "ImageTrainer", "Preempted",
            "RunLog", "RunState", "TrainState", "Trainer", "check_train_config", "fit_grid", "grid", "image_train_config",
            "initialize_if_needed", "log_to", "make_data_mesh",
            "make_image_train", "make_optimizer", "make_schedule", "make_train", "run_config", "seed_axis_mode",
-           "shard_over_seeds", "train_config"]
+           "shard_over_seeds", "side_by_side", "train_config"]

@@ -35,6 +35,7 @@ Measurements from inside the compiled run (as purejaxrl returns metrics out of i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -170,7 +171,8 @@ class Trainer(Core):
     def sweep(self, keys: jax.Array | Sequence[int], hparams: dict | None = None, chunk_epochs: int | None = None,
               progress: bool | str | None = None, callback: Callable[[int, dict], None] | None = None,
               checkpoint_dir: str | os.PathLike | None = None, resume: bool = True,
-              epochs: int | None = None, log: Any = None) -> tuple[RunState, dict]:
+              epochs: int | None = None, log: Any = None, devices: Sequence[jax.Device] | None = None,
+              stop: StopSignals | None = None) -> tuple[RunState, dict]:
         """Every seed (and hparam setting) in one vmapped program, run in jitted chunks of epochs.
 
         ``keys``: ``(S,)`` PRNG keys (or a list of seed integers). ``hparams``: dict of scalars or ``(S,)``
@@ -185,6 +187,9 @@ class Trainer(Core):
         been made for ``epochs`` epochs (``Core.with_epochs``: exactly so for a constant or step schedule).
         ``log``: a directory (or ``resjax.train.monitor.RunLog``) for ``metrics.jsonl`` written after every
         chunk (default: the ``monitor.log_to`` block's, if any; the cell is named by the ``progress`` label).
+        ``devices``: where the runs are placed, the seeds sharded over them (default: every device; see the
+        module docstring). ``stop``: an open ``StopSignals`` of the caller's to obey instead of the sweep's own
+        (``resjax.train.side_by_side``, which runs sweeps in threads, where no handler can be installed).
         """
         total = self.config.train.epochs
         epochs = total if epochs is None else epochs
@@ -198,10 +203,11 @@ class Trainer(Core):
             keys = keys[None]
         num = keys.shape[0]
         hp = self.check_hparams(hparams, num)
-        pad = (-num) % jax.device_count()  # repeat the last run so the seeds split evenly over devices
+        pad = (-num) % (jax.device_count() if devices is None else len(devices))  # repeat the last run so the
+        # seeds split evenly over the devices
         if pad:
             keys, hp = jax.tree_util.tree_map(lambda a: jnp.concatenate([a, jnp.repeat(a[-1:], pad, 0)]), (keys, hp))
-        keys, hp = shard_over_seeds((keys, hp))
+        keys, hp = shard_over_seeds((keys, hp), devices)
 
         chunk = epochs if chunk_epochs is None else max(1, min(chunk_epochs, epochs))
         every = self.config.train.get("checkpoint_every", 0) if checkpoint_dir is not None else 0
@@ -218,7 +224,7 @@ class Trainer(Core):
                 log.start(done, {k: v[:num] for k, v in self.history(run).items() if k in run.history} if done else None)
         records, bar = [], progress_bar(epochs, done, progress)
         try:
-            with StopSignals(enabled=ckpt is not None) as stop:
+            with contextlib.nullcontext(stop) if stop is not None else StopSignals(enabled=ckpt is not None) as stop:
                 while done < epochs:
                     n = min(chunk, epochs - done, every - done % every if every else epochs)
                     if not hooks and np.all(to_host(run.diverged_epoch) >= 0):  # nothing left to train
@@ -239,6 +245,8 @@ class Trainer(Core):
                         if callback is not None:
                             callback(done, summary)
                     if stop.agree():  # saving an epoch already saved above does nothing
+                        if ckpt is None:  # the caller's handlers (stop=...): nothing to save, the signal's usual end
+                            raise SystemExit(128 + stop.signum)
                         step = self.save(ckpt, run, done, num + pad, hparams=hp)
                         raise stop.stop(ckpt.directory, step, f"epoch {done} of {epochs}")
         finally:
@@ -270,16 +278,19 @@ class Trainer(Core):
         return jax.jit(jax.vmap(functools.partial(self.skip_epochs, num_epochs=num_epochs)), donate_argnums=0)
 
 
-def shard_over_seeds(tree: Any) -> Any:
-    """Place arrays whose leading axis is the seed axis across all devices, of every process (replicated on
-    one device).
+def shard_over_seeds(tree: Any, devices: Sequence[jax.Device] | None = None) -> Any:
+    """Place arrays whose leading axis is the seed axis across ``devices`` (default: all devices, of every
+    process; with one device the tree is left where it is, uncommitted).
 
     Only when the number of seeds divides evenly over the devices; otherwise the tree is returned as is.
     """
-    devices = jax.devices()
+    explicit = devices is not None
+    devices = list(jax.devices() if devices is None else devices)
     leaves = jax.tree_util.tree_leaves(tree)
-    if len(devices) == 1 or not leaves or leaves[0].shape[0] % len(devices):
+    if not leaves or leaves[0].shape[0] % len(devices):
         return tree
+    if len(devices) == 1:
+        return jax.device_put(tree, devices[0]) if explicit else tree
     mesh = jax.sharding.Mesh(np.asarray(devices), ("seeds",))
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("seeds"))
     if jax.process_count() == 1:

@@ -1,0 +1,89 @@
+"""``resjax.train.side_by_side``: independent sweeps, one per device, each equal to itself alone."""
+
+import functools
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+# Two CPU devices need XLA_FLAGS before JAX starts: the checks run in a subprocess.
+SCRIPT = textwrap.dedent("""
+    import functools, os, signal, threading, time
+    import jax, numpy as np
+    from resjax.train import make_train, side_by_side
+    from tests.test_training import DATA, tiny_config
+    assert jax.device_count() == 2
+
+    def leaves(tree):
+        return [np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
+                for x in jax.tree_util.tree_leaves(tree)]
+
+    trainers = [make_train(tiny_config(**m), DATA) for m in (
+        dict(kind="residual_mlp", width=8, num_blocks=3, norm="batch"), dict(kind="plain_mlp", width=8, depth=2),
+        dict(kind="residual_mlp", width=6, num_blocks=2))]
+    keys = jax.random.split(jax.random.key(5), 3)
+    jobs = [functools.partial(t.sweep, keys, chunk_epochs=2) for t in trainers]
+    together = side_by_side(jobs)
+    used = set()
+    for t, (run, metrics) in zip(trainers, together):
+        on = {d.id for d in jax.tree_util.tree_leaves(run)[0].devices()}
+        assert len(on) == 1, on  # the job ran whole on one device
+        used |= on
+        for device in jax.devices():  # each job alone, whole on one device: bit for bit
+            alone_run, alone = t.sweep(keys, chunk_epochs=2, devices=[device])
+            for a, b in zip(leaves(run), leaves(alone_run), strict=True):
+                np.testing.assert_array_equal(a, b)
+            for name in ("train_loss", "train_error", "test_error", "diverged_epoch"):
+                np.testing.assert_array_equal(metrics[name], alone[name])
+    assert used == {0, 1}, used  # the jobs ran on both devices
+
+    # A job that fails: no job starts after it, and its error is raised.
+    started = []
+    def bad(devices, stop):
+        raise RuntimeError("boom")
+    def recorded(devices, stop):
+        started.append(devices)
+        time.sleep(0.5)
+        return 1
+    try:
+        side_by_side([bad, recorded, recorded, recorded])
+    except RuntimeError as err:
+        assert "boom" in str(err)
+    else:
+        raise AssertionError("the failure was not raised")
+    assert len(started) <= 1, started  # at most the job already started beside the failing one
+
+    # SIGTERM: the running jobs save and stop (Preempted), the others never start; resuming finishes them all.
+    import tempfile
+    root = tempfile.mkdtemp()
+    config = tiny_config(kind="plain_mlp", width=8, depth=2)
+    config.train.epochs = 200  # long enough to be running when the signal comes
+    long = [make_train(config, DATA) for _ in range(3)]
+    jobs = [functools.partial(t.sweep, keys, chunk_epochs=1, checkpoint_dir=os.path.join(root, str(i)))
+            for i, t in enumerate(long)]
+    threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+    from resjax.train import Preempted
+    try:
+        side_by_side(jobs)
+    except Preempted as p:
+        assert p.code == 143
+    else:
+        raise AssertionError("not preempted")
+    saved = [os.path.isdir(os.path.join(root, str(i))) for i in range(3)]
+    assert saved[:2] == [True, True] and saved[2] is False, saved
+    resumed = side_by_side(jobs)
+    for (run, metrics), t in zip(resumed, long):
+        alone_run, alone = t.sweep(keys, chunk_epochs=1, devices=[jax.devices()[0]])
+        np.testing.assert_array_equal(metrics["train_loss"], alone["train_loss"])
+    print("OK")
+""")
+
+
+def test_side_by_side_jobs_equal_each_alone_and_stop_cleanly():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=root, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
