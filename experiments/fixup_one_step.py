@@ -44,7 +44,7 @@ import optax
 from experiments import common
 from resjax.analysis.stability import layer_and_params, log_space_propagation
 from resjax.data import load_dataset
-from resjax.nn.tau_resnet import tau_resnet
+from resjax.nn.tau_mlp import tau_resnet
 
 NAME = "fixup_one_step"
 INITS = ("fixup", "tau")

@@ -2,7 +2,7 @@
 "Scale invariance").
 
 Part 1, the identities. For the hidden layers of ``PlainMLP(norm='batch')`` (linear -> BatchNorm -> ReLU;
-each ``hidden_k/kernel`` feeds BatchNorm directly) in training mode, on random MNIST-1D minibatches and
+each ``blocks_k/linear_0/kernel`` feeds BatchNorm directly) in training mode, on random MNIST-1D minibatches and
 random He initialisations, ``resjax.analysis.scale_invariance.scale_identities`` measures the relative
 deviations from: ``L(aW) = L(W)``; ``grad L(aW) = grad L(W) / a``; ``W . grad L = 0`` (|cosine|); and
 ``|W - alpha g|^2 - |W|^2 = alpha^2 |g|^2``, for every a in ``scales``, every hidden layer and every draw.
@@ -172,7 +172,7 @@ def measure_identities(config, data) -> dict:
             idx = rng.choice(len(data.y_train), config.batch, replace=False)
             x, y = jnp.asarray(data.x_train[idx]), jnp.asarray(data.y_train[idx])
             variables = models["eps_default"].init(jax.random.key(config.seed * 1000 + d), x)
-            paths = tuple(f"hidden_{k}/kernel" for k in range(config.depth))
+            paths = tuple(f"blocks_{k}/linear_0/kernel" for k in range(config.depth))
             for name, model in models.items():
                 for j, a in enumerate(config.scales):
                     per_path = _values_at(model, paths)(variables, x, y, jnp.float32(a))
@@ -195,10 +195,11 @@ GEOMETRY = ("norm_before", "angle", "effective_learning_rate", "growth", "predic
 
 def step_geometry_hook(depth: int):
     """A ``step_hook`` for ``make_train``: each hidden kernel's step geometry (``(layers,)`` per quantity)."""
-    paths = [f"hidden_{k}" for k in range(depth)]
+    paths = [f"blocks_{k}" for k in range(depth)]
 
     def hook(before, after, hparams):
-        geo = [si.step_geometry_from_update(before.state.params[p]["kernel"], after.state.params[p]["kernel"],
+        geo = [si.step_geometry_from_update(before.state.params[p]["linear_0"]["kernel"],
+                                            after.state.params[p]["linear_0"]["kernel"],
                                             hparams["learning_rate"], hparams["weight_decay"]) for p in paths]
         return {k: jnp.stack([g[k] for g in geo]) for k in GEOMETRY}
 
@@ -216,7 +217,7 @@ def train_part(config, data) -> dict:
     run, m = checkpoints.sweep(trainer, keys, {"learning_rate": lrs, "weight_decay": wd_all}, cell="weight_decay sweep")
     rec, losses, err, div = m["step_records"], m["train_loss"], m["train_error"][:, -1], m["diverged_epoch"]
     final_norm = jax.device_get(jax.jit(jax.vmap(lambda p: jnp.stack(
-        [jnp.linalg.norm(p[f"hidden_{k}"]["kernel"]) for k in range(depth)])))(run.state.params))  # (runs, layers)
+        [jnp.linalg.norm(p[f"blocks_{k}"]["linear_0"]["kernel"]) for k in range(depth)])))(run.state.params))  # (runs, layers)
     out = {"train.weight_decays": [float(w) for w in config.weight_decays]}
     for i, wd in enumerate(config.weight_decays):
         sl = slice(i * s, (i + 1) * s)

@@ -40,7 +40,7 @@ from experiments import common
 from resjax.analysis.propagation import stream_activations
 from resjax.analysis.stability import direct_norms, log_log_slope
 from resjax.data import load_dataset
-from resjax.nn.tau_resnet import tau_resnet
+from resjax.nn.tau_mlp import tau_resnet
 
 NAME = "tau_batchnorm_growth"
 

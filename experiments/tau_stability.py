@@ -58,7 +58,7 @@ import numpy as np
 from experiments import common
 from resjax.analysis.stability import log_space_propagation
 from resjax.data import load_dataset
-from resjax.nn.tau_resnet import plain_params_from_residual, tau_resnet
+from resjax.nn.tau_mlp import plain_params_from_residual, tau_resnet
 
 NAME = "tau_stability"
 TAUS = {"1": lambda L: 1.0, "L^-1/4": lambda L: L ** -0.25, "L^-1/2": lambda L: L ** -0.5, "L^-1": lambda L: 1.0 / L}

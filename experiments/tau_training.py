@@ -56,7 +56,7 @@ import numpy as np
 
 from experiments import checkpoints, common
 from resjax.data import load_dataset
-from resjax.nn.tau_resnet import tau_resnet_config, tau_value
+from resjax.nn.tau_mlp import tau_resnet_config, tau_value
 from resjax.train import make_train, run_config, train_config
 
 NAME = "tau_training"

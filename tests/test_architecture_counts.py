@@ -10,6 +10,7 @@ import pytest
 
 from experiments import architecture_counts as ac
 from experiments import common
+from resjax.nn.block import ResidualBlock
 from resjax.nn.conv_blocks import (BasicBranch, BottleneckBranch, ConvResidualBlock, DenseBlock, DenseLayer,
                                    Transition, conv_kernel_weights)
 
@@ -57,8 +58,12 @@ def test_counts_exclude_biases_and_norms():
 def test_mismatched_add_and_concat_raise():
     x = jnp.ones((2, 8, 8, 16))
     bad = ConvResidualBlock(BasicBranch(8))  # branch gives 8 channels on a 16-channel stream
-    with pytest.raises(ValueError, match="residual_add"):
+    with pytest.raises(ValueError, match=r"^inputs: ResidualBlock takes inputs of width 8 \(features=8: the skip is "
+                                         r"the identity\), got width 16"):
         bad.init(jax.random.PRNGKey(0), x)
+    # a branch of one's own without the width check still meets residual_add's
+    with pytest.raises(ValueError, match="residual_add"):
+        ResidualBlock(16, branch=BasicBranch(8)).init(jax.random.PRNGKey(0), x)
     from resjax.nn.residual import concat_merge
     with pytest.raises(ValueError, match="concat_merge"):
         concat_merge(x, jnp.ones((2, 4, 4, 8)))  # spatial sizes differ

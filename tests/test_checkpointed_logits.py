@@ -6,7 +6,7 @@ import optax
 import pytest
 
 from experiments import fixup_one_step
-from resjax.nn.tau_resnet import tau_resnet
+from resjax.nn.tau_mlp import tau_resnet
 
 X = jax.random.normal(jax.random.key(0), (32, 12))
 Y = jax.random.randint(jax.random.key(1), (32,), 0, 10)

@@ -274,13 +274,13 @@ def test_the_bias_stays_without_batchnorm(norm):
     post = _params(ResidualMLP(width=8, num_blocks=2, order="post", norm=norm, num_layers=2))
     assert set(post["blocks_0"]["linear_0"]) == set(post["blocks_0"]["linear_1"]) == {"kernel", "bias"}
     plain = _params(PlainMLP(width=8, depth=2, norm=norm))
-    assert set(plain["hidden_0"]) == set(plain["hidden_1"]) == {"kernel", "bias"}
+    assert set(plain["blocks_0"]["linear_0"]) == set(plain["blocks_1"]["linear_0"]) == {"kernel", "bias"}
 
 
 def test_no_bias_before_batchnorm_in_plain_mlps():
     for scan in (False, True):
         p = _params(PlainMLP(width=8, depth=2, norm="batch", scan=scan))
-        hidden = [p["hidden_layers"]["layer"]["hidden"]] if scan else [p["hidden_0"], p["hidden_1"]]
+        hidden = [p["blocks"]["block"]["linear_0"]] if scan else [p["blocks_0"]["linear_0"], p["blocks_1"]["linear_0"]]
         assert all(set(h) == {"kernel"} for h in hidden)
         assert set(p["stem"]) == set(p["head"]) == {"kernel", "bias"}
 

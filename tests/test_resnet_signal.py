@@ -103,7 +103,7 @@ def test_mean_log10_norm():
 
 
 def test_helpers_refuse_what_they_cannot_read(images):
-    from resjax.nn.tau_resnet import tau_resnet
+    from resjax.nn.tau_mlp import tau_resnet
 
     mlp = tau_resnet("tau", 8, 3, 10)
     with pytest.raises(ValueError, match="model"):

@@ -22,12 +22,12 @@ VARIABLES = PlainMLP(width=16, depth=2, norm="batch").init(jax.random.key(1), X)
 
 @pytest.fixture(scope="module")
 def loss_fn():
-    return jax.jit(si.weight_loss_fn(MODEL, VARIABLES, X, Y, "hidden_1/kernel"))
+    return jax.jit(si.weight_loss_fn(MODEL, VARIABLES, X, Y, "blocks_1/linear_0/kernel"))
 
 
 @pytest.mark.parametrize("a", [0.1, 0.7, 3.0, 25.0])
 def test_the_four_identities_hold_to_float32_tolerance(loss_fn, a):
-    w = si.get_weight(VARIABLES, "hidden_1/kernel")
+    w = si.get_weight(VARIABLES, "blocks_1/linear_0/kernel")
     with jax.default_matmul_precision("highest"):
         r = si.scale_identities(loss_fn, w, a, alpha=0.1)
     assert r["loss"] < 1e-5
@@ -39,8 +39,8 @@ def test_the_four_identities_hold_to_float32_tolerance(loss_fn, a):
 
 def test_epsilon_breaks_the_invariance_at_small_scale():
     model = PlainMLP(width=16, depth=2, norm="batch")  # epsilon 1e-5
-    f = jax.jit(si.weight_loss_fn(model, VARIABLES, X, Y, ("hidden_0", "kernel")))
-    w = si.get_weight(VARIABLES, "hidden_0/kernel")
+    f = jax.jit(si.weight_loss_fn(model, VARIABLES, X, Y, ("blocks_0", "linear_0", "kernel")))
+    w = si.get_weight(VARIABLES, "blocks_0/linear_0/kernel")
     with jax.default_matmul_precision("highest"):
         small, large = si.scale_identities(f, w, 0.01, 0.1), si.scale_identities(f, w, 10.0, 0.1)
     assert small["grad"] > 100 * large["grad"]
@@ -49,7 +49,7 @@ def test_epsilon_breaks_the_invariance_at_small_scale():
 def test_effective_learning_rate_relation(loss_fn):
     """A step from aW at rate alpha points where a step from W at rate alpha / a^2 points; the angle turned
     is arctan(alpha |g| / |W|) (perpendicular step) and the effective learning rate is alpha / |W|^2."""
-    w = si.get_weight(VARIABLES, "hidden_1/kernel")
+    w = si.get_weight(VARIABLES, "blocks_1/linear_0/kernel")
     a, alpha = 4.0, 0.2
     with jax.default_matmul_precision("highest"):
         g, g_a = jax.grad(loss_fn)(w), jax.grad(loss_fn)(a * w)
@@ -74,7 +74,7 @@ def test_angle_between_is_accurate_for_tiny_angles():
 
 
 def test_bad_inputs_raise_value_error_naming_the_setting(loss_fn):
-    w = si.get_weight(VARIABLES, "hidden_1/kernel")
+    w = si.get_weight(VARIABLES, "blocks_1/linear_0/kernel")
     with pytest.raises(ValueError, match="^a:"):
         si.scale_identities(loss_fn, w, 0.0, 0.1)
     with pytest.raises(ValueError, match="^a:"):
@@ -84,13 +84,13 @@ def test_bad_inputs_raise_value_error_naming_the_setting(loss_fn):
     with pytest.raises(ValueError, match="^weights:"):
         si.scale_identities(loss_fn, jnp.zeros_like(w), 2.0, 0.1)
     with pytest.raises(ValueError, match="^path:"):
-        si.weight_loss_fn(MODEL, VARIABLES, X, Y, "hidden_9/kernel")
+        si.weight_loss_fn(MODEL, VARIABLES, X, Y, "blocks_9/linear_0/kernel")
     with pytest.raises(ValueError, match="^path:"):
-        si.get_weight(VARIABLES, "hidden_0")
+        si.get_weight(VARIABLES, "blocks_0/linear_0")
     with pytest.raises(ValueError, match="^inputs:"):
-        si.weight_loss_fn(MODEL, VARIABLES, X[:1], Y[:1], "hidden_0/kernel")
+        si.weight_loss_fn(MODEL, VARIABLES, X[:1], Y[:1], "blocks_0/linear_0/kernel")
     with pytest.raises(ValueError, match="^weight:"):
-        si.replace_weight(VARIABLES, "hidden_0/kernel", jnp.zeros((3, 3)))
+        si.replace_weight(VARIABLES, "blocks_0/linear_0/kernel", jnp.zeros((3, 3)))
     with pytest.raises(ValueError, match="^weight_decay:"):
         si.sgd_step_geometry(w, w, 0.1, weight_decay=-1.0)
     c = experiment.get_config("quick")

@@ -39,7 +39,7 @@ def test_relu_network_gradient_by_hand_and_many_networks_match_jacfwd():
     v = module.init(jax.random.key(0), jnp.zeros((1, 1)))
     p = jax.tree_util.tree_map(jnp.zeros_like, v["params"])
     p["stem"] = {"kernel": jnp.array([[1.0, -1.0]]), "bias": jnp.array([-1.0, 0.0])}
-    p["hidden_0"] = {"kernel": jnp.eye(2), "bias": jnp.zeros(2)}
+    p["blocks_0"] = {"linear_0": {"kernel": jnp.eye(2), "bias": jnp.zeros(2)}}
     p["head"] = {"kernel": jnp.array([[3.0], [5.0]]), "bias": jnp.zeros(1)}
     grid = jnp.array([-1.5, -0.5, 0.5, 1.5, 1.9])
     np.testing.assert_allclose(shattering.input_gradients(module, {"params": p}, grid), [-5, -5, 0, 3, 3])
@@ -158,7 +158,7 @@ def test_bias_init_fan_in_variance_and_defaults():
     v = PlainMLP(width=300, depth=1, num_classes=1, kernel_init="fan_in", bias_init="fan_in").init(
         jax.random.key(0), jnp.zeros((1, 1)))["params"]
     assert float(jnp.var(v["stem"]["bias"])) == pytest.approx(1.0, rel=0.25)  # fan-in 1
-    assert float(jnp.var(v["hidden_0"]["bias"])) == pytest.approx(1 / 300, rel=0.25)
+    assert float(jnp.var(v["blocks_0"]["linear_0"]["bias"])) == pytest.approx(1 / 300, rel=0.25)
     v = ResidualMLP(width=8, num_blocks=2, num_classes=1).init(jax.random.key(0), jnp.zeros((1, 3)))["params"]
     assert all(float(jnp.abs(leaf).max()) == 0 for path, leaf in jax.tree_util.tree_leaves_with_path(v)
                if "bias" in jax.tree_util.keystr(path))

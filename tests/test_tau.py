@@ -4,6 +4,7 @@ and the four issue-5 experiments (quick modes)."""
 import json
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,19 +14,14 @@ from experiments import common, fixup_one_step, tau_batchnorm_growth, tau_stabil
 from resjax.analysis import stability
 from resjax.analysis.propagation import stream_activations
 from resjax.nn import PlainMLP, build_model, resolve_tau, stack_unrolled
-from resjax.nn.tau_resnet import plain_params_from_residual, tau_resnet
+from resjax.nn.tau_mlp import plain_params_from_residual, tau_resnet
 
 X = jax.random.normal(jax.random.key(0), (6, 12))
 V = jax.random.normal(jax.random.key(1), (6, 10))
 
 
 def _scan_params_from_unrolled(kind, variables, depth):
-    """The scanned layout of an unrolled tau_resnet's variables."""
-    if kind == "plain":
-        p = variables["params"]
-        per = [p[f"hidden_{k}"] for k in range(depth)]
-        stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *per)
-        return {"params": {"stem": p["stem"], "head": p["head"], "hidden_layers": {"layer": {"hidden": stacked}}}}
+    """The scanned layout of an unrolled tau_resnet's variables (the plain network's blocks are named alike)."""
     return {name: stack_unrolled(col, depth) for name, col in variables.items()}
 
 
@@ -59,17 +55,12 @@ def test_plain_mlp_scan_equals_unrolled(norm):
     scanned = PlainMLP(width=8, depth=depth, norm=norm, bias_init="fan_in", scan=True)
     v = unrolled.init(jax.random.key(3), X)
     p = v["params"]
-    layer = [{"hidden": p[f"hidden_{k}"], **({"norm": p[f"norm_{k}"]} if norm == "batch" else {})} for k in range(depth)]
-    stack = lambda xs: jax.tree_util.tree_map(lambda *a: jnp.stack(a), *xs)  # noqa: E731
-    vs = {"params": {"stem": p["stem"], "head": p["head"], "hidden_layers": {"layer": stack(layer)}}}
-    if norm == "batch":
-        vs["batch_stats"] = {"hidden_layers": {"layer": stack([{"norm": v["batch_stats"][f"norm_{k}"]}
-                                                                for k in range(depth)])}}
+    vs = {name: stack_unrolled(col, depth) for name, col in v.items()}  # the residual MLPs' layout
     with jax.default_matmul_precision("highest"):
         np.testing.assert_allclose(unrolled.apply(v, X, train=False), scanned.apply(vs, X, train=False), rtol=1e-5, atol=1e-5)
-        assert scanned.init(jax.random.key(3), X)["params"]["hidden_layers"]["layer"]["hidden"]["kernel"].shape == (depth, 8, 8)
-    # the default is unchanged: unrolled, parameters named hidden_0 ...
-    assert PlainMLP(width=8, depth=2).scan is False and "hidden_0" in p
+        assert scanned.init(jax.random.key(3), X)["params"]["blocks"]["block"]["linear_0"]["kernel"].shape == (depth, 8, 8)
+    # the default is unchanged: unrolled, parameters named blocks_0 ...
+    assert PlainMLP(width=8, depth=2).scan is False and "blocks_0" in p
 
 
 def test_model_follows_the_papers_shapes_and_draws():
@@ -113,7 +104,7 @@ def test_log_space_tracking_equals_the_direct_pass(kind, scan):
         if scan:  # per-example gradient of <v_i, y_i> with respect to each W_l, by autodiff
             def f(p, i):
                 return jnp.sum(V[i] * model.apply({"params": p}, X[i:i + 1])[0])
-            path = ("blocks", "block", "linear_0") if kind == "tau" else ("hidden_layers", "layer", "hidden")
+            path = ("blocks", "block", "linear_0")  # the plain network's blocks are named alike
             for i in (0, 3):
                 g = jax.grad(f)(v["params"], i)
                 for name in path:
@@ -170,7 +161,9 @@ def test_plain_params_share_the_residual_draws():
     p = res.init(jax.random.key(9), X)["params"]
     q = plain_params_from_residual(p)
     assert jax.tree_util.tree_structure(q) == jax.tree_util.tree_structure(plain.init(jax.random.key(0), X)["params"])
-    np.testing.assert_array_equal(q["hidden_layers"]["layer"]["hidden"]["kernel"], p["blocks"]["block"]["linear_0"]["kernel"])
+    np.testing.assert_array_equal(q["blocks"]["block"]["linear_0"]["kernel"], p["blocks"]["block"]["linear_0"]["kernel"])
+    # named alike, the plain network's own init draws the residual one's A, W_l and B
+    chex.assert_trees_all_equal(plain.init(jax.random.key(9), X)["params"], p)
 
 
 def test_batchnorm_after_the_branch_grows_like_sqrt_l():

@@ -231,9 +231,9 @@ def test_weight_decay_is_an_l2_penalty_on_kernels_only():
     plain, _ = trainer.train_step(trainer.init(key, {"learning_rate": 0.1, "weight_decay": 0.0}), batch)
     p0, p1, p2 = carry.state.params, after.state.params, plain.state.params
     # Decayed: W - lr (g + wd W) = plain update - lr wd W; biases see no decay.
-    np.testing.assert_allclose(p1["hidden_0"]["kernel"], p2["hidden_0"]["kernel"] - 0.1 * 0.5 * p0["hidden_0"]["kernel"],
-                               rtol=1e-5, atol=1e-7)
-    np.testing.assert_array_equal(p1["hidden_0"]["bias"], p2["hidden_0"]["bias"])
+    l0, l1, l2 = (p["blocks_0"]["linear_0"] for p in (p0, p1, p2))
+    np.testing.assert_allclose(l1["kernel"], l2["kernel"] - 0.1 * 0.5 * l0["kernel"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(l1["bias"], l2["bias"])
     with pytest.raises(ValueError, match="weight_decay"):
         c.train.weight_decay = -1.0
         make_train(c, DATA)

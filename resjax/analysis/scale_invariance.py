@@ -20,7 +20,7 @@ the array at ``path`` replaced by W. ``path`` names the weight: ``'hidden_0/kern
 ``('hidden_0', 'kernel')``, inside ``'params'`` unless it starts with another collection's name. The loss
 is the mean softmax cross-entropy with integer ``labels`` unless ``loss(outputs, labels)`` is given. It
 works for any Flax module whose ``__call__`` takes ``train``; the caller chooses a weight whose output goes
-straight into BatchNorm (for ``resjax.nn.PlainMLP(norm='batch')`` every ``hidden_k/kernel``; not the
+straight into BatchNorm (for ``resjax.nn.PlainMLP(norm='batch')`` every ``blocks_k/linear_0/kernel``; not the
 stem, whose output goes into a ReLU, nor anything before a residual addition). Whether the identities
 hold is what ``scale_identities`` measures; nothing here assumes them.
 

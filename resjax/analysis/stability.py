@@ -11,9 +11,8 @@ renormalised to unit norm before every layer and the scale accumulated as a sum 
 
 and then ``h_l = exp(s_l) u_l`` exactly (up to rounding), whatever its size. ``f_l`` is the module's
 own layer applied with layer l's parameters: ``resjax.nn.ResidualBlock(**module.block_kwargs())`` for a
-``ResidualMLP``/``ResidualStack`` (``order='pre'`` or ``'post'``), ``resjax.nn.PlainLayer`` for a
-``PlainMLP``; parameters are read from the scanned layout (``blocks/block``, ``hidden_layers/layer``) or
-stacked from the unrolled one. Norms are per example (the seed's theorems are per input sample).
+``ResidualMLP``/``ResidualStack`` (``order='pre'`` or ``'post'``) and a ``PlainMLP`` (whose blocks have no
+skip); parameters are read from the scanned layout (``blocks/block``) or stacked from the unrolled one. Norms are per example (the seed's theorems are per input sample).
 
 The backward pass is tracked the same way. For one example, take the scalar read-out
 ``F = <v, y>`` with a fixed output cotangent v (default: the all-ones vector over sqrt(d)), so
@@ -57,8 +56,9 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from resjax.analysis.propagation import stream_activations
-from resjax.nn.mlp import PlainLayer, PlainMLP, ResidualMLP, ResidualStack
-from resjax.nn.residual import ResidualBlock, stack_unrolled
+from resjax.nn.block import ResidualBlock
+from resjax.nn.mlp import PlainMLP, ResidualMLP, ResidualStack
+from resjax.nn.residual import stack_unrolled
 
 __all__ = ["direct_norms", "layer_and_params", "log_log_slope", "log_space_propagation"]
 
@@ -82,18 +82,10 @@ def layer_and_params(module: nn.Module, variables: dict) -> tuple[nn.Module, dic
     """``(layer, call_kwargs, params)``: the module's own repeated layer (an unbound Flax module), the keyword
     arguments it is called with, and its parameters stacked on a leading layer axis of size K."""
     params = variables["params"]
-    if isinstance(module, (ResidualMLP, ResidualStack)):
+    if isinstance(module, (ResidualMLP, ResidualStack, PlainMLP)):  # the plain blocks: ResidualBlock(skip=False)
         layer = ResidualBlock(**module.block_kwargs())
         stacked = params["blocks"]["block"] if module.scan else \
-            stack_unrolled(params, module.num_blocks)["blocks"]["block"]
-        return layer, {"train": False}, stacked
-    if isinstance(module, PlainMLP):
-        layer = PlainLayer(**module.layer_kwargs())
-        if module.scan:
-            stacked = params["hidden_layers"]["layer"]
-        else:
-            per = [{"hidden": params[f"hidden_{k}"]} for k in range(module.depth)]
-            stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *per)
+            stack_unrolled(params, module.stack_size)["blocks"]["block"]
         return layer, {"train": False}, stacked
     raise ValueError(f"module: {type(module).__name__} is not supported; use resjax.nn.ResidualMLP, ResidualStack or "
                      "PlainMLP (e.g. from resjax.nn.tau_resnet)")
@@ -181,17 +173,7 @@ def direct_norms(module: nn.Module, variables: dict, inputs: jnp.ndarray, *,
                  tau: float | jax.Array | None = None) -> jnp.ndarray:
     """``|h_l|`` per example, l = 0..K, ``(K + 1, B)``, by the ordinary forward pass (overflows where it does)."""
     kwargs = {"tau": tau} if tau is not None else {}
-    if isinstance(module, PlainMLP):
-        _, state = module.apply({"params": variables["params"]}, inputs, train=False, mutable=["intermediates"], **kwargs)
-        inter = state["intermediates"]
-        stem = inter["stem_out"][0]
-        if module.scan:
-            hidden = inter["hidden_layers"]["layer"]["hidden_out"][0]
-        else:
-            hidden = jnp.stack(inter["hidden_out"])
-        stream = jnp.concatenate([stem[None], hidden], axis=0)
-    else:
-        stream = stream_activations(module, {"params": variables["params"]}, inputs, **kwargs)
+    stream = stream_activations(module, {"params": variables["params"]}, inputs, **kwargs)
     return jnp.linalg.norm(stream, axis=-1)
 
 

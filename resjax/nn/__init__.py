@@ -9,9 +9,11 @@ Every name below is importable from ``resjax.nn`` (``__all__`` lists them):
   Taki's ``taki_resnet`` (``TakiResNet``, ``TakiBlock``); ``DenseNet``, ``densenet121``, ``densenet_bc_cifar``;
   ``UNet``; ``Hourglass``, ``StackedHourglass``. ``build_model`` builds any of them from a config
   (``CLASSIFIERS``: the kinds that take ``num_classes``; ``check_model_fields`` checks a config's fields);
-- blocks: ``ResidualBlock`` (fully connected), ``ResNetBlock`` (convolutional), ``ConvResidualBlock`` with
-  ``BasicBranch`` / ``BottleneckBranch``, ``DenseLayer``, ``DenseBlock``, ``Transition``, ``ConvBlock``,
-  ``PlainLayer``;
+- blocks: one residual block, ``ResidualBlock`` (``resjax.nn.block``: skip, a branch of kind ``BRANCH_KINDS``
+  (``'mlp'``, ``'basic'``, ``'bottleneck'``, ``'conv'``) or of one's own, scale, merge; its settings
+  ``BlockSettings``, which the models take too, with ``block`` for the block itself: ``resolve_block``), and its
+  configurations ``ResNetBlock``, ``TakiBlock``, ``PlainLayer``, ``BasicBranch`` / ``BottleneckBranch``,
+  ``ConvResidualBlock``; ``DenseLayer``, ``DenseBlock``, ``Transition``, ``ConvBlock``;
 - the residual contract: ``residual_add`` (the one shape-checked addition), ``concat_merge``; stacks of blocks
   (``residual_stack``, ``stack_blocks``, ``stack_unrolled`` / ``unstack_scanned`` between the unrolled and
   scanned parameter layouts); the settings ``ORDERS``, ``SCALINGS``, ``BLOCK_KINDS``, ``SHORTCUTS``,
@@ -57,10 +59,20 @@ from typing import Any, Callable, Iterator, Mapping
 import flax.linen as nn
 import numpy as np
 
-from resjax.nn.conv_blocks import (
+from resjax.nn.block import (
+    BRANCH_KINDS,
     BasicBranch,
+    BlockSettings,
     BottleneckBranch,
     ConvResidualBlock,
+    PlainLayer,
+    ResidualBlock,
+    ResNetBlock,
+    TakiBlock,
+    residual_stack,
+    resolve_block,
+)
+from resjax.nn.conv_blocks import (
     DenseBlock,
     DenseLayer,
     Transition,
@@ -76,7 +88,7 @@ from resjax.nn.init import (
     get_initializer,
     taki_init,
 )
-from resjax.nn.mlp import PlainLayer, PlainMLP, ResidualMLP, ResidualStack
+from resjax.nn.mlp import PlainMLP, ResidualMLP, ResidualStack
 from resjax.nn.norms import (
     BATCHNORM_DEFAULTS, NORMS, RUNNING_VARIANCES, BatchNorm, GroupNorm, UnbiasedBatchNorm, check_norm, is_batch_norm,
     make_norm, running_variance_of,
@@ -85,7 +97,6 @@ from resjax.nn.precision import DTYPES, is_float32, layer_dtypes, resolve_dtype
 from resjax.nn.residual import (
     ORDERS,
     SCALINGS,
-    ResidualBlock,
     check_call_tau,
     check_tau_field,
     check_tau_value,
@@ -93,7 +104,6 @@ from resjax.nn.residual import (
     concat_merge,
     fixup_kernel_init,
     residual_add,
-    residual_stack,
     resolve_tau,
     scale_branch,
     stack_blocks,
@@ -109,25 +119,23 @@ from resjax.nn.resnet import (  # after init, norms and residual, which it impor
     SHORTCUTS,
     TAU_CONVENTIONS,
     ResNet,
-    ResNetBlock,
-    TakiBlock,
     TakiResNet,
     cifar_resnet,
     imagenet_resnet,
     imagenet_tau,
     taki_resnet,
 )
-from resjax.nn.tau_resnet import num_blocks_for, plain_params_from_residual, tau_resnet, tau_resnet_config, tau_value
+from resjax.nn.tau_mlp import num_blocks_for, plain_params_from_residual, tau_resnet, tau_resnet_config, tau_value
 from resjax.nn.unet import ConvBlock, UNet
 
 __all__ = [
     # constants: the allowed values of settings, and defaults
-    "BATCHNORM_DEFAULTS", "BIAS_INITIALIZERS", "BLOCK_KINDS", "CIFAR_DEPTHS", "CLASSIFIERS", "DTYPES", "DTYPE_KINDS",
+    "BATCHNORM_DEFAULTS", "BIAS_INITIALIZERS", "BLOCK_KINDS", "BRANCH_KINDS", "CIFAR_DEPTHS", "CLASSIFIERS", "DTYPES", "DTYPE_KINDS",
     "IMAGENET_STAGES",
     "INITIALIZERS", "NORMS", "OPTION_A_INPUTS", "ORDERS", "PARAMETRISED_INITIALIZERS", "REPOSITORY_MODELS",
     "RUNNING_VARIANCES", "SCALINGS", "SHORTCUTS", "TAU_CONVENTIONS",
     # modules (flax.linen)
-    "BasicBranch", "BatchNorm", "BottleneckBranch", "ConvBlock", "ConvResidualBlock", "DenseBlock", "DenseLayer",
+    "BasicBranch", "BatchNorm", "BlockSettings", "BottleneckBranch", "ConvBlock", "ConvResidualBlock", "DenseBlock", "DenseLayer",
     "DenseNet", "GroupNorm", "Hourglass", "PlainLayer", "PlainMLP", "ResNet", "ResNetBlock", "ResidualBlock",
     "ResidualMLP", "ResidualStack", "StackedHourglass", "TakiBlock", "TakiResNet", "Transition", "UNet",
     "UnbiasedBatchNorm",
@@ -136,7 +144,7 @@ __all__ = [
     "cifar_resnet", "close_block", "concat_merge", "conv_kernel_weights", "densenet121", "densenet_bc_cifar",
     "fixup_kernel_init", "get_bias_initializer", "get_initializer", "imagenet_resnet", "imagenet_tau",
     "is_batch_norm", "layer_dtypes", "make_norm", "num_blocks_for", "plain_params_from_residual", "residual_add",
-    "residual_stack", "resolve_dtype", "resolve_tau", "running_variance_of", "scale_branch", "stack_blocks",
+    "residual_stack", "resolve_block", "resolve_dtype", "resolve_tau", "running_variance_of", "scale_branch", "stack_blocks",
     "stack_unrolled", "taki_init",
     "taki_resnet", "tau_resnet", "tau_resnet_config", "tau_value", "unstack_scanned",
 ]

@@ -1,6 +1,7 @@
 """Convolutional blocks for the lecture's architectures (NHWC, flax's channels-last layout).
 
-Residual branches (lecture 000, "Bottleneck blocks", "Weights in a bottleneck"):
+Residual branches (lecture 000, "Bottleneck blocks", "Weights in a bottleneck") are configurations of the one
+residual block, ``resjax.nn.block`` (imported here too):
 
 - ``BasicBranch(features)``: 3x3 conv -> norm -> relu -> 3x3 conv -> norm; at 256 channels its two
   kernels hold 2 * 9 * 256^2 = 1,179,648 weights.
@@ -8,7 +9,7 @@ Residual branches (lecture 000, "Bottleneck blocks", "Weights in a bottleneck"):
   (restore) -> norm; 256 -> 64 -> 64 -> 256 holds 256*64 + 9*64^2 + 64*256 = 69,632 weights.
 - ``ConvResidualBlock(branch)``: ``relu(x + branch(x))`` (post-activation, the original ResNet) or
   ``x + branch(x)`` with ``post_activation=False``, added through ``residual_add``: an identity skip
-  only, so the branch must give back the input's shape (a mismatch raises ``ValueError``).
+  only, so the branch must give back the input's shape (another input width raises ``ValueError``).
 
 Dense connections (lecture 000, "DenseNet", "Width in a dense block"; Huang et al. 2017):
 
@@ -34,9 +35,10 @@ import jax
 from resjax.nn.init import get_initializer
 from resjax.nn.norms import check_norm, make_norm
 from resjax.nn.precision import PrecisionRepr, layer_dtypes, resolve_dtype
-from resjax.nn.residual import check_positive, concat_merge, residual_add
+from resjax.nn.block import CONV_KERNEL_INIT, BasicBranch, BottleneckBranch, ConvResidualBlock  # noqa: F401
+from resjax.nn.residual import check_positive, concat_merge
 
-DEFAULT_KERNEL_INIT = "he_normal_fan_out"
+DEFAULT_KERNEL_INIT = CONV_KERNEL_INIT
 
 
 def _conv(module: nn.Module, features: int, size: int, name: str, use_bias: bool) -> nn.Conv:
@@ -48,151 +50,6 @@ def _check(module: nn.Module) -> None:
     check_norm(module.norm)
     get_initializer(module.kernel_init)  # raises on an unknown name
     resolve_dtype(module.dtype)
-
-
-class BasicBranch(PrecisionRepr, nn.Module):
-    """3x3 conv -> norm -> relu -> 3x3 conv -> norm at constant width ``features``.
-
-    Attributes:
-        features: the output channels of both convs; an integer >= 1. Required.
-        norm: a name in ``NORMS`` (``'batch'``, the default, ``'none'``, ``'layer'``, ``'group'``, ``'instance'``)
-            or a callable for ``make_norm``. Convolutions have a bias only with ``'none'``.
-        kernel_init: the convs' initialiser (a ``resjax.nn.init`` name or a function). Default
-            ``'he_normal_fan_out'``.
-        activation: the activation function. Default ``flax.linen.relu``.
-        dtype: the computation dtype (mixed precision, ``resjax.nn.precision``): ``None`` (default; float32),
-            ``'float32'``, ``'bfloat16'`` or ``'float16'``. Convolutions and norms' outputs compute in it;
-            parameters and BatchNorm's statistics stay float32. The input is not cast (the network casts it).
-    """
-
-    features: int
-    norm: str | Callable = "batch"
-    kernel_init: str | Callable = DEFAULT_KERNEL_INIT
-    activation: Callable = nn.relu
-    dtype: Any = None
-
-    def __post_init__(self):
-        check_positive("features", self.features)
-        _check(self)
-        super().__post_init__()
-
-    @nn.compact
-    def __call__(self, x: jax.Array, train: bool | None = None) -> jax.Array:
-        """Apply the branch (no skip: ``ConvResidualBlock`` adds it).
-
-        Args:
-            x: the feature maps, channels-last ``(batch, height, width, channels)``.
-            train: training or evaluation mode, as ``resjax.nn``'s docstring sets out for every module.
-
-        Returns:
-            ``(batch, height, width, features)`` (stride 1, 'SAME' padding).
-
-        Collections:
-            ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out. Nothing is sown.
-        """
-        bias = self.norm == "none"
-        h = _conv(self, self.features, 3, "conv3x3_0", bias)(x)
-        h = self.activation(make_norm(self.norm, train=train, name="norm_0", dtype=self.dtype)(h))
-        h = _conv(self, self.features, 3, "conv3x3_1", bias)(h)
-        return make_norm(self.norm, train=train, name="norm_1", dtype=self.dtype)(h)
-
-
-class BottleneckBranch(PrecisionRepr, nn.Module):
-    """1x1 (features -> bottleneck) -> 3x3 (bottleneck) -> 1x1 (bottleneck -> features), each followed by
-    a norm, with relu between them.
-
-    Attributes:
-        features: the output channels (of the restoring 1x1 conv); an integer >= 1. Required.
-        bottleneck: the channels of the reducing 1x1 and the 3x3 conv; an integer >= 1. Required.
-        norm: a name in ``NORMS`` (``'batch'``, the default, ``'none'``, ``'layer'``, ``'group'``, ``'instance'``)
-            or a callable for ``make_norm``. Convolutions have a bias only with ``'none'``.
-        kernel_init: the convs' initialiser (a ``resjax.nn.init`` name or a function). Default
-            ``'he_normal_fan_out'``.
-        activation: the activation function. Default ``flax.linen.relu``.
-        dtype: the computation dtype (mixed precision, ``resjax.nn.precision``): ``None`` (default; float32),
-            ``'float32'``, ``'bfloat16'`` or ``'float16'``. Convolutions and norms' outputs compute in it;
-            parameters and BatchNorm's statistics stay float32. The input is not cast (the network casts it).
-    """
-
-    features: int
-    bottleneck: int
-    norm: str | Callable = "batch"
-    kernel_init: str | Callable = DEFAULT_KERNEL_INIT
-    activation: Callable = nn.relu
-    dtype: Any = None
-
-    def __post_init__(self):
-        check_positive("features", self.features)
-        check_positive("bottleneck", self.bottleneck)
-        _check(self)
-        super().__post_init__()
-
-    @nn.compact
-    def __call__(self, x: jax.Array, train: bool | None = None) -> jax.Array:
-        """Apply the branch (no skip: ``ConvResidualBlock`` adds it).
-
-        Args:
-            x: the feature maps, channels-last ``(batch, height, width, channels)``.
-            train: training or evaluation mode, as ``resjax.nn``'s docstring sets out for every module.
-
-        Returns:
-            ``(batch, height, width, features)`` (stride 1, 'SAME' padding).
-
-        Collections:
-            ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out. Nothing is sown.
-        """
-        bias = self.norm == "none"
-        h = _conv(self, self.bottleneck, 1, "conv1x1_reduce", bias)(x)
-        h = self.activation(make_norm(self.norm, train=train, name="norm_0", dtype=self.dtype)(h))
-        h = _conv(self, self.bottleneck, 3, "conv3x3", bias)(h)
-        h = self.activation(make_norm(self.norm, train=train, name="norm_1", dtype=self.dtype)(h))
-        h = _conv(self, self.features, 1, "conv1x1_restore", bias)(h)
-        return make_norm(self.norm, train=train, name="norm_2", dtype=self.dtype)(h)
-
-
-class ConvResidualBlock(nn.Module):
-    """``act(x + branch(x))`` (``post_activation=True``) or ``x + branch(x)``, identity skip only.
-
-    ``branch`` is an unbound module (e.g. ``BottleneckBranch(256, 64)``), called as ``branch(x, train)``.
-
-    Attributes:
-        branch: the residual branch, an unbound module called as ``branch(x, train)`` that returns the shape
-            of ``x``; its parameters live under this block's ``branch``. Required.
-        post_activation: ``True`` (default): ``activation(x + branch(x))``, the original ResNet; ``False``:
-            ``x + branch(x)``.
-        activation: the activation after the sum. Default ``flax.linen.relu``.
-    """
-
-    branch: Any
-    post_activation: bool = True
-    activation: Callable = nn.relu
-
-    @nn.compact
-    def __call__(self, x: jax.Array, train: bool | None = None) -> jax.Array:
-        """Apply the block: ``activation(x + branch(x, train))`` or ``x + branch(x, train)``.
-
-        Args:
-            x: the input, e.g. channels-last ``(batch, height, width, channels)``; the branch must keep its
-                shape.
-            train: passed on to the branch, which takes it as ``resjax.nn``'s docstring sets out for every
-                module.
-
-        Returns:
-            The block's output, the shape of ``x``.
-
-        Raises:
-            ValueError: the branch's output shape differs from ``x`` (``residual_add``); ``train`` missing
-                when the branch has BatchNorm.
-
-        Collections:
-            The branch's (``batch_stats`` when its norm is BatchNorm, as ``resjax.nn``'s docstring sets out),
-            and whatever it sows.
-        """
-        # re-parent the branch here, so its parameters live under this block's ``branch`` whether it was
-        # built inside another module's compact method or outside any module
-        branch = self.branch if self.branch.parent is self else self.branch.clone(parent=self, name="branch")
-        out = residual_add(x, branch(x, train))
-        return self.activation(out) if self.post_activation else out
 
 
 class DenseLayer(PrecisionRepr, nn.Module):

@@ -1,4 +1,4 @@
-"""The residual contract: one shape-checked addition, one block class, every branch scaling.
+"""The residual contract: one shape-checked addition, the branch scalings, the merge, stacks of blocks.
 
 ``residual_add(skip, branch)`` is the only place in resjax where a skip and a branch are added. It
 checks with chex that the two have exactly equal shapes (a ``(B, 1)`` branch on a ``(B, D)`` stream is
@@ -6,15 +6,10 @@ an error, not a broadcast) and raises ``ValueError`` naming both shapes. The che
 chex asserts are enabled: after ``chex.disable_asserts()`` the same comparison is made in plain Python
 (shapes are static), with the same message.
 
-``ResidualBlock`` covers every placement the seed documents use:
-
-- ``order='pre'``: ``x + s * [norm -> act -> linear] * m`` (He et al. 2016b; the lecture's "BatchNorm at
-  the start of each branch"). Nothing follows the sum.
-- ``order='post'``: ``act(x + s * [linear -> norm (-> act)] * m)``, the original ResNet and Zhang et
-  al.'s ``h_l = relu(h_{l-1} + tau W_l h_{l-1})``; with ``norm='batch'`` and one layer this is Zhang et
-  al.'s Section 3.4 form ``relu(h + BN(W h))``, BatchNorm after the branch.
-
-``m = num_layers`` linear layers per branch. The branch scale ``s`` comes from ``scaling``:
+The pieces every residual block (``resjax.nn.block.ResidualBlock``) is made of, for writing new ones:
+``scale_branch`` (the branch scale ``s``) and ``close_block`` (the merge), and the stacking of blocks
+(``stack_blocks``, unrolled or ``nn.scan``; ``stack_unrolled``/``unstack_scanned`` between the layouts).
+The branch scale ``s`` comes from ``scaling``:
 
 - ``none``: s = 1;
 - ``tau``: s = tau, a traced value passed at call time (so a sweep over tau is a ``vmap``), or, when
@@ -28,17 +23,9 @@ chex asserts are enabled: after ``chex.disable_asserts()`` the same comparison i
 - ``rescale``: the sum is multiplied by 1/sqrt(2): ``(x + f(x)) / sqrt(2)``, which keeps the variance
   of a sum of independent equal-variance terms constant;
 - ``skipinit``: s is a learned scalar ``alpha`` initialised at 0 (De & Smith 2020);
-- ``fixup``: Fixup (Zhang, Dauphin & Ma 2019): scalar biases before every linear layer and activation,
-  a learned scalar multiplier (init 1) at the end of the branch, the branch's last linear layer at
-  zero and its other layers drawn from the kernel initialiser times ``K^(-1/(2m-2))``. The network
-  zeroes its classifier (``ResidualMLP`` does this). With m = 1 the only layer starts at zero.
-
-Biases of the linear layers are drawn by ``bias_init`` (``resjax.nn.init.get_bias_initializer``: ``'zeros'``,
-the default, or ``'fan_in'`` = N(0, 1/fan_in) with fan_in the layer's input size); Fixup keeps them at zero.
-A linear layer followed directly by BatchNorm (``norm='batch'``: every layer in the post order, every
-layer but the last in the pre order) has no bias, whatever ``use_bias`` says: BatchNorm subtracts the
-batch mean, so that bias has no effect on the output or the loss (BatchNorm's own shift takes its
-place), and under Adam it drifts on rounding noise. The conv ResNets do the same.
+- ``fixup``: Fixup (Zhang, Dauphin & Ma 2019): a learned scalar multiplier (init 1) at the end of the
+  branch, with the block's scalar biases and rescaled initialisation (``fixup_kernel_init``); the
+  network zeroes its classifier.
 """
 
 from __future__ import annotations
@@ -53,8 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from resjax.nn.init import get_bias_initializer, get_initializer
-from resjax.nn.norms import check_norm, is_batch_norm, make_norm
+from resjax.nn.init import get_initializer
 
 ORDERS = ("pre", "post")
 SCALINGS = ("none", "tau", "rescale", "skipinit", "fixup")
@@ -232,16 +218,19 @@ def check_tau_field(tau: float | str, num_blocks: int | None) -> None:
     resolve_tau(tau, num_blocks if num_blocks is not None else 1)
 
 
-def close_block(block: nn.Module, skip: jax.Array, branch: jax.Array) -> jax.Array:
-    """The end every residual block shares: ``residual_add(skip, branch)``, times 1/sqrt(2) when
-    ``block.scaling == 'rescale'``, then ``block.activation`` in the post order; sown as
-    ``intermediates/block_out``. Call from the block's compact method."""
-    out = residual_add(skip, branch)
+def close_block(block: nn.Module, skip: jax.Array | None, branch: jax.Array, sow: bool = True) -> jax.Array:
+    """The merge every residual block ends with: ``residual_add(skip, branch)`` (just ``branch`` when ``skip`` is
+    ``None``: a block without skip), times 1/sqrt(2) when ``block.scaling == 'rescale'``, then
+    ``block.activation`` when ``block.post_activation`` (``None`` or absent: in the post order); sown as
+    ``intermediates/block_out`` (unless ``sow=False``). Call from the block's compact method."""
+    out = branch if skip is None else residual_add(skip, branch)
     if block.scaling == "rescale":
         out = out * (1.0 / math.sqrt(2.0))
-    if block.order == "post":
+    post_activation = getattr(block, "post_activation", None)
+    if block.order == "post" if post_activation is None else post_activation:
         out = block.activation(out)
-    block.sow("intermediates", "block_out", out)
+    if sow:
+        block.sow("intermediates", "block_out", out)
     return out
 
 
@@ -278,134 +267,6 @@ def scale_branch(block: nn.Module, h: jax.Array, tau: float | jax.Array | None =
     elif block.scaling == "fixup":
         h = h * block.param("fixup_scale", nn.initializers.ones, (), _param_dtype(h)).astype(h.dtype)
     return bias(h)
-
-
-class ResidualBlock(nn.Module):
-    """One residual block on a ``(..., features)`` stream; see the module docstring.
-
-    Call as ``block(x, train, tau)``. ``tau`` may only be passed when ``scaling='tau'`` (otherwise
-    ``ValueError``: it would be ignored); a concrete tau must be a finite number > 0, a traced tau cannot
-    be checked by value. ``num_blocks``: K, the residual blocks of the whole network, for the tau rules
-    and Fixup's rescaling; ``None`` (a standalone block): a tau rule that needs K raises ``ValueError``
-    naming ``num_blocks`` when it is used (a number for ``tau``, the rule ``'1'`` or a tau passed at call
-    time need no K); Fixup then counts one block.
-
-    Every field is checked at construction (``ValueError`` naming the setting).
-
-    Attributes:
-        features: the width of the stream and of every linear layer of the branch (the input's last axis
-            must equal it); an integer >= 1 (the error names ``width``). Required.
-        num_layers: m, the linear layers per branch; an integer >= 1. Default 1.
-        order: where the norm and activation sit, one of ``ORDERS``: ``'pre'`` (default; ``x + s * [norm ->
-            act -> linear] * m``, nothing after the sum) or ``'post'`` (``act(x + s * [linear -> norm
-            (-> act)] * m)``).
-        norm: the branch's normalisation: a name in ``NORMS`` (``'none'`` (default), ``'batch'``, ``'layer'``,
-            ``'group'``, ``'instance'``) or a callable for ``make_norm``.
-        scaling: the branch scale ``s``, one of ``SCALINGS``: ``'none'`` (default), ``'tau'``, ``'rescale'``,
-            ``'skipinit'``, ``'fixup'``.
-        tau: the branch scale with ``scaling='tau'`` when none is passed at call time: a finite number > 0 or
-            a rule of K (``'1/sqrt(K)'`` (default), ``'1/K'``, ``'K^(-1/4)'``, ``'1'``; ``L`` may stand for
-            ``K``). Checked whatever ``scaling`` is, used only by ``'tau'``.
-        num_blocks: K, the residual blocks of the whole network (an integer >= 1), for the tau rules and
-            Fixup; ``None`` (default): a standalone block (see above).
-        kernel_init: the linear layers' kernel initialiser: a ``resjax.nn.init`` name (``INITIALIZERS``,
-            ``'taki(...)'``) or a function. Default ``'he_uniform'``. Fixup zeroes the last layer and
-            rescales the others.
-        bias_init: the linear layers' bias initialiser: ``'zeros'`` (default), ``'fan_in'``,
-            ``'torch_default'`` (``BIAS_INITIALIZERS``) or a function. Fixup keeps ``'zeros'``.
-        use_bias: whether the linear layers have a bias. Default ``True``; a layer followed directly by
-            BatchNorm has none either way.
-        activation: the activation function. Default ``flax.linen.relu``.
-    """
-
-    features: int
-    num_layers: int = 1
-    order: str = "pre"
-    norm: str | Callable = "none"
-    scaling: str = "none"
-    tau: float | str = "1/sqrt(K)"
-    num_blocks: int | None = None
-    kernel_init: str | Callable = "he_uniform"
-    bias_init: str | Callable = "zeros"
-    use_bias: bool = True
-    activation: Callable = nn.relu
-
-    def __post_init__(self):
-        check_positive("width", self.features)
-        check_positive("num_layers", self.num_layers)
-        if self.num_blocks is not None:
-            check_positive("num_blocks", self.num_blocks)
-        check_choice("order", self.order, ORDERS)
-        check_choice("scaling", self.scaling, SCALINGS)
-        check_norm(self.norm)
-        get_initializer(self.kernel_init)  # raises on an unknown name
-        get_bias_initializer(self.bias_init, self.features)
-        check_tau_field(self.tau, self.num_blocks)
-        super().__post_init__()
-
-    def _kernel_init(self, layer: int):
-        if self.scaling != "fixup":
-            return get_initializer(self.kernel_init)
-        return fixup_kernel_init(self.kernel_init, layer, self.num_layers, self.num_blocks or 1)
-
-    def _followed_by_batch_norm(self, layer: int) -> bool:
-        """Whether linear layer ``layer`` feeds BatchNorm directly (then it has no bias)."""
-        return is_batch_norm(self.norm) and (self.order == "post" or layer < self.num_layers - 1)
-
-    def _bias(self, name: str, h):
-        """Fixup's scalar bias (zero at init); the identity otherwise."""
-        if self.scaling != "fixup":
-            return h
-        return h + self.param(name, nn.initializers.zeros, (), h.dtype)
-
-    def _linear(self, layer: int, h):
-        h = self._bias(f"bias_in_{layer}", h)
-        use_bias = self.use_bias and not self._followed_by_batch_norm(layer)
-        return nn.Dense(self.features, use_bias=use_bias, kernel_init=self._kernel_init(layer),
-                        bias_init=get_bias_initializer(self._bias_init_name(), h.shape[-1]), name=f"linear_{layer}")(h)
-
-    def _bias_init_name(self):
-        """Fixup starts every bias at zero, whatever ``bias_init`` says."""
-        return "zeros" if self.scaling == "fixup" else self.bias_init
-
-    @nn.compact
-    def __call__(self, x: jax.Array, train: bool | None = None, tau: float | jax.Array | None = None) -> jax.Array:
-        """Apply the block: ``x + s * branch(x)`` (``order='pre'``) or ``activation(x + s * branch(x))``
-        (``'post'``), the sum times 1/sqrt(2) with ``scaling='rescale'``.
-
-        Args:
-            x: the stream, ``(..., features)``, e.g. ``(batch, features)``.
-            train: training or evaluation mode, as ``resjax.nn``'s docstring sets out for every module.
-            tau: a scalar branch scale for this call (a number, or a traced value: a sweep over tau is a
-                ``vmap``) in place of the ``tau`` field. Only with ``scaling='tau'``; ``None`` (default): the
-                field.
-
-        Returns:
-            The block's output, the shape of ``x``.
-
-        Raises:
-            ValueError: ``train`` missing with BatchNorm; a ``tau`` passed to a block whose scaling is not
-                ``'tau'``, or a concrete ``tau`` that is not a finite number > 0; a tau rule that needs K
-                without ``num_blocks``; a branch whose shape differs from ``x`` (``residual_add``); ``x``'s
-                last axis not ``features`` (names ``inputs`` and both widths).
-
-        Collections:
-            ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out.
-            ``intermediates``: sows ``block_out`` (the output) when the caller makes it mutable.
-        """
-        check_input_width(self, x, self.features, f"features={self.features}: the skip is the identity")
-        h = x
-        for i in range(self.num_layers):
-            if self.order == "pre":
-                h = make_norm(self.norm, train=train, name=f"norm_{i}")(h)
-                h = self.activation(self._bias(f"bias_act_{i}", h))
-                h = self._linear(i, h)
-            else:
-                h = self._linear(i, h)
-                h = make_norm(self.norm, train=train, name=f"norm_{i}")(h)
-                if i < self.num_layers - 1:
-                    h = self.activation(self._bias(f"bias_act_{i}", h))
-        return close_block(self, x, scale_branch(self, h, tau, lambda h: self._bias("bias_out", h)))
 
 
 class _ScanStep(nn.Module):
@@ -445,13 +306,6 @@ def stack_blocks(block_cls: type[nn.Module], block_kwargs: dict, num_blocks: int
     return x
 
 
-def residual_stack(block_kwargs: dict, num_blocks: int, x: jax.Array, train: bool | None,
-                   tau: float | jax.Array | None, scan: bool, name: str = "blocks") -> jax.Array:
-    """``num_blocks`` ``ResidualBlock(**block_kwargs)``s called as ``block(x, train, tau)``: ``stack_blocks`` with
-    that class (inside a ``@nn.compact`` method; ``x`` is ``(..., features)``, the output has its shape)."""
-    return stack_blocks(ResidualBlock, block_kwargs, num_blocks, x, train, tau, scan=scan, name=name)
-
-
 def stack_unrolled(collection: dict, num_blocks: int, name: str = "blocks") -> dict:
     """Convert an unrolled collection (``blocks_0`` ...) into the scanned layout (``blocks/block``)."""
     import jax
@@ -470,3 +324,13 @@ def unstack_scanned(collection: dict, num_blocks: int, name: str = "blocks") -> 
     for k in range(num_blocks):
         out[f"{name}_{k}"] = jax.tree_util.tree_map(lambda a: a[k], collection[name]["block"])
     return out
+
+
+def __getattr__(name: str) -> Any:
+    """``ResidualBlock`` and ``residual_stack`` live in ``resjax.nn.block`` (which imports this module); the old
+    imports from here keep working."""
+    if name in ("ResidualBlock", "residual_stack"):
+        from resjax.nn import block
+
+        return getattr(block, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """Convolutional ResNets: CIFAR (depth 6n+2, wide), ImageNet (18/34/50/101/152) and Taki's 8x8 model.
 
-One block class, ``ResNetBlock``, covers every variant the seeds and their reference code use; every
+Every block is ``resjax.nn.block.ResidualBlock``, as ``ResNetBlock`` (its conv defaults) or ``TakiBlock``; every
 addition goes through ``residual_add`` (a shape mismatch raises ``ValueError``, never broadcasts).
 
 Block (NHWC, ``features`` output channels, ``strides`` on the first 3x3 conv, torchvision's "v1.5"
@@ -90,18 +90,19 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from resjax.nn.block import (BLOCK_KINDS, CONV_KERNEL_INIT, OPTION_A_INPUTS, SHORTCUTS, BlockSettings, ResNetBlock,
+                             TakiBlock, resolve_block, setting)
 from resjax.nn.init import get_bias_initializer, get_initializer
 from resjax.nn.norms import check_norm, make_norm
 from resjax.nn.precision import PrecisionRepr, layer_dtypes, resolve_dtype
-from resjax.nn.residual import (ORDERS, SCALINGS, check_call_tau, check_choice, check_input_width, check_positive,
-                                check_tau_field, close_block, fixup_kernel_init, residual_add, resolve_tau,
-                                scale_branch, stack_blocks)
+from resjax.nn.residual import check_call_tau, check_choice, check_positive, resolve_tau, stack_blocks
 
-BLOCK_KINDS = ("basic", "bottleneck")
-SHORTCUTS = ("A", "B")
-OPTION_A_INPUTS = ("x", "conv_input")
+__all__ = ["BLOCK_KINDS", "CIFAR_DEPTHS", "IMAGENET_STAGES", "OPTION_A_INPUTS", "REPOSITORY_MODELS", "SHORTCUTS",
+           "TAU_CONVENTIONS", "ResNet", "ResNetBlock", "TakiBlock", "TakiResNet", "cifar_resnet", "imagenet_resnet",
+           "imagenet_tau", "taki_resnet"]
+
 STEMS = ("cifar", "imagenet")
-DEFAULT_KERNEL_INIT = "he_normal_fan_out"
+DEFAULT_KERNEL_INIT = CONV_KERNEL_INIT
 HEAD_INIT = "torch_default"
 
 CIFAR_DEPTHS = (20, 32, 44, 56, 110, 1202)
@@ -120,228 +121,7 @@ def _scalar(module: nn.Module, name: str, h: jax.Array, init: Callable = nn.init
     return module.param(name, init, (), jnp.promote_types(h.dtype, jnp.float32)).astype(h.dtype)
 
 
-def _check_strides(strides: Any) -> None:
-    """A block's ``strides``: an integer >= 1 or a pair of them (a tuple or list), else ``ValueError``
-    naming ``strides``."""
-    if isinstance(strides, (tuple, list)):
-        if len(strides) != 2:
-            raise ValueError(f"strides: must be an integer >= 1 or a pair (height, width) of them, got {strides!r}")
-        for s in strides:
-            try:
-                check_positive("strides", s)
-            except ValueError:
-                raise ValueError(f"strides: must be an integer >= 1 or a pair (height, width) of them, "
-                                 f"got {strides!r}") from None
-        return
-    try:
-        check_positive("strides", strides)
-    except ValueError:
-        raise ValueError(f"strides: must be an integer >= 1 or a pair (height, width) of them, got {strides!r}") \
-            from None
-
-
-class ResNetBlock(PrecisionRepr, nn.Module):
-    """One convolutional residual block; see the module docstring. Call as ``block(x, train, tau)``.
-
-    ``tau`` (call argument) only with ``scaling='tau'``, else ``ValueError``; a concrete tau must be a finite
-    number > 0 (a traced one cannot be checked by value). ``num_blocks``: K of the tau rules and Fixup;
-    ``None`` (a standalone block): a tau rule that needs K raises ``ValueError`` naming ``num_blocks`` when
-    used; Fixup counts one block.
-
-    Every field is checked at construction (``ValueError`` naming the setting).
-
-    Attributes:
-        features: the block's output channels; an integer >= 1 (a bottleneck's must be divisible by
-            ``expansion``). Required.
-        strides: the stride of the branch's 3x3 conv (the first conv in ``'basic'``) and of the shortcut: an
-            integer >= 1, or a pair ``(height, width)`` of them as flax's convolutions take (``(2, 2)`` is
-            ``2``). Default 1.
-        kind: ``'basic'`` (default; 3x3 -> 3x3) or ``'bottleneck'`` (1x1 -> 3x3 -> 1x1); ``BLOCK_KINDS``.
-        expansion: a bottleneck's inner width is ``features // expansion``; an integer >= 1. Default 4.
-        order: ``'post'`` (default; He et al. 2016a) or ``'pre'`` (pre-activation, He et al. 2016b); ``ORDERS``.
-        shortcut: ``'A'`` (default; subsample and append zero channels, no parameters) or ``'B'`` (strided
-            1x1 conv); ``SHORTCUTS``. Used only when the block changes the shape; an identity otherwise.
-        norm: a name in ``NORMS`` (``'batch'``, the default, ``'none'``, ``'layer'``, ``'group'``,
-            ``'instance'``) or a callable for ``make_norm``.
-        scaling: the branch scale, one of ``SCALINGS``: ``'none'`` (default), ``'tau'``, ``'rescale'``,
-            ``'skipinit'``, ``'fixup'``.
-        tau: with ``scaling='tau'``, the branch scale when none is passed at call time: a finite number > 0 or
-            a rule of K (``'1/sqrt(K)'``, the default, ``'1/K'``, ``'K^(-1/4)'``, ``'1'``).
-        num_blocks: K, the residual blocks of the whole network (an integer >= 1), for the tau rules and
-            Fixup; ``None`` (default): a standalone block (see above).
-        scalar_biases: Fixup's learned scalar biases (``bias_in_i``, ``bias_act_i``, ``bias_out``, and
-            ``bias_act_pre`` in the pre order): ``True``, ``False``, or ``None`` (default: with
-            ``scaling='fixup'`` only).
-        kernel_init: the convs' initialiser (a ``resjax.nn.init`` name or a function). Default
-            ``'he_normal_fan_out'``. Fixup zeroes the last conv and rescales the others.
-        option_a_norm: ``True``: option A normalises the subsampled input (``shortcut_norm``) before the zero
-            channels are appended (the tau-ResNet repository's BN model). Default ``False``.
-        option_a_input: what option A subsamples: ``'x'`` (default, the block's input) or ``'conv_input'``
-            (what the first conv reads: ``x + bias_in_0`` under scalar biases, the Fixup repository's).
-        activation: the activation function. Default ``flax.linen.relu``.
-        learned_tau: set by ``ResNet(learnable_tau=True)``: the call-time ``tau`` is the network's learned
-            parameter, so its value is not checked. Default ``False``.
-        dtype: the computation dtype: ``None`` (default; float32), ``'float32'``, ``'bfloat16'`` or
-            ``'float16'`` (or the ``jnp`` dtype). Convolutions, norms' outputs and the sum compute in it;
-            parameters and BatchNorm's statistics stay float32 (``resjax.nn.precision``). The block does not
-            cast its input: ``ResNet`` casts at the stem.
-    """
-
-    features: int
-    strides: int | tuple[int, int] = 1
-    kind: str = "basic"
-    expansion: int = 4
-    order: str = "post"
-    shortcut: str = "A"
-    norm: str | Callable = "batch"
-    scaling: str = "none"
-    tau: float | str = "1/sqrt(K)"
-    num_blocks: int | None = None
-    scalar_biases: bool | None = None
-    kernel_init: str | Callable = DEFAULT_KERNEL_INIT
-    option_a_norm: bool = False
-    option_a_input: str = "x"
-    activation: Callable = nn.relu
-    learned_tau: bool = False  # set by ResNet(learnable_tau=True): the call-time tau is a parameter, not checked
-    dtype: Any = None
-
-    def __post_init__(self):
-        resolve_dtype(self.dtype)
-        check_positive("features", self.features)
-        check_choice("option_a_input", self.option_a_input, OPTION_A_INPUTS)
-        if not isinstance(self.option_a_norm, bool):
-            raise ValueError(f"option_a_norm: must be True or False, got {self.option_a_norm!r}")
-        _check_strides(self.strides)
-        check_positive("expansion", self.expansion)
-        if self.num_blocks is not None:
-            check_positive("num_blocks", self.num_blocks)
-        check_choice("kind", self.kind, BLOCK_KINDS)
-        check_choice("order", self.order, ORDERS)
-        check_choice("shortcut", self.shortcut, SHORTCUTS)
-        check_choice("scaling", self.scaling, SCALINGS)
-        check_norm(self.norm)
-        get_initializer(self.kernel_init)
-        if self.kind == "bottleneck" and self.features % self.expansion:
-            raise ValueError(f"features: a bottleneck block needs features divisible by expansion={self.expansion}, "
-                             f"got {self.features}")
-        check_tau_field(self.tau, self.num_blocks)
-        super().__post_init__()
-
-    @property
-    def uses_scalar_biases(self) -> bool:
-        """Whether the block has scalar biases: ``scalar_biases``, or when it is ``None``, ``scaling == 'fixup'``."""
-        return self.scaling == "fixup" if self.scalar_biases is None else self.scalar_biases
-
-    @property
-    def stride_pair(self) -> tuple[int, int]:
-        """``strides`` as ``(height stride, width stride)``."""
-        return (self.strides, self.strides) if isinstance(self.strides, int) else tuple(self.strides)
-
-    def _layers(self) -> list[tuple[int, int, tuple[int, int]]]:
-        """(kernel size, output channels, stride pair) of each conv of the branch."""
-        if self.kind == "basic":
-            return [(3, self.features, self.stride_pair), (3, self.features, (1, 1))]
-        width = self.features // self.expansion
-        return [(1, width, (1, 1)), (3, width, self.stride_pair), (1, self.features, (1, 1))]
-
-    def _bias(self, name: str, h):
-        return h + _scalar(self, name, h) if self.uses_scalar_biases else h
-
-    def _conv(self, i: int, size: int, features: int, strides: tuple[int, int], h):
-        m = len(self._layers())
-        if self.scaling == "fixup":
-            init = fixup_kernel_init(self.kernel_init, i, m, self.num_blocks or 1)
-        else:
-            init = get_initializer(self.kernel_init)
-        use_bias = self.norm == "none" and not self.uses_scalar_biases
-        return nn.Conv(features, (size, size), strides=strides, padding=[(size // 2, (size - 1) // 2)] * 2,
-                       use_bias=use_bias, kernel_init=init, name=f"conv_{i}", **layer_dtypes(self.dtype))(h)
-
-    def _shortcut(self, x, first_input, train):
-        """Identity, or option A/B when the block changes the shape. Option B reads what the first conv
-        reads (``first_input``: the pre-activated input in the pre order, as He et al.'s pre-activation
-        code; ``x`` plus Fixup's first scalar bias in the post order, as Fixup's ImageNet code); option A
-        reads ``x``, or ``first_input`` with ``option_a_input='conv_input'`` (Fixup's CIFAR code)."""
-        sh, sw = self.stride_pair
-        out_shape = (x.shape[0], -(-x.shape[1] // sh), -(-x.shape[2] // sw), self.features)
-        if tuple(x.shape) == out_shape:
-            return x
-        if self.shortcut == "A":
-            extra = self.features - x.shape[-1]
-            if extra < 0:
-                raise ValueError(f"shortcut: option 'A' (zero padding) cannot reduce channels from {x.shape[-1]} "
-                                 f"to {self.features}; use shortcut='B'")
-            source = first_input if self.option_a_input == "conv_input" else x
-            skip = source[:, ::sh, ::sw, :]
-            if self.option_a_norm:
-                skip = make_norm(self.norm, train=train, name="shortcut_norm", dtype=self.dtype)(skip)
-            return jnp.pad(skip, ((0, 0), (0, 0), (0, 0), (0, extra)))
-        skip = nn.Conv(self.features, (1, 1), strides=self.stride_pair, use_bias=self.norm == "none",
-                       kernel_init=get_initializer(self.kernel_init), name="shortcut_conv",
-                       **layer_dtypes(self.dtype))(first_input)
-        if self.order == "post":
-            skip = make_norm(self.norm, train=train, name="shortcut_norm", dtype=self.dtype)(skip)
-        return skip
-
-    @nn.compact
-    def __call__(self, x: jax.Array, train: bool | None = None, tau: float | jax.Array | None = None) -> jax.Array:
-        """Apply the block: ``act(skip + s * branch(x))`` (``order='post'``) or ``skip + s * branch(x)``
-        (``'pre'``), the sum times 1/sqrt(2) with ``scaling='rescale'``.
-
-        Args:
-            x: the images, channels-last ``(batch, height, width, channels)``.
-            train: training or evaluation mode, as ``resjax.nn``'s docstring sets out for every module.
-            tau: a scalar branch scale for this call (a number, or a traced value: a sweep over tau is a
-                ``vmap``) in place of the ``tau`` field. Only with ``scaling='tau'``; ``None`` (default): the
-                field.
-
-        Returns:
-            ``(batch, ceil(height / strides[0]), ceil(width / strides[1]), features)`` (an integer
-            ``strides`` is both).
-
-        Raises:
-            ValueError: ``train`` missing with BatchNorm; a ``tau`` passed to a block whose scaling is not
-                ``'tau'``, or a concrete ``tau`` that is not a finite number > 0 (unless ``learned_tau``); a tau
-                rule that needs K without ``num_blocks``; option A asked to reduce the channels (names
-                ``shortcut``); after init, ``x`` with another channel count than the block's parameters
-                were made for (names ``inputs`` and both widths).
-
-        Collections:
-            ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out.
-            ``intermediates``: sows ``block_out`` (the output) when the caller makes it mutable.
-        """
-        self._check_input_width(x)
-        layers = self._layers()
-        m = len(layers)
-        h = x
-        if self.order == "pre":
-            h = self.activation(self._bias("bias_act_pre", make_norm(self.norm, train=train, name="norm_pre",
-                                                                      dtype=self.dtype)(x)))
-        first_input = None
-        for i, (size, features, strides) in enumerate(layers):
-            h = self._bias(f"bias_in_{i}", h)
-            first_input = h if i == 0 else first_input
-            h = self._conv(i, size, features, strides, h)
-            if self.order == "post" or i < m - 1:
-                h = make_norm(self.norm, train=train, name=f"norm_{i}", dtype=self.dtype)(h)
-            if i < m - 1:
-                h = self.activation(self._bias(f"bias_act_{i}", h))
-        return close_block(self, self._shortcut(x, first_input, train), self._scale_branch(h, tau))
-
-    def _check_input_width(self, x: jax.Array) -> None:
-        """After init, the input's channels must be those the first conv's kernel was made for (a
-        BatchNorm in the pre order would otherwise fail with a broadcasting error)."""
-        if self.is_initializing():
-            return
-        kernel = self.variables.get("params", {}).get("conv_0", {}).get("kernel")
-        if kernel is not None:
-            check_input_width(self, x, kernel.shape[-2], "the channels its parameters were initialised for")
-
-    def _scale_branch(self, h: jax.Array, tau: float | jax.Array | None) -> jax.Array:
-        return scale_branch(self, h, tau, lambda h: self._bias("bias_out", h), check_value=not self.learned_tau)
-
-
-class ResNet(PrecisionRepr, nn.Module):
+class ResNet(PrecisionRepr, BlockSettings):
     """A staged convolutional ResNet; see the module docstring. Call as ``model(images, train, tau)``:
     ``tau`` only with ``scaling='tau'`` (else ``ValueError``: it would be ignored); a concrete tau must be
     a finite number > 0 (a traced one cannot be checked by value).
@@ -349,70 +129,48 @@ class ResNet(PrecisionRepr, nn.Module):
     ``tau_blocks`` is the K of the tau rule and of Fixup's rescaling (default: all blocks, as Zhang et
     al. and Fixup count L for CIFAR); ``imagenet_tau`` gives the ImageNet conventions as numbers.
 
-    Every field is checked at construction (``ValueError`` naming the setting). The block fields (``kind``,
-    ``expansion``, ``order``, ``shortcut``, ``norm``, ``scaling``, ``tau``, ``scalar_biases``, ``kernel_init``,
-    ``activation``, ``option_a_norm``, ``option_a_input``) are passed to every ``ResNetBlock``; see there.
+    Every field is checked at construction (``ValueError`` naming the setting).
 
     Attributes:
         stage_sizes: the blocks of each stage (integers >= 1), one per entry of ``stage_widths``. Required.
         stage_widths: the output channels of each stage's blocks (integers >= 1). Required.
         num_classes: the classifier's outputs (logits); an integer >= 1. Default 10.
-        kind: ``'basic'`` (default) or ``'bottleneck'``.
-        expansion: a bottleneck's width ratio. Default 4.
-        order: ``'post'`` (default) or ``'pre'``; the pre order also changes the stem and adds ``final_norm``.
-        shortcut: ``'A'`` (default) or ``'B'``.
-        norm: a name in ``NORMS`` (``'batch'``, the default, ...) or a callable; also the stem's and the pre
-            order's final norm.
-        scaling: ``'none'`` (default), ``'tau'``, ``'rescale'``, ``'skipinit'`` or ``'fixup'`` (which also
-            zeroes the classifier).
-        tau: the tau rule or number, ``'1/sqrt(K)'`` by default, with K = ``tau_blocks``.
         tau_blocks: K of the tau rule and of Fixup; ``None`` (default): all blocks, ``sum(stage_sizes)``.
         learnable_tau: ``True``: one tau shared by every block is a parameter ``tau``, initialised at the tau
             rule's value (or at a tau passed to ``init``), its gradient 1/K of the sum over the blocks; needs
             ``scaling='tau'``. Default ``False``.
-        scalar_biases: the blocks' Fixup scalar biases: ``True``, ``False`` or ``None`` (default: with
-            ``scaling='fixup'`` only).
         stem: ``'cifar'`` (default; 3x3 conv) or ``'imagenet'`` (7x7/2 conv and 3x3/2 max pool); ``STEMS``.
         stem_width: the stem's output channels; an integer >= 1. Default 16.
-        kernel_init: the convs' initialiser. Default ``'he_normal_fan_out'``.
         scan: ``False`` (default): each stage's blocks after the first unrolled (``stage{i}_0`` ...);
             ``True``: one ``nn.scan`` per stage (``stage{i}/block``, leaves with a leading axis).
-        activation: the activation function. Default ``flax.linen.relu``.
-        option_a_norm: see ``ResNetBlock``. Default ``False``.
-        option_a_input: ``'x'`` (default) or ``'conv_input'``; see ``ResNetBlock``.
         stem_head_biases: the scalar biases ``stem_bias`` and ``head_bias``: ``True``, ``False`` or ``None``
             (default: whenever the blocks have scalar biases).
         stem_init: the stem conv's initialiser; ``None`` (default): ``kernel_init``.
-        dtype: the computation dtype (mixed precision, ``resjax.nn.precision``): ``None`` (default; float32),
-            ``'float32'``, ``'bfloat16'`` or ``'float16'`` (or the ``jnp`` dtype). The images are cast to it at
-            the stem; convolutions, the classifier, activations, pooling and sums compute in it; parameters
-            and BatchNorm's statistics (``batch_stats``) stay float32; the logits are returned as float32.
-            ``None`` and ``'float32'`` give bit-identical results.
+        block: the block (a class, a ``functools.partial`` whose settings win, or a mapping of settings);
+            ``None`` (default): ``ResNetBlock``.
+        The block settings (``resjax.nn.block.BlockSettings``), passed to every block, with the conv defaults:
+        ``kind`` ``'basic'`` or ``'bottleneck'`` (``BLOCK_KINDS``), ``order='post'`` (the pre order also changes
+        the stem and adds ``final_norm``), ``norm='batch'`` (also the stem's and the pre order's final norm),
+        ``kernel_init='he_normal_fan_out'``; ``scaling='fixup'`` also zeroes the classifier; ``dtype``: the images
+        are cast to it at the stem and the logits are returned as float32 (``None`` and ``'float32'`` give
+        bit-identical results).
     """
 
     stage_sizes: Sequence[int]
     stage_widths: Sequence[int]
     num_classes: int = 10
-    kind: str = "basic"
-    expansion: int = 4
-    order: str = "post"
-    shortcut: str = "A"
-    norm: str | Callable = "batch"
-    scaling: str = "none"
-    tau: float | str = "1/sqrt(K)"
     tau_blocks: int | None = None
     learnable_tau: bool = False
-    scalar_biases: bool | None = None
     stem: str = "cifar"
     stem_width: int = 16
-    kernel_init: str | Callable = DEFAULT_KERNEL_INIT
     scan: bool = False
-    activation: Callable = nn.relu
-    option_a_norm: bool = False
-    option_a_input: str = "x"
     stem_head_biases: bool | None = None
     stem_init: str | Callable | None = None
-    dtype: Any = None
+    block: Any = None
+    kind: str = setting("basic")
+    order: str = setting("post")
+    norm: str | Callable = setting("batch")
+    kernel_init: str | Callable = setting(DEFAULT_KERNEL_INIT)
 
     def __post_init__(self):
         resolve_dtype(self.dtype)
@@ -437,8 +195,9 @@ class ResNet(PrecisionRepr, nn.Module):
                 get_initializer(self.stem_init)
             except ValueError as err:
                 raise ValueError(f"stem_init: {err}") from None
+        check_choice("kind", self.kind, BLOCK_KINDS)
         super().__post_init__()
-        self._block_kwargs(0, 1)  # validates every block setting now, before anything is traced
+        self._block(0, 1)  # validates every block setting now, before anything is traced
 
     @property
     def num_blocks(self) -> int:
@@ -456,14 +215,11 @@ class ResNet(PrecisionRepr, nn.Module):
         ``None``, ``use_scalar_biases``."""
         return self.use_scalar_biases if self.stem_head_biases is None else self.stem_head_biases
 
-    def _block_kwargs(self, stage: int, strides: int) -> dict[str, Any]:
-        kwargs = dict(features=self.stage_widths[stage], strides=strides, kind=self.kind, expansion=self.expansion,
-                      order=self.order, shortcut=self.shortcut, norm=self.norm, scaling=self.scaling, tau=self.tau,
-                      num_blocks=self.tau_blocks or self.num_blocks, scalar_biases=self.scalar_biases,
-                      kernel_init=self.kernel_init, activation=self.activation, option_a_norm=self.option_a_norm,
-                      option_a_input=self.option_a_input, learned_tau=self.learnable_tau, dtype=self.dtype)
-        ResNetBlock(**kwargs, parent=None)  # raises ValueError naming a bad setting
-        return kwargs
+    def _block(self, stage: int, strides: int) -> tuple[Callable[..., nn.Module], dict[str, Any]]:
+        """The block of ``stage`` (``block``, default ``ResNetBlock``) and its settings."""
+        kwargs = dict(self.block_settings(), features=self.stage_widths[stage], strides=strides,
+                      num_blocks=self.tau_blocks or self.num_blocks, learned_tau=self.learnable_tau)
+        return resolve_block(self.block, ResNetBlock, kwargs)
 
     def _bias(self, name: str, h):
         return h + _scalar(self, name, h) if self.use_stem_head_biases else h
@@ -524,10 +280,9 @@ class ResNet(PrecisionRepr, nn.Module):
             h = nn.max_pool(h, (3, 3), strides=(2, 2), padding=[(1, 1)] * 2)
         self.sow("intermediates", "stem", h)
         for s, size in enumerate(self.stage_sizes):
-            first = self._block_kwargs(s, 1 if s == 0 else 2)
-            h = ResNetBlock(**first, name=f"stage{s + 1}_first")(h, train, tau)
-            h = stack_blocks(ResNetBlock, self._block_kwargs(s, 1), size - 1, h, train, tau, scan=self.scan,
-                             name=f"stage{s + 1}")
+            block, first = self._block(s, 1 if s == 0 else 2)
+            h = block(**first, name=f"stage{s + 1}_first")(h, train, tau)
+            h = stack_blocks(*self._block(s, 1), size - 1, h, train, tau, scan=self.scan, name=f"stage{s + 1}")
         if self.order == "pre":
             h = self.activation(make_norm(self.norm, train=train, name="final_norm", dtype=self.dtype)(h))
         h = jnp.mean(h, axis=(1, 2))
@@ -637,6 +392,7 @@ class TakiResNet(PrecisionRepr, nn.Module):
     scan: bool = True
     activation: Callable = nn.relu
     dtype: Any = None
+    block: Any = None
 
     def __post_init__(self):
         resolve_dtype(self.dtype)
@@ -645,8 +401,15 @@ class TakiResNet(PrecisionRepr, nn.Module):
         check_positive("kernel_size", self.kernel_size)
         check_positive("num_classes", self.num_classes)
         check_norm(self.norm)
-        _taki_kernel_init(self.kernel_init, self.num_blocks)  # raises on an unknown name
+        self._block()  # raises on an unknown initialiser
         super().__post_init__()
+
+    def _block(self) -> tuple[Callable[..., nn.Module], dict[str, Any]]:
+        """The block (``block``, default ``TakiBlock``) and its settings."""
+        kwargs = dict(features=self.features, kernel_size=self.kernel_size, norm=self.norm,
+                      kernel_init=self.kernel_init, num_blocks=self.num_blocks, activation=self.activation,
+                      dtype=self.dtype)
+        return resolve_block(self.block, TakiBlock, kwargs)
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool | None = None) -> jax.Array:
@@ -674,70 +437,11 @@ class TakiResNet(PrecisionRepr, nn.Module):
             x = x.astype(dtypes["dtype"])
         h = nn.Conv(self.features, (3, 3), padding="SAME", use_bias=False,
                     kernel_init=get_initializer("he_normal_fan_in"), name="stem_conv", **dtypes)(x)
-        block_kwargs = dict(features=self.features, kernel_size=self.kernel_size, norm=self.norm,
-                            kernel_init=self.kernel_init, num_blocks=self.num_blocks, activation=self.activation,
-                            dtype=self.dtype)
-        h = stack_blocks(TakiBlock, block_kwargs, self.num_blocks, h, train, scan=self.scan)
+        h = stack_blocks(*self._block(), self.num_blocks, h, train, scan=self.scan)
         h = jnp.mean(h, axis=(1, 2))
         logits = nn.Dense(self.num_classes, kernel_init=get_initializer(HEAD_INIT),
                           bias_init=get_bias_initializer("torch_default", h.shape[-1]), name="head", **dtypes)(h)
         return logits.astype(jnp.promote_types(logits.dtype, jnp.float32))  # half -> float32
-
-
-def _taki_kernel_init(name: str | Callable, num_blocks: int) -> Callable:
-    if name == "taki":
-        return get_initializer("taki", c=1.0, num_blocks=num_blocks)
-    return get_initializer(name)
-
-
-class TakiBlock(PrecisionRepr, nn.Module):
-    """``x + conv(act(N(x)))``, no bias; ``kernel_init='taki'`` draws N(0, 1/(k*k*C*num_blocks)).
-
-    The fields are not checked here (``TakiResNet`` checks its own).
-
-    Attributes:
-        features: the conv's output channels, which must equal the input's. Default 16.
-        kernel_size: the conv's square kernel size ('SAME' padding). Default 8.
-        norm: N, a name in ``NORMS`` (``'none'``, the default: the identity, ``'batch'``, ...) or a callable.
-        kernel_init: ``'taki'`` (default) or any ``resjax.nn.init`` name or function.
-        num_blocks: L of the ``'taki'`` initialiser. Default 100.
-        activation: the activation function. Default ``flax.linen.relu``.
-        dtype: the computation dtype (``None``, the default: float32); parameters and ``batch_stats`` stay
-            float32. The block does not cast its input (``TakiResNet`` casts at the stem).
-    """
-
-    features: int = 16
-    kernel_size: int = 8
-    norm: Any = "none"
-    kernel_init: Any = "taki"
-    num_blocks: int = 100
-    activation: Callable = nn.relu
-    dtype: Any = None
-
-    @nn.compact
-    def __call__(self, x: jax.Array, train: bool | None) -> jax.Array:
-        """Apply the block: ``x + conv(act(N(x)))``.
-
-        Args:
-            x: the images, channels-last ``(batch, height, width, features)``.
-            train: training or evaluation mode, as ``resjax.nn``'s docstring sets out for every module; here
-                a required positional argument (``init`` may pass ``None``).
-
-        Returns:
-            The block's output, the shape of ``x``.
-
-        Collections:
-            ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out.
-            ``intermediates``: sows ``block_out`` (the output) when the caller makes it mutable.
-        """
-        check_input_width(self, x, self.features, f"features={self.features}: the skip is the identity")
-        h = self.activation(make_norm(self.norm, train=train, name="norm", dtype=self.dtype)(x))
-        h = nn.Conv(self.features, (self.kernel_size,) * 2, padding="SAME", use_bias=False,
-                    kernel_init=_taki_kernel_init(self.kernel_init, self.num_blocks), name="conv",
-                    **layer_dtypes(self.dtype))(h)
-        out = residual_add(x, h)
-        self.sow("intermediates", "block_out", out)
-        return out
 
 
 def taki_resnet(num_blocks: int = 100, norm: str = "none", kernel_init: str = "taki", **kwargs: Any) -> TakiResNet:

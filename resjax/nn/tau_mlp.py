@@ -1,5 +1,6 @@
 """Zhang et al.'s fully connected ResNet (seed 003, "Stabilize Deep ResNet with A Sharp Scaling Factor tau"),
-built from resjax's own modules.
+built from resjax's own modules: ``resjax.nn.tau_resnet`` (the function) and its helpers, all importable from
+``resjax.nn``.
 
 The model (the seed's Section 2, which follows the over-parameterised networks of Allen-Zhu, Li & Song,
 "A convergence theory for deep learning via over-parameterization", 2019)::
@@ -10,8 +11,8 @@ The model (the seed's Section 2, which follows the over-parameterised networks o
 
 no biases in the stem or the blocks, Gaussian (untruncated) draws. ``tau_resnet(kind, width, depth, ...)``
 returns a ``resjax.nn.ResidualMLP`` (or, for ``kind='plain'``, a ``resjax.nn.PlainMLP``) with these
-settings; every block is a ``resjax.nn.ResidualBlock`` with ``order='post'`` and one linear layer, so every
-addition goes through ``residual_add``. ``scan=True`` (the default) builds the K blocks with ``nn.scan``.
+settings; every block is a ``resjax.nn.ResidualBlock`` with ``order='post'`` and one linear layer (without its skip
+in the plain network), so every addition goes through ``residual_add``. ``scan=True`` (the default) builds the K blocks with ``nn.scan``.
 
 Kinds:
 
@@ -120,16 +121,17 @@ def tau_resnet_config(kind: str, width: int, depth: int, **kwargs: Any) -> dict[
 
 
 def plain_params_from_residual(params: dict[str, Any]) -> dict[str, Any]:
-    """The parameters of the ``'plain'`` network with the same A, W_l and B as a scanned residual one.
+    """The parameters of the ``'plain'`` network with the same A, W_l and B as a residual one.
 
-    ``tau``/``fixup`` (``ResidualMLP``, ``scan=True``) -> ``plain`` (``PlainMLP``, ``scan=True``): the same
-    draws in the plain layout, so a comparison of the two networks uses common random numbers.
+    ``tau``/``fixup`` (``ResidualMLP``) -> ``plain`` (``PlainMLP``, the same ``scan``): the plain network's blocks
+    are the residual ones without their skips and name their parameters alike, so this checks that the residual
+    blocks hold W_l alone and returns the same tree; a comparison of the two networks uses common random numbers.
     """
-    try:
-        kernels = params["blocks"]["block"]["linear_0"]["kernel"]
-    except (KeyError, TypeError):
-        raise ValueError("params: expected a scanned tau_resnet's params (blocks/block/linear_0/kernel)") from None
-    if set(params["blocks"]["block"]) != {"linear_0"} or set(params["blocks"]["block"]["linear_0"]) != {"kernel"}:
+    blocks = {k: v for k, v in params.items() if k == "blocks" or k.startswith("blocks_")}
+    inner = [b.get("block", b) if isinstance(b, dict) else None for b in blocks.values()]
+    if not blocks or any(not isinstance(b, dict) or "linear_0" not in b for b in inner):
+        raise ValueError("params: expected a tau_resnet's params (blocks/block/linear_0/kernel or blocks_k/linear_0)")
+    if any(set(b) != {"linear_0"} or set(b["linear_0"]) != {"kernel"} for b in inner):
         raise ValueError("params: the residual blocks have parameters beyond W_l (a 'bn' model?); only 'tau' and "
                          "'fixup' share the plain network's layout")
-    return {"stem": params["stem"], "hidden_layers": {"layer": {"hidden": {"kernel": kernels}}}, "head": params["head"]}
+    return dict(params)
