@@ -880,6 +880,27 @@ def is_main() -> bool:
     return is_main_process()
 
 
+def release_memory() -> None:
+    """Give the memory a finished experiment held back to the system before the next one starts (``reproduce``
+    runs every experiment in one process): collect Python's garbage, drop JAX's compiled programs
+    (``jax.clear_caches``; a later use compiles again or loads from the compilation cache) and return the C heap's
+    free pages (glibc's ``malloc_trim``). Without it the freed heap of each experiment stays resident and
+    fragmented: a default reproduce (degradation left out) reached 5.7 GB at tau_stability, whose own process
+    peaks at 3.0 GB; a finished experiment's process holds 1.5 GB of which 0.3 GB stays after the trim. Changes
+    no result."""
+    import ctypes
+    import gc
+
+    import jax
+
+    gc.collect()
+    jax.clear_caches()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS): nothing to trim
+        pass
+
+
 def start() -> None:
     """What an entry point does before JAX's first computation: every CPU core a device
     (``resjax.use_every_cpu_core``, so seed sweeps shard across cores), compiled programs kept on disk for

@@ -300,6 +300,7 @@ def main(argv=None) -> pathlib.Path:
                       flush=True)
                 results = common.run_experiment(module, config, folder, _checkpoint_arg(args.checkpoint_dir, name),
                                                 args.fresh)
+                common.release_memory()  # the next experiment starts from a small heap, not on this one's
             else:
                 print(f"reproduce: [{k + 1}/{len(plan)}] {name} finished earlier with this config: reusing "
                       f"{folder / 'results.json'} (--fresh runs it again)", flush=True)
