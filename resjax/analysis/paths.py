@@ -59,7 +59,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from resjax.analysis.protocol import applied
-from resjax.nn.residual import ResidualBlock, stack_unrolled
+from resjax.nn.block import ResidualBlock
+from resjax.nn.residual import stack_unrolled
 
 __all__ = [
     "BranchStack", "PathExpansion", "branch_stack", "residual_stack_of", "stream_input", "trajectory", "block_jacobians", "expand_by_length",
@@ -192,6 +193,8 @@ def residual_stack_of(module: nn.Module, variables: dict, *, tau: float | jax.Ar
                              "(or block=ResidualBlock(...) for a module built from resjax residual blocks; for a "
                              "stack of your own, branch_stack([(f_1, params_1), ...]))")
         block = ResidualBlock(**module.block_kwargs(), parent=None)
+    if not getattr(block, "skip", True):  # a PlainMLP: resjax's blocks without their skips
+        raise ValueError(f"path expansion: {type(module).__name__} has no residual blocks (its blocks have no skip)")
     if block.order != "pre":
         raise ValueError(f"path expansion: order={block.order!r} puts an activation after the sum, so a block is "
                          "not x + f(x); use order='pre' (pre-activation blocks)")

@@ -97,9 +97,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from resjax.nn.block import ResidualBlock
 from resjax.nn.init import get_initializer
 from resjax.nn.mlp import ResidualStack
-from resjax.nn.residual import ResidualBlock, stack_unrolled
+from resjax.nn.residual import stack_unrolled
 
 __all__ = [
     "ACTIVATIONS", "MOMENTS", "NORMS", "backprop_deltas", "bn_curve", "bn_growth_power", "delta_variance",
