@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -41,7 +42,8 @@ import re
 import shutil
 import signal
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -110,6 +112,7 @@ class Session:
 
 _SESSIONS: list[Session] = []
 _FINISHED = [0]  # training cells finished (or loaded from their final checkpoint) in this process, every session
+_CELLS_LOCK = threading.Lock()
 
 
 def current() -> Session | None:
@@ -152,9 +155,10 @@ def _begin_cell(s: Session | None, cell: str, directory: pathlib.Path | None) ->
 
 
 def _end_cell(s: Session | None) -> None:
-    _FINISHED[0] += 1
-    if s is not None:
-        s.current, s.finished = None, s.finished + 1
+    with _CELLS_LOCK:  # cells may end in several threads (sweeps)
+        _FINISHED[0] += 1
+        if s is not None:
+            s.current, s.finished = None, s.finished + 1
 
 
 def _has_steps(directory: pathlib.Path | None) -> bool:
@@ -245,6 +249,20 @@ def sweep(trainer, keys, hparams: dict | None = None, *, cell: str, epochs: int 
     result = trainer.sweep(keys, hparams, epochs=epochs, checkpoint_dir=directory, **kwargs)
     _end_cell(s)
     return result
+
+
+def sweeps(jobs: Sequence[Callable[[], dict]]) -> list:
+    """Several cells' :func:`sweep` side by side, each whole on one device (``resjax.train.side_by_side``; give
+    the longest first): their results in the order of ``jobs``, each the one it gives alone on its device.
+    A job is a function giving :func:`sweep`'s arguments (``dict(trainer=, keys=, cell=, ...)``), called when the
+    job starts, so that a cell's trainer, and its compiled programs, live only while it trains. Checkpointed
+    cell by cell as :func:`sweep`."""
+    from resjax.train import side_by_side
+
+    def start(job: Callable[[], dict], **placement: Any) -> Any:
+        return sweep(**job(), **placement)
+
+    return side_by_side([functools.partial(start, job) for job in jobs])
 
 
 def fit_dir(cell: str, name: str, trainer, epochs: int | None = None) -> pathlib.Path | None:

@@ -28,7 +28,9 @@ Settings the lecture leaves open, and what is used:
   (4) ``residual_bn_d32`` mean at or below 3%; (5) ``residual_d32`` diverges in epoch 1 in every seed.
   If no B satisfies all five, the default is 100 (the udlbook's). Every cell is reported
   (``batch_sweep.*`` metrics and the report); ``batch_sweep.selected_batch_size`` re-applies the rule
-  to the measured cells, so a change of outcome shows in the report rather than silently.
+  to the measured cells, so a change of outcome shows in the report rather than silently. The sweep's cells
+  at batch sizes other than the main run's are evaluated after their last epoch only (their curves are not
+  reported; the training is the same); its cells at the main run's batch size are the main run's (trained once).
 
 Beyond the lecture (``--ablations true``, on by default): plain + BatchNorm at depth 32 (separates the
 skip's contribution from BatchNorm's), the un-normalised residual network at learning rates 0.0005 and
@@ -46,6 +48,7 @@ test_error_pct,train_loss}`` (a list per seed), and the sweep cells
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import jax
 import ml_collections
@@ -302,19 +305,35 @@ def ablation_cells(config) -> list[common.Cell]:
     return common.parse_cells(config.ablation_cells, CELL_KINDS, "ablation_cells", taken=taken)
 
 
-def train_cell(config, model: dict, batch_size: int, data, learning_rates, name: str | None = None) -> dict:
-    """Train one model at one batch size for every seed (x learning rate) in one vmapped program (``name``:
-    the cell's name in progress lines and ``metrics.jsonl``)."""
+def cell_job(config, model: dict, batch_size: int, data, learning_rates, name: str | None = None,
+             curves: bool = True) -> Callable[[], dict]:
+    """One model at one batch size, every seed (x learning rate) in one vmapped program, as a job of
+    ``checkpoints.sweeps`` (``name``: the cell's name in progress lines and ``metrics.jsonl``). ``curves=False``:
+    only the final epoch is evaluated (``train.eval_every``; the training is the same), for a cell whose curves
+    are not reported."""
     train = ml_collections.ConfigDict(config.train.to_dict())
     train.batch_size, train.learning_rate = batch_size, float(learning_rates[0])
-    trainer = make_train(run_config({**config.model, **model}, train, config.data), data)
-    seeds = jax.random.split(jax.random.key(config.seed), config.num_seeds)
-    keys = jax.numpy.concatenate([seeds] * len(learning_rates))
-    lrs = np.repeat(np.asarray(learning_rates, np.float32), config.num_seeds)
+    if not curves:
+        train.eval_every = train.epochs
     label = f"B={batch_size} {name or model['kind']}"  # checkpointed as this cell (experiments.checkpoints)
-    _, metrics = checkpoints.sweep(trainer, keys, {"learning_rate": lrs}, cell=label, chunk_epochs=config.chunk_epochs,
-                                   progress=label)
-    return metrics
+
+    def job() -> dict:
+        trainer = make_train(run_config({**config.model, **model}, train, config.data), data)
+        seeds = jax.random.split(jax.random.key(config.seed), config.num_seeds)
+        keys = jax.numpy.concatenate([seeds] * len(learning_rates))
+        lrs = np.repeat(np.asarray(learning_rates, np.float32), config.num_seeds)
+        return dict(trainer=trainer, keys=keys, hparams={"learning_rate": lrs}, cell=label,
+                    chunk_epochs=config.chunk_epochs, progress=label)
+
+    # a cell's work, roughly (what orders the jobs, longest first): steps x layers x runs
+    job.cost = len(data.y_train) // batch_size * (model.get("depth") or model.get("num_blocks") or 1) * len(
+        learning_rates)
+    return job
+
+
+def train_cell(*args, **kwargs) -> dict:
+    """``cell_job``'s cell trained on its own (its seeds over every device): its metrics."""
+    return checkpoints.sweeps([cell_job(*args, **kwargs)])[0][1]
 
 
 def runs_of(metrics: dict, num_seeds: int) -> list[dict]:
@@ -344,33 +363,37 @@ def has_rule_cells(config) -> bool:
 def run(config, out_dir) -> dict:
     check(config)
     data = load_dataset(config.data)
-    out: dict = {}
+    lr = [config.train.learning_rate]
     batch_sizes = sorted(set(config.sweep_batch_sizes) | {config.train.batch_size})
+    # Every cell of the run is an independent sweep: all of them side by side, each whole on one device
+    # (checkpoints.sweeps), the longest first; recorded below in the order of the report.
+    jobs = {(b, c.name): cell_job(config, c.model, b, data, lr, c.name, curves=b == config.train.batch_size)
+            for b in batch_sizes for c in cells(config)}
+    if config.ablations:
+        for c in ablation_cells(config):
+            jobs[(None, c.name)] = cell_job(config, c.model, config.train.batch_size, data, lr, c.name)
+        lrs = list(ABLATION_LEARNING_RATES.values())
+        jobs[(None, "lr")] = cell_job(config, CONFIGS["residual_d32"], config.train.batch_size, data, lrs,
+                                      "residual_d32 at " + ", ".join(f"lr {v:g}" for v in lrs))
+    order = sorted(jobs, key=lambda k: -jobs[k].cost)
+    start = time.time()
+    done = dict(zip(order, (metrics for _, metrics in checkpoints.sweeps([jobs[k] for k in order]))))
+    out: dict = {"seconds": time.time() - start}
+    print(f"degradation: {len(jobs)} cells done in {out['seconds']:.0f} s", flush=True)
     for b in batch_sizes:
-        main_cell = b == config.train.batch_size
-        start = time.time()
-        for cell in cells(config):
-            name = cell.name
-            metrics = train_cell(config, cell.model, b, data, [config.train.learning_rate], name)
+        for c in cells(config):
             if b in config.sweep_batch_sizes:
-                _record(out, f"batch_sweep.B{b}.", name, metrics, curves=False)
-            if main_cell:
-                _record(out, "", name, metrics, curves=True)
+                _record(out, f"batch_sweep.B{b}.", c.name, done[(b, c.name)], curves=False)
+            if b == config.train.batch_size:
+                _record(out, "", c.name, done[(b, c.name)], curves=True)
         if b in config.sweep_batch_sizes and has_rule_cells(config):  # the rule needs the five default cells
             out[f"batch_sweep.B{b}.claims"] = [int(c) for c in rule_claims(out, f"batch_sweep.B{b}.")]
-        if b in config.sweep_batch_sizes:
-            out[f"batch_sweep.B{b}.seconds"] = time.time() - start
-        print(f"degradation: batch size {b} done in {time.time() - start:.0f} s", flush=True)
     if config.sweep_batch_sizes and has_rule_cells(config):
         out["batch_sweep.selected_batch_size"] = select_batch_size(out, config.sweep_batch_sizes)
     if config.ablations:
-        for cell in ablation_cells(config):
-            _record(out, "", cell.name, train_cell(config, cell.model, config.train.batch_size, data,
-                                                   [config.train.learning_rate], cell.name), True)
-        lrs = list(ABLATION_LEARNING_RATES.values())
-        both = train_cell(config, CONFIGS["residual_d32"], config.train.batch_size, data, lrs,
-                          "residual_d32 at " + ", ".join(f"lr {lr:g}" for lr in lrs))
-        for name, metrics in zip(ABLATION_LEARNING_RATES, runs_of(both, config.num_seeds)):
+        for c in ablation_cells(config):
+            _record(out, "", c.name, done[(None, c.name)], True)
+        for name, metrics in zip(ABLATION_LEARNING_RATES, runs_of(done[(None, "lr")], config.num_seeds)):
             _record(out, "", name, metrics, True)
     plot(out, config, out_dir / f"{NAME}.png")
     return out

@@ -35,6 +35,7 @@ import math
 import os
 import pathlib
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -47,6 +48,7 @@ __all__ = ["METRICS_FILE", "Progress", "RunLog", "current_log", "format_seconds"
 #: The metrics file's name inside a log directory.
 METRICS_FILE = "metrics.jsonl"
 _CURRENT: list[RunLog] = []  # the RunLog of the innermost log_to block
+_FILE_LOCK = threading.Lock()  # metrics.jsonl's reads and writes (cells side by side write from threads)
 
 
 def format_seconds(seconds: float) -> str:
@@ -100,7 +102,8 @@ class RunLog:
         """This log for the cell ``name`` (a repeated name gets ``#2``, ``#3``, ...: cells are told apart in
         call order, the same in a resumed process)."""
         name = name or self.name or "run"
-        count = self._names[name] = self._names.get(name, 0) + 1
+        with _FILE_LOCK:
+            count = self._names[name] = self._names.get(name, 0) + 1
         other = copy.copy(self)  # shares the count of names (self._names) with this log
         other.name = name if count == 1 else f"{name}#{count}"
         other._writer, other._start = None, time.time()
@@ -116,12 +119,13 @@ class RunLog:
         if not _is_main():
             return
         self.directory.mkdir(parents=True, exist_ok=True)
-        lines = self.path.read_text().splitlines(keepends=True) if self.path.exists() else []
-        keep = [line for line in lines if not self._later(line, done)]
-        if len(keep) != len(lines):
-            tmp = self.path.with_name(f".{METRICS_FILE}.{os.getpid()}.tmp")
-            tmp.write_text("".join(keep))
-            os.replace(tmp, self.path)
+        with _FILE_LOCK:  # cells side by side (resjax.train.side_by_side) share the file
+            lines = self.path.read_text().splitlines(keepends=True) if self.path.exists() else []
+            keep = [line for line in lines if not self._later(line, done)]
+            if len(keep) != len(lines):
+                tmp = self.path.with_name(f".{METRICS_FILE}.{os.getpid()}.tmp")
+                tmp.write_text("".join(keep))
+                os.replace(tmp, self.path)
         if history and done:
             logged = {self._epoch(line) for line in keep} - {None}
             history = {k: np.asarray(v) if np.ndim(v) > 1 else np.asarray(v)[None] for k, v in history.items()}
@@ -166,7 +170,7 @@ class RunLog:
                 row.update(elapsed_s=round(elapsed, 3), time=round(now, 3))
                 rows.append(row)
         self.directory.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a") as f:
+        with _FILE_LOCK, open(self.path, "a") as f:
             f.write("".join(json.dumps(row) + "\n" for row in rows))
             f.flush()
         if self.tensorboard:

@@ -268,14 +268,23 @@ class Trainer(Core):
     def _init_fn(self):
         return jax.jit(jax.vmap(self.init))
 
-    @functools.lru_cache(maxsize=None)
-    def _chunk_fn(self, num_epochs: int):
-        run = jax.vmap(lambda r, hp, start: self.run_epochs(r, hp, num_epochs, start), in_axes=(0, 0, None))
-        return jax.jit(run, donate_argnums=0)
+    @functools.cached_property
+    def _programs(self) -> dict:
+        """This trainer's jitted chunk programs by ``(kind, epochs)``, living as long as the trainer (a cache on
+        the class would keep every trainer's compiled programs, and memory, for the life of the process)."""
+        return {}
 
-    @functools.lru_cache(maxsize=None)
+    def _chunk_fn(self, num_epochs: int):
+        if ("chunk", num_epochs) not in self._programs:
+            run = jax.vmap(lambda r, hp, start: self.run_epochs(r, hp, num_epochs, start), in_axes=(0, 0, None))
+            self._programs["chunk", num_epochs] = jax.jit(run, donate_argnums=0)
+        return self._programs["chunk", num_epochs]
+
     def _skip_fn(self, num_epochs: int):
-        return jax.jit(jax.vmap(functools.partial(self.skip_epochs, num_epochs=num_epochs)), donate_argnums=0)
+        if ("skip", num_epochs) not in self._programs:
+            skip = jax.vmap(functools.partial(self.skip_epochs, num_epochs=num_epochs))
+            self._programs["skip", num_epochs] = jax.jit(skip, donate_argnums=0)
+        return self._programs["skip", num_epochs]
 
 
 def shard_over_seeds(tree: Any, devices: Sequence[jax.Device] | None = None) -> Any:
