@@ -13,14 +13,14 @@ of ``repeats`` timed calls (all of them are in the JSON).
 1. Matmul references. *Peak*: a jitted ``jnp.matmul`` of two square float32 ``n x n`` matrices for n in
    (512, 1024, 2048) (quick: 256, 512), counted as ``2 n^3`` flops; the peak is the largest rate.
    *Shape-matched*: the matmul the degradation models actually do, a batched einsum of
-   ``(seeds=3, batch=100, 64) @ (3, 64, 64)``. One such einsum takes microseconds, so it is timed as a
+   ``(seeds=3, batch=64, 64) @ (3, 64, 64)``. One such einsum takes microseconds, so it is timed as a
    chain of ``chain`` of them in one jitted ``lax.scan`` (dispatch amortised, as in training, where one
    program runs many steps); the weights are orthogonal, so the values neither grow nor underflow. The
    rate of a single dispatched call is reported too (it shows the per-call overhead).
-2. Training throughput of the five configs of ``experiments.degradation`` (width 64, batch 100, 3
-   seeds vmapped). What is timed is the jitted, seed-vmapped ``Trainer.train_step`` in a ``lax.scan``
+2. Training throughput of the five configs of ``experiments.degradation`` (width 64, its default batch 64,
+   3 seeds vmapped). What is timed is the jitted, seed-vmapped ``Trainer.train_step`` in a ``lax.scan``
    over ``steps`` precomputed minibatches (200 steps = 5 epochs of 40, a fresh permutation each
-   epoch; quick: 10 steps), starting from the same initial state in every call. Training steps only:
+   epoch of 62; quick: 10 steps), starting from the same initial state in every call. Training steps only:
    the per-epoch evaluation (and the drawing of permutations) is excluded from both the time and the
    flop count. Examples/s counts every seed's examples. Achieved FLOP/s counts only the dense layers:
    ``6 x (sum of the dense kernel sizes of one seed) x examples`` (forward 2x, backward 4x); biases,
@@ -35,6 +35,13 @@ of ``repeats`` timed calls (all of them are in the JSON).
    devices (what ``Trainer.sweep`` runs; ``benchmarks`` is an entry point, so every CPU core is a
    device, see ``resjax.use_every_cpu_core``), and as ``S`` calls of the single-seed program, each
    waited for before the next starts. All exclude compilation.
+5. What one training step costs against its FLOPs (printed after 3): ``plain_d32`` and ``residual_bn_d32`` at batch
+   16 and 64, 3 seeds vmapped on one device, 250 steps per call (quick: 10). The FLOPs are XLA's cost analysis
+   of the compiled program (every operation, not only the dense layers); the *floor* is those FLOPs at the
+   square matmul peak of 1; *kernels* are the top-level operations of the compiled step (each fusion, dot or copy
+   is one launch of XLA:CPU's runtime), from the compiled HLO, and the time above the floor per kernel is the
+   step's overhead per launch. The same step without the divergence check (``guarded_step``: a finiteness
+   reduction of every gradient and a select of every state leaf) shows what that check costs.
 4. Compile time against depth: ``ResidualMLP(width=64, num_blocks=K, norm='batch', scan=True)`` for K in
    (10, 100, 1000) (quick: 10, 100), and ``scan=False`` (unrolled) for K in (10, 100). What is timed is
    ``jax.jit(trainer.train_step).lower(...)`` (tracing and lowering) and ``.compile()`` for one
@@ -46,29 +53,33 @@ of ``repeats`` timed calls (all of them are in the JSON).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
+import re
 import time
 from typing import Callable
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from benchmarks import print_table, run_and_write
-from experiments.degradation import CONFIGS, WIDTH
+from experiments.degradation import CONFIGS, DEFAULT_BATCH_SIZE, WIDTH
 import resjax
 from resjax.data import load_dataset
 from resjax.train import make_train, run_config, shard_over_seeds, train_config
 
-BATCH_SIZE = 100
+BATCH_SIZE = DEFAULT_BATCH_SIZE  # the degradation experiment's (64)
 NUM_SEEDS = 3
 
 SETTINGS = {
     "default": dict(matmul_sizes=(512, 1024, 2048), matmul_repeats=5, chain=200, steps=200, repeats=3,
-                    vmap_seeds=8, scan_depths=(10, 100, 1000), unrolled_depths=(10, 100)),
+                    vmap_seeds=8, scan_depths=(10, 100, 1000), unrolled_depths=(10, 100), profile_steps=250),
     "quick": dict(matmul_sizes=(256, 512), matmul_repeats=3, chain=50, steps=10, repeats=2,
-                  vmap_seeds=2, scan_depths=(10, 100), unrolled_depths=(10, 100)),
+                  vmap_seeds=2, scan_depths=(10, 100), unrolled_depths=(10, 100), profile_steps=10),
 }
 
 
@@ -206,6 +217,54 @@ def vmap_vs_sequential(model: dict, data, num_seeds: int, steps: int, repeats: i
     return out
 
 
+# ---- 5. what a step costs against its FLOPs ---------------------------------------------------------------
+
+#: Instructions of a compiled computation that launch no work of their own (tuple plumbing, views).
+_FREE_OPS = ("parameter", "get-tuple-element", "tuple", "constant", "bitcast")
+
+
+def step_kernels(hlo_text: str, steps: int) -> dict:
+    """The operations one training step launches: the top-level instructions of the body of the compiled
+    ``while`` loop that runs ``steps`` times (XLA:CPU runs each as one kernel, a "thunk": a fusion, a dot, a
+    copy ...), counted by kind. Instructions inside a fusion are not counted: a fusion is one kernel."""
+    bodies = re.findall(r'body=(%[\w.\-]+)[^\n]*"known_trip_count":\{"n":"' + str(steps) + '"', hlo_text)
+    if not bodies:
+        return {}
+    body = re.search(re.escape(bodies[0]) + r" [^\n]*\{\n(.*?)\n\}", hlo_text, re.S).group(1)
+    kinds: dict = {}
+    for line in body.splitlines():
+        m = re.search(r"= [^=]*?\b([a-z][a-z\-]*)\(", line)
+        if m and m.group(1) not in _FREE_OPS:
+            kinds[m.group(1)] = kinds.get(m.group(1), 0) + 1
+    return kinds
+
+
+def _unguarded_step(state, tx, grads, loss, batch_stats, diverged_epoch, epoch):
+    """``resjax.train.state.guarded_step`` without the divergence check and freeze (for timing only)."""
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                         batch_stats=batch_stats, opt_state=opt_state), diverged_epoch
+
+
+def step_profile(model: dict, data, batch_size: int, num_seeds: int, steps: int, repeats: int) -> dict:
+    """One training step of ``model`` (``num_seeds`` seeds vmapped on one device): its FLOPs (XLA's cost
+    analysis of the compiled program, per step), the kernels it launches, and its time, with and without
+    the divergence guard (``guarded_step``: the finiteness check of every gradient and the freeze)."""
+    trainer = build_trainer(model, data, batch_size=batch_size)
+    carry, batches, hparams = seed_inputs(trainer, num_seeds, steps)
+    out = {"model": model, "batch_size": batch_size, "seeds": num_seeds, "steps": steps}
+    for name, guard in (("full", None), ("unguarded", _unguarded_step)):
+        with mock.patch("resjax.train.core.guarded_step", guard) if guard else contextlib.nullcontext():
+            compiled = jax.jit(jax.vmap(train_steps_fn(trainer))).lower(carry, batches, hparams).compile()
+        t = time_call(compiled, carry, batches, hparams, repeats=repeats)
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        kernels = step_kernels(compiled.as_text(), steps)
+        out[name] = {**t, "ms_per_step": t["best_s"] / steps * 1e3, "flops_per_step": cost.get("flops", 0.0) / steps,
+                     "kernels": kernels, "kernels_per_step": sum(kernels.values())}
+    return out
+
+
 # ---- 4. compile time -------------------------------------------------------------------------------
 
 
@@ -264,6 +323,24 @@ def report(res: dict) -> None:
     if "sharded" in v:
         print(f"sequential / vmapped and sharded: {v['sequential_over_sharded']:.2f}x")
 
+    peak_ms = lambda flops: flops / (peak * 1e9) * 1e3  # noqa: E731  (a step's FLOPs at the square matmul peak)
+    rows = []
+    for r in res["step_profile"]:
+        full, ung = r["full"], r["unguarded"]
+        floor = peak_ms(full["flops_per_step"])
+        per_kernel = (full["ms_per_step"] - floor) / max(full["kernels_per_step"], 1) * 1e3
+        rows.append([f"{r['model']['kind']} {r['model'].get('depth') or r['model'].get('num_blocks')}"
+                     f"{' bn' if r['model'].get('norm') == 'batch' else ''}", r["batch_size"],
+                     f"{full['flops_per_step'] / 1e6:.1f}", f"{floor:.3f}", f"{full['ms_per_step']:.3f}",
+                     f"{floor / full['ms_per_step']:.0%}", full["kernels_per_step"], f"{per_kernel:.1f}",
+                     f"{ung['ms_per_step']:.3f}", ung["kernels_per_step"]])
+    print_table(f"5. one training step against its FLOPs ({res['step_profile'][0]['seeds']} seeds vmapped, one "
+                "device; FLOPs: XLA's cost analysis; floor: those FLOPs at the square matmul peak)",
+                ["model", "batch", "MFLOP", "floor (ms)", "step (ms)", "floor/step", "kernels",
+                 "us/kernel above floor", "unguarded (ms)", "kernels"], rows)
+    print("kernels: top-level operations of the compiled step (fusions, dots, copies), each one launch of XLA:CPU's "
+          "runtime; 'unguarded': the same step without the divergence check and freeze (guarded_step)")
+
     c = res["compile"]
     print_table("4. compile time of one training step, ResidualMLP(width=64, norm='batch')",
                 ["blocks K", "mode", "trace+lower (s)", "compile (s)", "total (s)"],
@@ -301,6 +378,8 @@ def run(quick: bool) -> dict:
         r["fraction_of_shape_matched"] = r["gflops"] / res["shape_matched_matmul"]["chained"]["gflops"]
     res["vmap_vs_sequential"] = vmap_vs_sequential(CONFIGS["plain_d32"], data, s["vmap_seeds"], s["steps"],
                                                    s["repeats"])
+    res["step_profile"] = [step_profile(CONFIGS[name], data, b, NUM_SEEDS, s["profile_steps"], s["repeats"])
+                           for name in ("plain_d32", "residual_bn_d32") for b in (16, 64)]
     res["compile"] = {"scan": {str(k): compile_time(k, True, data) for k in s["scan_depths"]},
                       "unrolled": {str(k): compile_time(k, False, data) for k in s["unrolled_depths"]}}
     return res

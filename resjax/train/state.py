@@ -79,8 +79,11 @@ def guarded_step(state: TrainState, tx: optax.GradientTransformation, grads: Any
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     new = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
                      batch_stats=batch_stats, opt_state=opt_state)
-    finite = [jnp.all(jnp.isfinite(g)) for g in jax.tree_util.tree_leaves(grads)]
-    bad = ~jnp.all(jnp.stack([jnp.isfinite(loss), *finite]))
+    # One check over the loss and every gradient entry, concatenated: XLA:CPU then runs it as one kernel instead of
+    # a reduction per parameter leaf (which also split the gradients' fusions): a depth-32 MLP step launched 491
+    # kernels with a check per leaf, 295 so (benchmarks.throughput, section 5).
+    entries = [jnp.ravel(loss)] + [jnp.ravel(g) for g in jax.tree_util.tree_leaves(grads)]
+    bad = ~jnp.all(jnp.isfinite(jnp.concatenate(entries)))
     was_diverged = diverged_epoch >= 0
     frozen = was_diverged | bad
     state = jax.tree_util.tree_map(lambda old, upd: jnp.where(frozen, old, upd), state, new)
