@@ -36,9 +36,8 @@ of ``repeats`` timed calls (all of them are in the JSON).
    device, see ``resjax.use_every_cpu_core``), and as ``S`` calls of the single-seed program, each
    waited for before the next starts. All exclude compilation.
 5. What one training step costs against its FLOPs (printed after 3): ``plain_d32`` and ``residual_bn_d32`` at batch
-   16 and 64, 3 seeds vmapped on one device, 250 steps per call (quick: 10). The FLOPs are XLA's cost analysis
-   of the compiled program (every operation, not only the dense layers); the *floor* is those FLOPs at the
-   square matmul peak of 1; *kernels* are the top-level operations of the compiled step (each fusion, dot or copy
+   16 and 64, 3 seeds vmapped on one device, 250 steps per call (quick: 10). The FLOPs are the dense layers', as
+   in 2; the *floor* is those FLOPs at the square matmul peak of 1; *kernels* are the top-level operations of the compiled step (each fusion, dot or copy
    is one launch of XLA:CPU's runtime), from the compiled HLO, and the time above the floor per kernel is the
    step's overhead per launch. The same step without the divergence check (``guarded_step``: a finiteness
    reduction of every gradient and a select of every state leaf) shows what that check costs.
@@ -247,20 +246,19 @@ def _unguarded_step(state, tx, grads, loss, batch_stats, diverged_epoch, epoch):
 
 
 def step_profile(model: dict, data, batch_size: int, num_seeds: int, steps: int, repeats: int) -> dict:
-    """One training step of ``model`` (``num_seeds`` seeds vmapped on one device): its FLOPs (XLA's cost
-    analysis of the compiled program, per step), the kernels it launches, and its time, with and without
-    the divergence guard (``guarded_step``: the finiteness check of every gradient and the freeze)."""
+    """One training step of ``model`` (``num_seeds`` seeds vmapped on one device): its dense layers' FLOPs
+    (``6 x kernel entries x examples``, as section 2 counts them), the kernels it launches, and its time, with
+    and without the divergence guard (``guarded_step``: the finiteness check of every gradient and the freeze)."""
     trainer = build_trainer(model, data, batch_size=batch_size)
     carry, batches, hparams = seed_inputs(trainer, num_seeds, steps)
+    flops = 6 * dense_kernel_size(trainer) * batch_size * num_seeds  # the dense layers' work, as in section 2
     out = {"model": model, "batch_size": batch_size, "seeds": num_seeds, "steps": steps}
     for name, guard in (("full", None), ("unguarded", _unguarded_step)):
         with mock.patch("resjax.train.core.guarded_step", guard) if guard else contextlib.nullcontext():
             compiled = jax.jit(jax.vmap(train_steps_fn(trainer))).lower(carry, batches, hparams).compile()
         t = time_call(compiled, carry, batches, hparams, repeats=repeats)
-        cost = compiled.cost_analysis()
-        cost = cost[0] if isinstance(cost, list) else cost
         kernels = step_kernels(compiled.as_text(), steps)
-        out[name] = {**t, "ms_per_step": t["best_s"] / steps * 1e3, "flops_per_step": cost.get("flops", 0.0) / steps,
+        out[name] = {**t, "ms_per_step": t["best_s"] / steps * 1e3, "flops_per_step": flops,
                      "kernels": kernels, "kernels_per_step": sum(kernels.values())}
     return out
 
@@ -335,7 +333,7 @@ def report(res: dict) -> None:
                      f"{floor / full['ms_per_step']:.0%}", full["kernels_per_step"], f"{per_kernel:.1f}",
                      f"{ung['ms_per_step']:.3f}", ung["kernels_per_step"]])
     print_table(f"5. one training step against its FLOPs ({res['step_profile'][0]['seeds']} seeds vmapped, one "
-                "device; FLOPs: XLA's cost analysis; floor: those FLOPs at the square matmul peak)",
+                "device; FLOPs: the dense layers'; floor: those FLOPs at the square matmul peak)",
                 ["model", "batch", "MFLOP", "floor (ms)", "step (ms)", "floor/step", "kernels",
                  "us/kernel above floor", "unguarded (ms)", "kernels"], rows)
     print("kernels: top-level operations of the compiled step (fusions, dots, copies), each one launch of XLA:CPU's "
