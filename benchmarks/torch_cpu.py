@@ -3,7 +3,7 @@
 Run from the project root (PyTorch is an optional dependency of the benchmarks only:
 ``pip install -e ".[bench]"``, or ``pip install torch``)::
 
-    python -m benchmarks.torch_cpu [--quick] [--parts step,sweep,startup] [--rounds 3]
+    python -m benchmarks.torch_cpu [--quick] [--parts step,sweep,pair,startup] [--rounds 3]
                                    [--out runs/benchmarks/torch_cpu.json]
 
 Everything is measured in one sitting, printed as tables and written as JSON (``--out``). Nothing is
@@ -42,6 +42,9 @@ and the device count are set before JAX starts.
    seeds one after another (``torch.addmm``, what ``nn.Linear`` runs) or all three in one batched model
    (``torch.baddbmm``); the
    fastest is "tuned PyTorch".
+2b. ``pair``: two such cells (other seeds) side by side, as ``experiments.degradation`` runs its cells: resjax
+   with ``resjax.train.side_by_side`` (each cell whole on one device), PyTorch with one forked process per cell at
+   the same time, 1 thread each; times per cell-epoch.
 3. ``startup``: the sweep of 2 again with JAX's persistent compilation cache (``resjax.enable_compilation_cache``
    into a fresh temporary folder): the first start fills it, later starts read it.
 """
@@ -53,6 +56,7 @@ import time
 _TOP = time.time()  # when this process reached its first line of Python (the sweep workers' start-up clock)
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import pathlib  # noqa: E402
@@ -400,7 +404,7 @@ def sweep_worker(spec: dict) -> dict:
 
     from experiments.degradation import CONFIGS  # what python -m experiments.degradation imports
     from resjax.data import load_dataset
-    from resjax.train import make_train, run_config, train_config
+    from resjax.train import make_train, run_config, side_by_side, train_config
     mark("import_resjax_experiments")
     cache = None
     if spec.get("cache"):
@@ -415,10 +419,16 @@ def sweep_worker(spec: dict) -> dict:
     trainer = make_train(run_config({"width": WIDTH, **CONFIGS["plain_d32"]}, tcfg, "mnist1d"), data)
     mark("build_trainer")
     e0 = events.snapshot()
-    num = spec["seeds"]
-    keys = jax.random.split(jax.random.key(0), num)
+    num, cells = spec["seeds"], spec.get("cells", 1)
+    keys = jax.random.split(jax.random.key(0), num * cells)
     lrs = np.full(num, LEARNING_RATE, np.float32)
-    _, metrics = trainer.sweep(keys, {"learning_rate": lrs}, chunk_epochs=spec["epochs"])
+    jobs = [functools.partial(trainer.sweep, keys[c * num:(c + 1) * num], {"learning_rate": lrs},
+                              chunk_epochs=spec["epochs"]) for c in range(cells)]
+
+    def sweep():  # one cell: its seeds over every device; several: side by side, each on one device
+        return jobs[0]() if cells == 1 else side_by_side(jobs)[0]
+
+    _, metrics = sweep()
     mark("first_sweep")
     stamps["first_sweep_done"] = time.time()
     ev = _diff(events.snapshot(), e0)
@@ -435,9 +445,9 @@ def sweep_worker(spec: dict) -> dict:
            "final_train_loss": [float(v) for v in metrics["train_loss"][:, -1]]}
     if spec.get("steady"):
         start = time.perf_counter()
-        trainer.sweep(keys, {"learning_rate": lrs}, chunk_epochs=spec["epochs"])
+        sweep()
         out["steady_s"] = time.perf_counter() - start
-        out["steady_per_epoch_s"] = out["steady_s"] / spec["epochs"]
+        out["steady_per_epoch_s"] = out["steady_s"] / spec["epochs"] / cells  # per cell
     return out
 
 
@@ -508,16 +518,31 @@ def torch_sweep_worker(spec: dict) -> dict:
             history.append((loss_sum / steps / seeds, train_wrong, test_loss))
         return history
 
-    if spec["mode"] == "batched":
-        histories = [train(num, 0)]
-    else:  # one seed after another, each a (1, ...) model: the same arithmetic as nn.Linear
-        histories = [train(1, s) for s in range(num)]
+    def cell(c: int) -> list:
+        if spec["mode"] == "batched":
+            histories = [train(num, num * c)]
+        else:  # one seed after another, each a (1, ...) model: the same arithmetic as nn.Linear
+            histories = [train(1, num * c + s) for s in range(num)]
+        return [float(v) for v in torch.cat([h[-1][1] for h in histories])]
+
+    cells = spec.get("cells", 1)
+    if cells == 1:
+        final = cell(0)
+    else:  # independent cells side by side: one forked process each, at the same time
+        import multiprocessing
+        ctx = multiprocessing.get_context("fork")  # forked: the children run `cell` without pickling it
+        results = ctx.Queue()
+        children = [ctx.Process(target=lambda c=c: results.put((c, cell(c)))) for c in range(cells)]
+        for child in children:
+            child.start()
+        final = dict(results.get() for _ in children)[0]
+        for child in children:
+            child.join()
     mark("run")
     stamps["run_done"] = time.time()
-    final = torch.cat([h[-1][1] for h in histories])
     return {"phases": phases, "stamps": stamps, "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "final_train_error_pct": [float(v) for v in 100 * final],
-            "run_per_epoch_s": phases["run"] / epochs}
+            "final_train_error_pct": [100 * v for v in final],
+            "run_per_epoch_s": phases["run"] / epochs / cells}  # per cell
 
 
 WORKERS = {"step": step_worker, "sweep": sweep_worker, "torch_sweep": torch_sweep_worker}
@@ -575,14 +600,18 @@ def part_step(s: dict, quick: bool, variants_all: tuple[str, ...]) -> dict:
     return out
 
 
-def part_sweep(s: dict, quick: bool) -> dict:
-    resjax_runs, torch_runs = [], {json.dumps(v): [] for v in TORCH_SWEEP_VARIANTS}
-    variants = [json.dumps(v) for v in (TORCH_SWEEP_VARIANTS[:1] if quick else TORCH_SWEEP_VARIANTS)]
+def part_sweep(s: dict, quick: bool, cells: int = 1) -> dict:
+    """The sweep of one cell (``cells=1``) or of ``cells`` independent cells side by side (resjax:
+    ``side_by_side``, each cell on one device; PyTorch: one process per cell at the same time, 1 thread each)."""
+    chosen = [v for v in TORCH_SWEEP_VARIANTS if cells == 1 or v["threads"] == 1]
+    resjax_runs, torch_runs = [], {json.dumps(v): [] for v in chosen}
+    variants = [json.dumps(v) for v in (chosen[:1] if quick else chosen)]
     for r in range(s["sweep_repeats"]):
-        print(f"sweep: repeat {r + 1}/{s['sweep_repeats']} ...", flush=True)
-        resjax_runs.append(spawn("sweep", {**s, "steady": True}, {"RESJAX_COMPILATION_CACHE": "0"}))
+        print(f"sweep of {cells} cell(s): repeat {r + 1}/{s['sweep_repeats']} ...", flush=True)
+        resjax_runs.append(spawn("sweep", {**s, "steady": True, "cells": cells}, {"RESJAX_COMPILATION_CACHE": "0",
+                                                                                        "JAX_COMPILATION_CACHE_DIR": None}))
         for v in variants:
-            done = spawn("torch_sweep", {**s, **json.loads(v)}, timeout=TORCH_SWEEP_TIMEOUT_S)
+            done = spawn("torch_sweep", {**s, **json.loads(v), "cells": cells}, timeout=TORCH_SWEEP_TIMEOUT_S)
             torch_runs[v].append(done if done else {"timed_out_s": TORCH_SWEEP_TIMEOUT_S})
         # a PyTorch variant 3x slower than the fastest (or timed out) is not "tuned PyTorch": not repeated
         per_epoch = {v: _med([t.get("run_per_epoch_s", float("inf")) for t in torch_runs[v]]) for v in variants}
@@ -594,11 +623,12 @@ def part_sweep(s: dict, quick: bool) -> dict:
 def part_startup(s: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="resjax-jax-cache-") as cache:
         print("startup: first start with an empty compilation cache ...", flush=True)
-        cold = spawn("sweep", {**s, "cache": cache})
+        own = {"JAX_COMPILATION_CACHE_DIR": None}  # this folder, not one the environment names (a test run's)
+        cold = spawn("sweep", {**s, "cache": cache}, own)
         warm = []
         for r in range(s["startup_repeats"]):
             print(f"startup: start {r + 2} reading the cache ...", flush=True)
-            warm.append(spawn("sweep", {**s, "cache": cache}))
+            warm.append(spawn("sweep", {**s, "cache": cache}, own))
         size = sum(f.stat().st_size for f in pathlib.Path(cache).rglob("*") if f.is_file())
         entries = sum(1 for f in pathlib.Path(cache).rglob("*") if f.is_file())
     return {"cold": cold, "warm": warm, "cache_bytes": size, "cache_files": entries}
@@ -617,21 +647,24 @@ def summarise(res: dict) -> dict:
         out["resnet_step"] = {n: {"resjax_s": v["step"]["median_s"], "torch_s": torch_best,
                                   "torch_over_resjax": torch_best / v["step"]["median_s"]}
                               for n, v in step["variants"].items()}
-    sweep = res.get("sweep")
-    if sweep:
+    for part in ("sweep", "pair"):
+        sweep = res.get(part)
+        if not sweep:
+            continue
         rj = sweep["resjax"]
         done = {k: [r for r in v if "run_per_epoch_s" in r] for k, v in sweep["torch"].items()}
         done = {k: v for k, v in done.items() if v}
         best_key = min(done, key=lambda k: _med([r["run_per_epoch_s"] for r in done[k]]))
         tb = done[best_key]
-        out["sweep"] = {"torch_variant": json.loads(best_key),
-                        "resjax_steady_per_epoch_s": _med([r["steady_per_epoch_s"] for r in rj]),
-                        "torch_per_epoch_s": _med([r["run_per_epoch_s"] for r in tb]),
-                        "resjax_from_start_s": _med([r["from_start_s"] for r in rj]),
-                        "torch_from_start_s": _med([r["from_start_s"] for r in tb])}
-        sw = out["sweep"]
+        out[part] = sw = {"torch_variant": json.loads(best_key),
+                          "resjax_steady_per_epoch_s": _med([r["steady_per_epoch_s"] for r in rj]),
+                          "torch_per_epoch_s": _med([r["run_per_epoch_s"] for r in tb]),
+                          "resjax_from_start_s": _med([r["from_start_s"] for r in rj]),
+                          "torch_from_start_s": _med([r["from_start_s"] for r in tb])}
         sw["steady_torch_over_resjax"] = sw["torch_per_epoch_s"] / sw["resjax_steady_per_epoch_s"]
         sw["from_start_torch_over_resjax"] = sw["torch_from_start_s"] / sw["resjax_from_start_s"]
+    if "sweep" in out:
+        sw = out["sweep"]
         if res.get("startup"):
             warm = _med([r["from_start_s"] for r in res["startup"]["warm"]])
             sw["resjax_from_start_cached_s"] = warm
@@ -640,6 +673,29 @@ def summarise(res: dict) -> dict:
 
 
 # ---- report ----------------------------------------------------------------------------------------
+
+
+def _sweep_rows(sw: dict) -> list[list]:
+    """The rows of a sweep part's table: each resjax and PyTorch run, from process start, by phase."""
+    rows = []
+    for r in sw["resjax"]:
+        p, f = r["phases"], r["first_sweep"]
+        rows.append(["resjax (no compilation cache)", f"{r['from_start_s']:.2f}", f"{r['interpreter_start_s']:.2f}",
+                     f"{sum(v for k, v in p.items() if k.startswith('import')):.2f}", f"{p['data']:.2f}",
+                     f"{p['build_trainer']:.2f}", f"{f['trace_s']:.2f}", f"{f['lower_s']:.2f}", f"{f['compile_s']:.2f}",
+                     f"{f['execute_and_rest_s']:.2f}", f"{r['steady_per_epoch_s'] * 1e3:.1f}"])
+    for key, runs in sw["torch"].items():
+        v = json.loads(key)
+        for r in runs:
+            if "timed_out_s" in r:
+                rows.append([f"PyTorch {v['mode']}, {v['threads']} thread(s)", f"> {r['timed_out_s']} (stopped)"]
+                            + ["-"] * 9)
+                continue
+            p = r["phases"]
+            rows.append([f"PyTorch {v['mode']}, {v['threads']} thread(s)", f"{r['from_start_s']:.2f}",
+                         f"{r['interpreter_start_s']:.2f}", f"{p['import_torch']:.2f}", f"{p['data']:.2f}", "-", "-",
+                         "-", "-", f"{p['run']:.2f}", f"{r['run_per_epoch_s'] * 1e3:.1f}"])
+    return rows
 
 
 def report(res: dict) -> None:
@@ -666,27 +722,11 @@ def report(res: dict) -> None:
                     ["program", "step (ms)", "images/s", "CPU s / s", "torch/resjax", "compile (s)", "HLO",
                      "loss diff", "param diff", "sweep ms/epoch"], rows)
         print(f"XLA_FLAGS={run['xla_flags']!r}")
-    if "sweep" in res:
-        sw = res["sweep"]
-        rows = []
-        for r in sw["resjax"]:
-            p, f = r["phases"], r["first_sweep"]
-            rows.append(["resjax (no compilation cache)", f"{r['from_start_s']:.2f}", f"{r['interpreter_start_s']:.2f}",
-                         f"{sum(v for k, v in p.items() if k.startswith('import')):.2f}", f"{p['data']:.2f}",
-                         f"{p['build_trainer']:.2f}", f"{f['trace_s']:.2f}", f"{f['lower_s']:.2f}", f"{f['compile_s']:.2f}",
-                         f"{f['execute_and_rest_s']:.2f}", f"{r['steady_per_epoch_s'] * 1e3:.1f}"])
-        for key, runs in sw["torch"].items():
-            v = json.loads(key)
-            for r in runs:
-                if "timed_out_s" in r:
-                    rows.append([f"PyTorch {v['mode']}, {v['threads']} thread(s)", f"> {r['timed_out_s']} (stopped)"]
-                                + ["-"] * 9)
-                    continue
-                p = r["phases"]
-                rows.append([f"PyTorch {v['mode']}, {v['threads']} thread(s)", f"{r['from_start_s']:.2f}",
-                             f"{r['interpreter_start_s']:.2f}", f"{p['import_torch']:.2f}", f"{p['data']:.2f}", "-", "-",
-                             "-", "-", f"{p['run']:.2f}", f"{r['run_per_epoch_s'] * 1e3:.1f}"])
-        if "startup" in res:
+    for part in ("sweep", "pair"):
+        if part not in res:
+            continue
+        rows = _sweep_rows(res[part])
+        if part == "sweep" and "startup" in res:
             st = res["startup"]
             for label, r in [("resjax, cache: first start (fills it)", st["cold"])] + [
                     ("resjax, cache: later start (reads it)", w) for w in st["warm"]]:
@@ -695,8 +735,11 @@ def report(res: dict) -> None:
                              f"{sum(v for k, v in p.items() if k.startswith('import')):.2f}", f"{p['data']:.2f}",
                              f"{p['build_trainer']:.2f}", f"{f['trace_s']:.2f}", f"{f['lower_s']:.2f}",
                              f"{f['compile_s']:.2f}", f"{f['execute_and_rest_s']:.2f}", "-"])
+        what = ("" if part == "sweep" else
+                f"; {PAIR} cells side by side (resjax: side_by_side, one per device; PyTorch: one process per cell at "
+                "once), steady ms per cell-epoch")
         print_table(f"2/4. Degradation sweep plain_d32 (width 64, {s['seeds']} seeds, batch {s['sweep_batch_size']}, "
-                    f"{s['epochs']} epochs) from process start (s)",
+                    f"{s['epochs']} epochs) from process start (s){what}",
                     ["run", "total", "interpreter", "imports", "data", "build", "trace", "lower", "compile",
                      "execute+rest", "steady ms/epoch"], rows)
     summ = res.get("summary", {})
@@ -704,10 +747,13 @@ def report(res: dict) -> None:
         d = summ["resnet_step"]
         print("\nResNet step, torch/resjax (above 1: resjax faster): " +
               ", ".join(f"{n} {v['torch_over_resjax']:.2f}" for n, v in d.items()))
-    if "sweep" in summ:
-        sw = summ["sweep"]
-        line = (f"sweep: tuned PyTorch ({sw['torch_variant']['mode']}, {sw['torch_variant']['threads']} threads) / resjax: "
-                f"steady {sw['steady_torch_over_resjax']:.2f}x, from process start {sw['from_start_torch_over_resjax']:.2f}x")
+    for part, label in (("sweep", "sweep"), ("pair", f"{PAIR} cells side by side")):
+        if part not in summ:
+            continue
+        sw = summ[part]
+        line = (f"{label}: tuned PyTorch ({sw['torch_variant']['mode']}, {sw['torch_variant']['threads']} threads) / "
+                f"resjax: steady {sw['steady_torch_over_resjax']:.2f}x, from process start "
+                f"{sw['from_start_torch_over_resjax']:.2f}x")
         if "from_start_torch_over_resjax_cached" in sw:
             line += f", from start with the compilation cache {sw['from_start_torch_over_resjax_cached']:.2f}x"
         print(line)
@@ -716,7 +762,8 @@ def report(res: dict) -> None:
 # ---- main ------------------------------------------------------------------------------------------
 
 
-PARTS = ("step", "sweep", "startup")
+PARTS = ("step", "sweep", "pair", "startup")
+PAIR = 2  # the cells of the "pair" part: one per core of this project's 2-core CPU
 
 
 def run(quick: bool, parts=PARTS, variants: tuple[str, ...] = DEFAULT_VARIANTS, out: pathlib.Path | None = None,
@@ -728,7 +775,7 @@ def run(quick: bool, parts=PARTS, variants: tuple[str, ...] = DEFAULT_VARIANTS, 
            "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0],
                        "load_avg_1min_at_start": _load()}}
     parts_fn = {"step": lambda: part_step(s, quick, variants), "sweep": lambda: part_sweep(s, quick),
-                "startup": lambda: part_startup(s)}
+                "pair": lambda: part_sweep(s, quick, cells=PAIR), "startup": lambda: part_startup(s)}
     for part in PARTS:
         if part in parts:
             res[part] = parts_fn[part]()

@@ -45,8 +45,9 @@ def test_the_training_step_side_by_side(result):
     assert _positive(run["torch_nchw"]["median_s"]) and _positive(run["torch_channels_last"]["median_s"])
 
 
-def test_the_sweep_from_process_start(result):
-    sw = result["sweep"]
+@pytest.mark.parametrize("part", ["sweep", "pair"])
+def test_the_sweep_from_process_start(result, part):
+    sw = result[part]  # one cell, and two side by side
     for r in sw["resjax"]:
         assert _positive(r["from_start_s"]) and _positive(r["steady_per_epoch_s"])
         assert r["from_start_s"] > sum(r["phases"].values()) - 1e-6 > 0
@@ -71,3 +72,5 @@ def test_the_summary_ratios(result):
     assert all(_positive(v["torch_over_resjax"]) for v in s["resnet_step"].values())
     for key in ("steady_torch_over_resjax", "from_start_torch_over_resjax", "from_start_torch_over_resjax_cached"):
         assert _positive(s["sweep"][key])
+    for key in ("steady_torch_over_resjax", "from_start_torch_over_resjax"):
+        assert _positive(s["pair"][key])
