@@ -215,6 +215,8 @@ TRAIN_HELP = {
     "train.batch_size": "minibatch size: training examples per SGD step (the last partial batch of an epoch is dropped)",
     "train.eval_batch_size": "examples per evaluation batch (host-fed image runs; does not change any result)",
     "train.epochs": "training epochs (passes over the training set)",
+    "train.eval_every": "evaluate the training and test sets after every k-th epoch and after the last (1: every "
+                        "epoch); the other epochs' evaluation entries are NaN, the training is the same",
     "train.augment": "true/false: random crops and flips of the training images (host-fed image runs)",
     "train.shuffle": "true/false: a fresh order of the training set every epoch (host-fed image runs)",
     "train.checkpoint_every": "epochs between checkpoints (on-device runs: rounded to whole chunks); 0 = only at the end",
