@@ -96,10 +96,12 @@ hyperparameter setting" as Fixup's code without listing it; here every parameter
 included, steps at 0.1; momentum does not change a first step), the labels (random) and the number of
 steps (1 by default, the seed's "one gradient update"; ``--num_steps 3`` shows the next ones too).
 
-Runtime. The forward passes are cheap (ResNet-1202, 8 images: under a second each), but XLA:CPU runs the
-backward pass of a scanned convolution about 15-20x slower than an unrolled one, so one SGD step of
-ResNet-1202 takes about 50 s on a loaded 2-core CPU; the three steps (one per variant) are most of the
-default run's time, and each extra step (``--num_steps``) adds about 150 s.
+Runtime. The forward passes are cheap (ResNet-1202, 8 images: under a second each). XLA:CPU runs the two
+backward convolutions of a scanned block (input and kernel gradient) 20-50x slower inside the scan's while
+loop than outside it, where it puts them in its fast convolution's layout; the SGD step therefore computes
+the 3x3 convolutions' gradients with explicit transposes in that layout (``_conv3x3``: the same gradients as
+the unrolled network, bit for bit), and one step of ResNet-1202 takes a few seconds instead of about 30-50 s
+(the default run: 108 s before, 35 s after, back to back on a loaded 2-core CPU).
 
 ``--quick`` (tests): depths 8 and 14, batch 4, one step, blocks unrolled (``scan=False``; then nothing
 is jitted: op-by-op dispatch is cheaper than compiling for a few blocks). ``--full``
@@ -108,13 +110,16 @@ is jitted: op-by-op dispatch is cheaper than compiling for a few blocks). ``--fu
 
 from __future__ import annotations
 
+import functools
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+from jax import lax
 
 from experiments import common
 from resjax.analysis.resnet_signal import block_output_norms, mean_log10_norm
@@ -226,11 +231,70 @@ def _measure_fn(model, jit: bool = True):
     return jax.jit(measure) if jit else measure
 
 
+# ---- the SGD step's 3x3 convolutions ------------------------------------------------------------------
+#
+# Under ``nn.scan`` the blocks' convolutions sit in an XLA while loop, and XLA:CPU does not bring the two
+# convolutions of their backward pass (input gradient: a kernel read as 01oi; kernel gradient: the batch
+# read as features) into the layout of its fast convolution there, as it does outside a loop: it runs them
+# with its generic loop emitter, 20-50x slower (ResNet-1202: about 30 s of a 31 s step). ``_conv3x3`` is
+# the same convolution with the same two gradients, written with explicit transposes in the fast form; the
+# gradients are then what the unrolled network gets (bit for bit, checked at depths 20 and 110), the
+# forward pass is unchanged.
+
+_NHWC_HWIO = lax.ConvDimensionNumbers(lhs_spec=(0, 3, 1, 2), rhs_spec=(3, 2, 0, 1), out_spec=(0, 3, 1, 2))
+
+
+def _same3x3(x, k, precision):
+    return lax.conv_general_dilated(x, k, (1, 1), ((1, 1), (1, 1)), lhs_dilation=(1, 1), rhs_dilation=(1, 1),
+                                    dimension_numbers=_NHWC_HWIO, feature_group_count=1, precision=precision)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _conv3x3(x, k, precision):
+    """``nn.Conv(features, (3, 3), padding=[(1, 1)] * 2, use_bias=False)`` on NHWC ``x`` with HWIO ``k``."""
+    return _same3x3(x, k, precision)
+
+
+def _conv3x3_fwd(x, k, precision):
+    return _same3x3(x, k, precision), (x, k)
+
+
+def _conv3x3_bwd(precision, res, g):
+    x, k = res
+    gx = _same3x3(g, jnp.transpose(jnp.flip(k, (0, 1)), (0, 1, 3, 2)), precision)  # g with the flipped kernel
+    gk = _same3x3(jnp.transpose(x, (3, 1, 2, 0)), jnp.transpose(g, (1, 2, 0, 3)), precision)  # (I, 3, 3, O)
+    return gx, jnp.transpose(gk, (1, 2, 0, 3))
+
+
+_conv3x3.defvjp(_conv3x3_fwd, _conv3x3_bwd)
+
+
+def _fast_conv_interceptor(next_fun, args, kwargs, context):
+    """``nn.intercept_methods`` hook: every stride-1, 'same'-padded, bias-free 3x3 ``nn.Conv`` of float32
+    NHWC inputs runs as ``_conv3x3`` (same parameter, same forward pass); any other module call as it is."""
+    m = context.module
+    if (type(m) is nn.Conv and context.method_name == "__call__" and len(args) == 1 and not kwargs
+            and args[0].ndim == 4 and args[0].dtype == jnp.float32 and m.param_dtype == jnp.float32
+            and tuple(m.kernel_size) == (3, 3) and m.strides in (1, (1, 1)) and not m.use_bias
+            and m.mask is None and m.feature_group_count == 1 and m.dtype is None and m.precision is None
+            and m.input_dilation in (1, (1, 1)) and m.kernel_dilation in (1, (1, 1))
+            and m.shared_weights and m.conv_general_dilated is None and m.conv_general_dilated_cls is None
+            and not isinstance(m.padding, str) and [tuple(p) for p in m.padding] == [(1, 1), (1, 1)]):
+        x = args[0]
+        k = m.param("kernel", m.kernel_init, (3, 3, x.shape[-1], m.features), m.param_dtype)
+        return _conv3x3(x, k, lax.Precision.HIGHEST)  # the step runs at default_matmul_precision('highest')
+    return next_fun(*args, **kwargs)
+
+
 def _step_fn(model, learning_rate: float, jit: bool = True):
     def step(params, x, y):
         def loss(p):
             with jax.default_matmul_precision("highest"):
-                logits = model.apply({"params": p}, x, train=True)
+                if jit:  # scanned (see above)
+                    with nn.intercept_methods(_fast_conv_interceptor):
+                        logits = model.apply({"params": p}, x, train=True)
+                else:
+                    logits = model.apply({"params": p}, x, train=True)
             return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
         grads = jax.grad(loss)(params)
