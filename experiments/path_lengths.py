@@ -43,7 +43,10 @@ Choices the lecture leaves open:
   the initial parameters (what training mode normalises by at step 0, per layer). The trained network
   uses its own running estimates.
 - ``train.epochs`` = 300, the lecture's "Training at depth 32" length, so the trained network is the one
-  whose 1.2% training error the lecture reports (about 30 s on a 2-core CPU). ``--quick`` trains 1 epoch.
+  whose 1.2% training error the lecture reports (about 30 s on a 2-core CPU). ``--quick`` trains 1 epoch. The
+  network is evaluated after the last epoch only (``train.eval_every`` = epochs): only its final errors are
+  reported, and evaluating the 5,000 examples after every epoch was about a third of the training time (31.8 s
+  of training before, 21.6 s after, on a loaded 2-core CPU).
 - Scalar summaries per case: ``effective_path_length[_veit].<case>`` (the mean length under the share
   distribution), ``gradient_share_5_to_17[_veit].<case>`` (the share carried by Veit et al.'s 5 to 17
   band) and ``gradient_half_band[_veit].<case>`` (the shortest run of lengths holding half the share).
@@ -87,6 +90,8 @@ HELP = {
     "model.num_blocks": "the trained network's residual blocks (the lecture's 32)",
     "model.order": "the trained network's block form: 'pre' (BN -> ReLU -> linear, added) or 'post'",
     "model.norm": "the trained network's normalisation: 'batch', 'layer', 'group' or 'none'",
+    "train.eval_every": "evaluate the trained network after every k-th epoch and after the last (default: train.epochs, "
+                        "the last only: only its final errors are reported)",
 }
 
 
@@ -106,6 +111,8 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
         c.model.num_blocks, c.model.width, c.train.epochs = 4, 8, 1
     elif size == "full":
         c.num_examples, c.veit_samples = 64, 512
+    # only the trained network's final errors are reported: evaluate after the last epoch (the training is the same)
+    c.train.eval_every = c.train.epochs
     return c
 
 
