@@ -26,7 +26,8 @@ What is run (every choice the lecture leaves open, written before running):
   (learning rate, seed) pair one vmapped program (``Trainer.sweep`` with a ``learning_rate`` array), 20
   epochs. Criterion: a learning rate trains when every seed never diverges (no non-finite loss or
   gradient) and ends with a last-epoch mean training loss below 1.0 (chance is ln 10 = 2.30); the
-  largest such rate of the grid is reported (``resjax.analysis.loss_surface.largest_trainable_learning_rate``);
+  largest such rate of the grid is reported (``resjax.analysis.loss_surface.largest_trainable_learning_rate``).
+  Neither reads an evaluation, so these runs are evaluated after their last epoch only (``train.eval_every``);
 - noisy BatchNorm: ``resjax.analysis.loss_surface.NoisyBNMLP``, the ``batchnorm`` network with, after
   every BatchNorm and in training mode only, ``z' = s_tj z + mu_tj + 0.25 e_tij`` where, at every step t
   and for every unit j, mu_tj ~ U(-0.5, 0.5) and s_tj ~ U(0.5, 1.5), and e_tij ~ N(0, 1) per example i
@@ -80,6 +81,8 @@ HELP = {
     "noise_sigma": "noisy BatchNorm: standard deviation of the per-example noise added after each BatchNorm",
     "noisy_tolerance_pct": "'about as well': noisy BatchNorm's final test error within this many percentage points "
                            "of BatchNorm's",
+    "train.eval_every": "the training-path runs are evaluated after every k-th epoch and after the last (their error "
+                        "curves are per epoch: 1); the learning-rate sweep's runs after their last epoch only",
 }
 
 
@@ -129,9 +132,11 @@ def check(config) -> None:
     common.build_models([{**config.model, "norm": norm} for norm in ("none", "batch")], data.num_classes)
 
 
-def _trainer(config, data, norm: str, epochs: int, model=None, epoch_hook=None):
+def _trainer(config, data, norm: str, epochs: int, model=None, epoch_hook=None, eval_every: int | None = None):
     train = ml_collections.ConfigDict(config.train.to_dict())
     train.epochs = epochs
+    if eval_every is not None:
+        train.eval_every = eval_every
     return make_train(run_config({**config.model, "norm": norm}, train, config.data), data, model=model,
                       epoch_hook=epoch_hook)
 
@@ -174,7 +179,9 @@ def train_path(config, data, norm: str, x, y, probe: bool, model=None) -> dict:
 
 
 def lr_sweep(config, data, norm: str) -> dict:
-    trainer = _trainer(config, data, norm, config.sweep_epochs)
+    # Only the last epoch's training loss and the divergence are read (both from the training steps, not from an
+    # evaluation): the runs are evaluated after their last epoch only; the training is the same.
+    trainer = _trainer(config, data, norm, config.sweep_epochs, eval_every=config.sweep_epochs)
     lrs = np.asarray(config.sweep_learning_rates, np.float32)
     s = config.num_seeds
     keys = jnp.concatenate([jax.random.split(jax.random.key(config.seed), s)] * len(lrs))
