@@ -143,15 +143,16 @@ def _begin_cell(s: Session | None, cell: str, directory: pathlib.Path | None) ->
     if s is None:
         return
     saved = directory is not None
-    s.current, s.current_saved, s.current_dir = cell, saved, directory
-    if saved and s.root is not None and not s.marked:  # this config's run, for the next one to recognise
-        from experiments.common import _write_atomically, is_main
+    with _CELLS_LOCK:  # cells may begin in several threads (sweeps): the marker is written once
+        s.current, s.current_saved, s.current_dir = cell, saved, directory
+        if saved and s.root is not None and not s.marked:  # this config's run, for the next one to recognise
+            from experiments.common import _write_atomically, is_main
 
-        if is_main():  # process 0 writes every file of a multi-process run
-            s.root.mkdir(parents=True, exist_ok=True)
-            _write_atomically(s.marker, lambda tmp: tmp.write_text(json.dumps({"experiment": s.name,
-                                                                               "config": s.config})))
-        s.marked = True
+            if is_main():  # process 0 writes every file of a multi-process run
+                s.root.mkdir(parents=True, exist_ok=True)
+                _write_atomically(s.marker, lambda tmp: tmp.write_text(json.dumps({"experiment": s.name,
+                                                                                   "config": s.config})))
+            s.marked = True
 
 
 def _end_cell(s: Session | None) -> None:

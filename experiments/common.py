@@ -25,6 +25,7 @@ import pathlib
 import re
 import sys
 import tempfile
+import threading
 import time
 from typing import Any, Callable
 
@@ -823,7 +824,7 @@ def _write_results(module, config, out_dir: pathlib.Path, metrics: dict, start: 
 def _write_atomically(path: pathlib.Path, write: Callable[[pathlib.Path], Any]) -> None:
     """``write(tmp)`` then ``tmp`` renamed to ``path``: ``path`` is the old file or the whole new one, never a
     part; a failed write leaves no temporary file behind."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # this process's, this thread's
     try:
         write(tmp)
         os.replace(tmp, path)

@@ -61,12 +61,17 @@ def test_noisy_batchnorm_reduces_to_batchnorm_without_noise():
     vp = plain.init(jax.random.key(1), X)
     quiet = ls.NoisyBNMLP(width=16, depth=2, shift=0.0, scale_low=1.0, scale_high=1.0, sigma=0.0)
     vq = quiet.init(jax.random.key(1), X)
-    params = {**vp["params"], **{f"norm_{k}": {"bn": vp["params"][f"norm_{k}"]} for k in range(2)}}
+    # the same layout as PlainMLP's: the same initial weights from the same key (BatchNorm's under norm_0/bn)
+    blocks = {f"blocks_{k}": {"linear_0": vp["params"][f"blocks_{k}"]["linear_0"],
+                              "norm_0": {"bn": vp["params"][f"blocks_{k}"]["norm_0"]}} for k in range(2)}
+    params = {**vp["params"], **blocks}
+    jax.tree_util.tree_map(np.testing.assert_array_equal, vq["params"], params)
     out_q, upd_q = quiet.apply({"params": params, "batch_stats": vq["batch_stats"]}, X, train=True,
                                mutable=["batch_stats"])
     out_p, upd_p = plain.apply(vp, X, train=True, mutable=["batch_stats"])
     np.testing.assert_array_equal(out_q, out_p)
-    np.testing.assert_array_equal(upd_q["batch_stats"]["norm_0"]["bn"]["mean"], upd_p["batch_stats"]["norm_0"]["mean"])
+    np.testing.assert_array_equal(upd_q["batch_stats"]["blocks_0"]["norm_0"]["bn"]["mean"],
+                                  upd_p["batch_stats"]["blocks_0"]["norm_0"]["mean"])
 
 
 def test_noisy_batchnorm_changes_every_step_and_only_in_training():
@@ -75,14 +80,15 @@ def test_noisy_batchnorm_changes_every_step_and_only_in_training():
     o1, u1 = model.apply(v, X, train=True, mutable=["batch_stats"])
     o2, u2 = model.apply({**v, **u1}, X, train=True, mutable=["batch_stats"])
     assert not np.allclose(o1, o2)
-    assert int(u2["batch_stats"]["norm_0"]["noise_step"]) == 2
+    assert int(u2["batch_stats"]["blocks_0"]["norm_0"]["noise_step"]) == 2
     e1 = model.apply(v, X, train=False)
     e2 = model.apply({**v, **u1}, X, train=False)  # running estimates moved; no noise either way
     np.testing.assert_array_equal(e1, model.apply(v, X, train=False))
     assert e2.shape == e1.shape
     # Different seeds draw different noise.
     w = model.init(jax.random.key(2), X)
-    assert not np.array_equal(v["batch_stats"]["norm_0"]["noise_key"], w["batch_stats"]["norm_0"]["noise_key"])
+    assert not np.array_equal(v["batch_stats"]["blocks_0"]["norm_0"]["noise_key"],
+                              w["batch_stats"]["blocks_0"]["norm_0"]["noise_key"])
 
 
 def test_bad_inputs_raise_value_error_naming_the_setting():

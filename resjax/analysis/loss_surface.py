@@ -243,9 +243,24 @@ class NoisyBatchNorm(nn.Module):
         return s * z + mu + self.sigma * e
 
 
+class _NoisyBNLayer(nn.Module):
+    """A hidden layer of ``NoisyBNMLP``: Dense (no bias: BatchNorm follows), ``NoisyBatchNorm``, ReLU, named as a
+    block of ``PlainMLP`` (``linear_0``, ``norm_0``), so that the two networks draw the same weights from a key."""
+
+    width: int
+    kernel_init: str
+    noise: tuple  # NoisyBatchNorm's (shift, scale_low, scale_high, sigma)
+
+    @nn.compact
+    def __call__(self, h: jax.Array, train: bool | None) -> jax.Array:
+        h = nn.Dense(self.width, use_bias=False, kernel_init=get_initializer(self.kernel_init), name="linear_0")(h)
+        return nn.relu(NoisyBatchNorm(*self.noise, name="norm_0")(h, train))
+
+
 class NoisyBNMLP(nn.Module):
     """``PlainMLP(norm='batch')`` with ``NoisyBatchNorm`` after each hidden linear layer (which, as in
-    ``PlainMLP``, has no bias: BatchNorm follows it)."""
+    ``PlainMLP``, has no bias: BatchNorm follows it), laid out as ``PlainMLP`` (``stem``, ``blocks_k/linear_0``,
+    ``blocks_k/norm_0``, ``head``): from one key both draw the same initial weights."""
 
     width: int
     depth: int
@@ -267,8 +282,8 @@ class NoisyBNMLP(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool | None = None) -> jax.Array:
-        """The logits: ``stem`` (Dense, ReLU), then ``depth`` times ``hidden_k`` (Dense, no bias), ``norm_k``
-        (``NoisyBatchNorm``) and ReLU, then ``head`` (Dense).
+        """The logits: ``stem`` (Dense, ReLU), then ``depth`` blocks ``blocks_k``: ``linear_0`` (Dense, no bias),
+        ``norm_0`` (``NoisyBatchNorm``) and ReLU, then ``head`` (Dense).
 
         Args:
             x: ``(batch, features)``.
@@ -281,16 +296,15 @@ class NoisyBNMLP(nn.Module):
             The logits, ``(batch, num_classes)``.
 
         Collections:
-            ``batch_stats``: per layer ``norm_k/bn/mean``, ``norm_k/bn/var``, ``norm_k/noise_key`` and
-            ``norm_k/noise_step``; with ``train=True``, ``apply`` needs ``mutable=['batch_stats']``.
+            ``batch_stats``: per block ``blocks_k/norm_0/bn/mean``, ``.../bn/var``, ``.../noise_key`` and
+            ``.../noise_step``; with ``train=True``, ``apply`` needs ``mutable=['batch_stats']``.
         """
         init = get_initializer(self.kernel_init)
         bias = lambda h: get_bias_initializer(self.bias_init, h.shape[-1])
         h = nn.relu(nn.Dense(self.width, kernel_init=init, bias_init=bias(x), name="stem")(x))
+        noise = (self.shift, self.scale_low, self.scale_high, self.sigma)
         for k in range(self.depth):
-            h = nn.Dense(self.width, use_bias=False, kernel_init=init, name=f"hidden_{k}")(h)  # BatchNorm follows
-            h = NoisyBatchNorm(self.shift, self.scale_low, self.scale_high, self.sigma, name=f"norm_{k}")(h, train)
-            h = nn.relu(h)
+            h = _NoisyBNLayer(self.width, self.kernel_init, noise, name=f"blocks_{k}")(h, train)
         return nn.Dense(self.num_classes, kernel_init=init, bias_init=bias(h), name="head")(h)
 
 

@@ -16,9 +16,9 @@ The functions
 -------------
 ``weight_loss_fn(module, variables, inputs, labels, path)`` returns ``loss(W)``: the module applied in
 training mode (``train=True``, ``batch_stats`` mutable and the updates discarded, so nothing changes) with
-the array at ``path`` replaced by W. ``path`` names the weight: ``'hidden_0/kernel'`` or
-``('hidden_0', 'kernel')``, inside ``'params'`` unless it starts with another collection's name. The loss
-is the mean softmax cross-entropy with integer ``labels`` unless ``loss(outputs, labels)`` is given. It
+the array at ``path`` replaced by W. ``path`` names the weight: ``'blocks_0/linear_0/kernel'`` or
+``('blocks_0', 'linear_0', 'kernel')``, inside ``'params'`` unless it starts with another collection's name. The
+loss is the mean softmax cross-entropy with integer ``labels`` unless ``loss(outputs, labels)`` is given. It
 works for any Flax module whose ``__call__`` takes ``train``; the caller chooses a weight whose output goes
 straight into BatchNorm (for ``resjax.nn.PlainMLP(norm='batch')`` every ``blocks_k/linear_0/kernel``; not the
 stem, whose output goes into a ReLU, nor anything before a residual addition). Whether the identities
@@ -74,7 +74,8 @@ COLLECTIONS = ("params", "batch_stats")
 
 
 def parse_path(path: str | Sequence[str]) -> tuple[str, ...]:
-    """``'hidden_0/kernel'`` or ``('hidden_0', 'kernel')`` -> ``('params', 'hidden_0', 'kernel')``."""
+    """``'blocks_0/linear_0/kernel'`` or ``('blocks_0', 'linear_0', 'kernel')`` ->
+    ``('params', 'blocks_0', 'linear_0', 'kernel')``."""
     if isinstance(path, str):
         parts = tuple(p for p in path.split("/") if p)
     elif isinstance(path, (tuple, list)) and all(isinstance(p, str) for p in path):
