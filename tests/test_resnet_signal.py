@@ -175,3 +175,31 @@ def test_bad_settings_are_refused(tmp_path):
     config.batch_size = 1
     with pytest.raises(ValueError, match="batch_size"):
         resnet_signal.run(config, tmp_path)
+
+
+@pytest.mark.usefixtures("optimized_compiles")  # the promise is about the program the experiment compiles
+@pytest.mark.parametrize("kind", ["tau", "fixup"])
+def test_the_scanned_step_equals_the_unrolled_step_bit_for_bit(images, kind):
+    # The experiment's scanned SGD step runs the blocks' 3x3 convolutions through _conv3x3 (both gradients written in
+    # XLA:CPU's fast layout); it must give the parameters the unrolled network's plain step gives.
+    from experiments import resnet_signal as rs
+    from resjax.nn.residual import unstack_scanned
+
+    kw = dict(norm="none", scaling="tau", tau="1/sqrt(K)", scalar_biases=True) if kind == "tau" else dict(
+        norm="none", scaling="fixup")
+    scanned, unrolled = (cifar_resnet(14, scan=s, num_classes=10, **kw) for s in (True, False))
+    y = jnp.array([0, 1, 2])
+    params = scanned.init(jax.random.key(0), images)["params"]
+    if kind == "fixup":  # a random head, so that the first step moves the blocks too
+        params = {**params, "head": jax.tree_util.tree_map(lambda a: 0.1 * jnp.ones_like(a), params["head"])}
+    after = rs._step_fn(scanned, 0.1)(params, images, y)
+
+    def unstacked(p):
+        for s in (1, 2, 3):
+            p = unstack_scanned(p, scanned.stage_sizes[0] - 1, name=f"stage{s}")
+        return p
+
+    expected = jax.jit(rs._step_fn(unrolled, 0.1, jit=False))(unstacked(params), images, y)
+    moved = unstacked(after)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, moved, expected)
+    assert not np.array_equal(moved["stage1_0"]["conv_1"]["kernel"], unstacked(params)["stage1_0"]["conv_1"]["kernel"])
