@@ -608,8 +608,8 @@ def part_sweep(s: dict, quick: bool, cells: int = 1) -> dict:
     variants = [json.dumps(v) for v in (chosen[:1] if quick else chosen)]
     for r in range(s["sweep_repeats"]):
         print(f"sweep of {cells} cell(s): repeat {r + 1}/{s['sweep_repeats']} ...", flush=True)
-        resjax_runs.append(spawn("sweep", {**s, "steady": True, "cells": cells}, {"RESJAX_COMPILATION_CACHE": "0",
-                                                                                        "JAX_COMPILATION_CACHE_DIR": None}))
+        no_cache = {"RESJAX_COMPILATION_CACHE": "0", "JAX_COMPILATION_CACHE_DIR": None}
+        resjax_runs.append(spawn("sweep", {**s, "steady": True, "cells": cells}, no_cache))
         for v in variants:
             done = spawn("torch_sweep", {**s, **json.loads(v), "cells": cells}, timeout=TORCH_SWEEP_TIMEOUT_S)
             torch_runs[v].append(done if done else {"timed_out_s": TORCH_SWEEP_TIMEOUT_S})

@@ -94,8 +94,8 @@ def release_compiled_programs():
 #: run's compiles without XLA's optimisation passes), run first: pytest-xdist hands whole modules
 #: (``--dist=loadfile``) to workers in collection order, so a long module collected last would leave the other
 #: worker idle at the end. Every other module follows in name order.
-LONGEST_FIRST = ("test_multiprocess", "test_experiments", "test_resume_experiments", "test_training", "test_side_by_side",
-                 "test_interop",
+LONGEST_FIRST = ("test_multiprocess", "test_experiments", "test_resume_experiments", "test_training",
+                 "test_side_by_side", "test_interop",
                  "test_readme", "test_peer_training", "test_accelerator_benchmark", "test_tau", "test_experiment_cli",
                  "test_loss_surface", "test_resnet_signal", "test_paths", "test_batchnorm", "test_grid",
                  "test_monitor", "test_image_experiments", "test_grain_feeder", "test_residual", "test_train_core",
