@@ -120,18 +120,21 @@ def test_diverged_runs_are_not_trained_on_and_end_as_if_they_were():
 
 
 def test_eval_every_evaluates_every_kth_and_the_last_epoch_and_trains_the_same():
-    c = tiny_config()
-    c.train.epochs = 5
-    every = make_train(c, DATA)
-    c.train.eval_every = 2
-    sparse = make_train(c, DATA)
+    c, d = tiny_config(), tiny_config()  # two configs: a trainer keeps its config, so one changed later changes it
+    c.train.epochs = d.train.epochs = 5
+    d.train.eval_every = 2
+    every, sparse = make_train(c, DATA), make_train(d, DATA)
     keys = jax.random.split(jax.random.key(4), 2)
     run_every, m_every = every.sweep(keys, chunk_epochs=3)
     run_sparse, m_sparse = sparse.sweep(keys, chunk_epochs=3)
     _same_runs(run_every._replace(history={}), run_sparse._replace(history={}))  # the training is the same
     evaluated = np.array([False, True, False, True, True])  # epochs 2 and 4, and the last
     for name in ("train_error", "test_loss", "test_error"):
-        np.testing.assert_array_equal(m_sparse[name][:, evaluated], m_every[name][:, evaluated])
+        assert np.isfinite(m_sparse[name][:, evaluated]).all()
+        # an evaluation inside lax.cond compiles apart from the step: error counts exact, the loss to float32 rounding
+        np.testing.assert_allclose(m_sparse[name][:, evaluated], m_every[name][:, evaluated], rtol=1e-6, atol=0)
+        if name != "test_loss":
+            np.testing.assert_array_equal(m_sparse[name][:, evaluated], m_every[name][:, evaluated])
         assert np.isnan(m_sparse[name][:, ~evaluated]).all()
     for name in ("train_loss", "batch_error", "lr"):
         np.testing.assert_array_equal(m_sparse[name], m_every[name])
