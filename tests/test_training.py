@@ -240,3 +240,21 @@ def test_weight_decay_is_an_l2_penalty_on_kernels_only():
     with pytest.raises(ValueError, match="weight_decay"):
         c.train.weight_decay = -1.0
         make_train(c, DATA)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_non_finite_gradient_entry_freezes_the_run_even_with_a_finite_loss(bad):
+    import optax
+
+    from resjax.train.state import TrainState, guarded_step
+
+    params = {"a": jnp.ones((3,)), "b": {"w": jnp.ones((2, 2))}}
+    tx = optax.sgd(0.1)
+    state = TrainState(step=jnp.int32(4), params=params, batch_stats={}, opt_state=tx.init(params))
+    grads = {"a": jnp.ones((3,)), "b": {"w": jnp.ones((2, 2)).at[1, 0].set(bad)}}  # one entry, in the last leaf
+    after, diverged = guarded_step(state, tx, grads, jnp.float32(0.5), {}, jnp.int32(-1), jnp.int32(6))
+    assert int(diverged) == 7  # the 1-based epoch of the first bad step
+    jax.tree_util.tree_map(np.testing.assert_array_equal, after, state)  # frozen as it was
+    ok, still = guarded_step(state, tx, jax.tree_util.tree_map(jnp.ones_like, grads), jnp.float32(0.5), {},
+                             jnp.int32(-1), jnp.int32(6))
+    assert int(still) == -1 and int(ok.step) == 5 and float(ok.params["a"][0]) == pytest.approx(0.9)
