@@ -39,8 +39,9 @@ of ``repeats`` timed calls (all of them are in the JSON).
    16 and 64, 3 seeds vmapped on one device, 250 steps per call (quick: 10). The FLOPs are the dense layers', as
    in 2; the *floor* is those FLOPs at the square matmul peak of 1; *kernels* are the top-level operations of the
    compiled step (each fusion, dot or copy is one launch of XLA:CPU's runtime), from the compiled HLO, and the
-   time above the floor per kernel is the step's overhead per launch. The same step without the divergence check (``guarded_step``: a finiteness
-   reduction of every gradient and a select of every state leaf) shows what that check costs.
+   time above the floor per kernel is the step's overhead per launch. The same step without the divergence
+   check (``guarded_step``: one finiteness reduction over the concatenated gradients and a select of every
+   state leaf) shows what that check costs.
 4. Compile time against depth: ``ResidualMLP(width=64, num_blocks=K, norm='batch', scan=True)`` for K in
    (10, 100, 1000) (quick: 10, 100), and ``scan=False`` (unrolled) for K in (10, 100). What is timed is
    ``jax.jit(trainer.train_step).lower(...)`` (tracing and lowering) and ``.compile()`` for one

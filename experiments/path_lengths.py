@@ -90,8 +90,8 @@ HELP = {
     "model.num_blocks": "the trained network's residual blocks (the lecture's 32)",
     "model.order": "the trained network's block form: 'pre' (BN -> ReLU -> linear, added) or 'post'",
     "model.norm": "the trained network's normalisation: 'batch', 'layer', 'group' or 'none'",
-    "train.eval_every": "evaluate the trained network after every k-th epoch and after the last (default: train.epochs, "
-                        "the last only: only its final errors are reported)",
+    "train.eval_every": "evaluate the trained network after every k-th epoch and after the last (default: "
+                        "train.epochs, the last only: only its final errors are reported)",
 }
 
 

@@ -22,7 +22,9 @@ fields:
                      ``milestones``, ``decay_factor``, ``warmup_epochs`` (see ``resjax.train.schedules``)
   batch_size, epochs, eval_batch_size (host feeder: evaluation batches)
   eval_every         evaluate after every k-th epoch and after the last (default 1: every epoch); the history's
-                     evaluation entries (train_error, test_loss, test_error) are NaN at the epochs in between
+                     evaluation entries (train_error, test_loss, test_error) are NaN at the epochs in between. The
+                     training is the same; on-device, an evaluation then runs inside a branch, compiled apart:
+                     error counts equal an every-epoch run's, the loss to float32 rounding
   augment, shuffle   host feeder: the data source's augmentation and shuffling
   checkpoint_every   epochs between checkpoints (on-device: rounded to whole chunks); 0 = only at the end
   checkpoint_keep    how many checkpoints to keep

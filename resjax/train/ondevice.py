@@ -203,8 +203,8 @@ class Trainer(Core):
             keys = keys[None]
         num = keys.shape[0]
         hp = self.check_hparams(hparams, num)
-        pad = (-num) % (jax.device_count() if devices is None else len(devices))  # repeat the last run so the
-        # seeds split evenly over the devices
+        count = jax.device_count() if devices is None else len(devices)
+        pad = (-num) % count  # repeat the last run so the seeds split evenly over the devices
         if pad:
             keys, hp = jax.tree_util.tree_map(lambda a: jnp.concatenate([a, jnp.repeat(a[-1:], pad, 0)]), (keys, hp))
         keys, hp = shard_over_seeds((keys, hp), devices)
