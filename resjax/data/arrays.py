@@ -12,10 +12,15 @@ What it accepts and checks (a ``ValueError`` naming the array, and the first bad
 * inputs ``x_*``: ``[N, D]`` feature vectors or ``[N, H, W, C]`` images of any size, ``uint8`` or floating,
   every value finite; ``N >= 1``; the test split has the training split's example shape and kind
   (``uint8`` or float).
-* labels ``y_*``: ``[N]`` integers (a float or bool array is refused, also when its values are whole) in
-  ``0 .. num_classes - 1``; as many as the split's inputs.
+* targets ``y_*``, as many as the split's inputs, either
+  - class labels: ``[N]`` integers in ``0 .. num_classes - 1``, every test label a class of the training split
+    (the checks of ``check_labels``, shared with ``Dataset``); labels that do not start at 0 or skip a class get
+    a warning naming the classes (the model still has ``num_classes`` outputs, some never trained on); or
+  - floating targets of any shape ``[N, ...]`` (regression values, soft labels), every value finite, the same
+    per-example shape in both splits: for an objective of your own or the built-in ``'mse'``
+    (``resjax.train.objective``); a bool array is refused.
 * ``num_classes``: given (at least one more than the largest label) or inferred (the largest label of either
-  split, plus one).
+  split, plus one); for floating targets, the model's output width: ``K`` of ``[N, K]`` targets (1 for ``[N]``).
 * normalisation: ``uint8`` inputs are divided by 255 first (as the TFDS sources do). Then
   ``(x - mean) / std``, with ``mean`` and ``std`` given (a number, or one per channel for images, one per
   feature for vectors) or, by default, computed from the training split: per channel over every training
@@ -30,6 +35,7 @@ What it accepts and checks (a ``ValueError`` naming the array, and the first bad
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
@@ -53,13 +59,16 @@ class Dataset(NamedTuple):
     """
 
     x_train: np.ndarray  # (N, length) float32
-    y_train: np.ndarray  # (N,) int32
+    y_train: np.ndarray  # (N,) int32 (or floating targets [N, ...] for an objective of one's own)
     x_test: np.ndarray
     y_test: np.ndarray
 
     @property
     def num_classes(self) -> int:
-        """One more than the largest label in either split."""
+        """One more than the largest label in either split; for floating targets, the model's output width
+        (``K`` of ``[N, K]`` targets, 1 for ``[N]``)."""
+        if np.asarray(self.y_train).dtype.kind == "f":
+            return _width(np.asarray(self.y_train))
         return int(max(self.y_train.max(), self.y_test.max())) + 1
 
 
@@ -94,19 +103,58 @@ def check_labels(data: Any, num_classes: int | None = None, name: str = "data") 
     label 1000 in the test split silently builds a 1001-class model, and -1 trains with a finite loss."""
     yt = _labels(f"{name}.y_train", data.y_train, len(data.x_train), f"{name}.x_train")
     ye = _labels(f"{name}.y_test", data.y_test, len(data.x_test), f"{name}.x_test")
+    _class_checks(yt, ye, name, num_classes, "the model's ", warn=False)
+    return data
+
+
+def _class_checks(yt: np.ndarray, ye: np.ndarray, name: str, num_classes: int | None, whose: str,
+                  warn: bool) -> None:
+    """The class-label checks ``check_labels`` (``Dataset``, the trainers) and ``from_arrays`` share: a training
+    split of at least one example; no test label above the training split's largest (``ValueError``); every label
+    below ``num_classes``; with ``warn`` (``from_arrays``), a warning naming the classes when the labels do not start
+    at 0 or skip one, and one naming the test classes the training split skips."""
     if len(yt) == 0:
         raise ValueError(f"{name}.y_train: empty; want at least one training example")
-    classes = int(data.num_classes) if isinstance(data, ArrayData) else int(yt.max()) + 1  # ArrayData: declared
+    if num_classes is not None and not (int(yt.max()) < num_classes and (not len(ye) or int(ye.max()) < num_classes)):
+        split, y = ("y_train", yt) if int(yt.max()) >= num_classes else ("y_test", ye)
+        i = int(np.argmax(y >= num_classes))
+        raise ValueError(f"{name}.{split}: example {i} has label {int(y[i])}, outside {whose}0 .. "
+                         f"{num_classes - 1} (num_classes={num_classes})")
+    classes = int(yt.max()) + 1
     if len(ye) and (ye >= classes).any():
         i = int(np.argmax(ye >= classes))
         raise ValueError(f"{name}.y_test: example {i} has label {int(ye[i])}, a class the training split never has "
                          f"(its labels are 0 .. {classes - 1})")
-    if num_classes is not None and not (int(yt.max()) < num_classes and (not len(ye) or int(ye.max()) < num_classes)):
-        split, y = ("y_train", yt) if int(yt.max()) >= num_classes else ("y_test", ye)
-        i = int(np.argmax(y >= num_classes))
-        raise ValueError(f"{name}.{split}: example {i} has label {int(y[i])}, outside the model's 0 .. "
-                         f"{num_classes - 1} (num_classes={num_classes})")
-    return data
+    if warn:
+        seen = set(np.unique(yt).tolist())
+        unseen_test = sorted(set(np.unique(ye).tolist()) - seen)
+        if unseen_test:
+            warnings.warn(f"{name}.y_test: the classes {_ranges(unseen_test)} never occur in {name}.y_train; the "
+                          "model never trains on them", stacklevel=3)
+        present = sorted(seen | set(np.unique(ye).tolist()))
+        missing = sorted(set(range(max(present) + 1)) - set(present))
+        if present[0] != 0 or missing:
+            warnings.warn(f"{name}.y_train, y_test: the labels are the classes {_ranges(present)}, which "
+                          f"{'do not start at 0' if present[0] else 'skip ' + _ranges(missing)}; the model gets "
+                          f"{num_classes} outputs, {num_classes - len(present)} of them for classes that never "
+                          "occur (map the labels to 0 .. K-1, e.g. np.unique(y, return_inverse=True))", stacklevel=3)
+
+
+def _ranges(values: list) -> str:
+    """``[0, 1, 2, 5]`` as ``'0..2, 5'``."""
+    out, start = [], None
+    for i, v in enumerate(values):
+        if start is None:
+            start = v
+        if i + 1 == len(values) or values[i + 1] != v + 1:
+            out.append(f"{start}" if start == v else f"{start}..{v}")
+            start = None
+    return ", ".join(out)
+
+
+def _width(y: np.ndarray) -> int:
+    """The output width floating targets ask of a model: ``K`` of ``[N, K]``, the product of the rest, 1 for [N]."""
+    return int(np.prod(y.shape[1:])) if y.ndim > 1 else 1
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -162,6 +210,19 @@ def _inputs(name: str, x: Any) -> np.ndarray:
     return x
 
 
+def _targets(name: str, y: Any, n: int, inputs: str) -> np.ndarray:
+    """Class labels (``_labels``) or floating targets ``[N, ...]``, finite, one per example of ``inputs``."""
+    y = np.asarray(y)
+    if y.dtype.kind != "f":
+        return _labels(name, y, n, inputs)
+    if y.ndim == 0 or len(y) != n:
+        raise ValueError(f"{name}: {len(y) if y.ndim else 0} targets for the {n} examples of {inputs}")
+    bad = _first_nonfinite(y)
+    if bad is not None:
+        raise ValueError(f"{name}: example {bad[0]} has a non-finite target ({bad[1]}); refusing to train on it")
+    return y
+
+
 def _labels(name: str, y: Any, n: int, inputs: str) -> np.ndarray:
     y = np.asarray(y)
     if y.dtype == np.bool_ or not np.issubdtype(y.dtype, np.integer):
@@ -204,12 +265,15 @@ def from_arrays(x_train: Any, y_train: Any, x_test: Any = None, y_test: Any = No
     if not isinstance(padding, (int, np.integer)) or padding < 0:
         raise ValueError(f"padding: want a non-negative integer, got {padding!r}")
     xt = _inputs("x_train", x_train)
-    yt = _labels("y_train", y_train, len(xt), "x_train")
+    yt = _targets("y_train", y_train, len(xt), "x_train")
     if x_test is None:
         xe, ye = xt, yt
     else:
         xe = _inputs("x_test", x_test)
-        ye = _labels("y_test", y_test, len(xe), "x_test")
+        ye = _targets("y_test", y_test, len(xe), "x_test")
+        if (ye.dtype.kind == "f") != (yt.dtype.kind == "f") or ye.shape[1:] != yt.shape[1:]:
+            raise ValueError(f"y_test: targets {ye.dtype}{list(ye.shape[1:])} per example, but y_train's are "
+                             f"{yt.dtype}{list(yt.shape[1:])}; both splits need the same kind and shape")
         if xe.shape[1:] != xt.shape[1:]:
             raise ValueError(f"x_test: examples of shape {xe.shape[1:]}, but x_train's are {xt.shape[1:]}")
         if (xe.dtype == np.uint8) != (xt.dtype == np.uint8):
@@ -217,16 +281,18 @@ def from_arrays(x_train: Any, y_train: Any, x_test: Any = None, y_test: Any = No
                              "(uint8 inputs are divided by 255)")
     if augment != "none" and xt.ndim != 4:
         raise ValueError(f"augment: {augment!r} needs images [N, H, W, C]; x_train holds vectors {xt.shape}")
-    largest = int(max(yt.max(), ye.max()))
-    if num_classes is None:
-        num_classes = largest + 1
-    elif not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool) or num_classes < 1:
+    if num_classes is not None and (not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool)
+                                    or num_classes < 1):
         raise ValueError(f"num_classes: want a positive integer, got {num_classes!r}")
-    for label_name, y in (("y_train", yt), ("y_test", ye)):
-        if (y >= num_classes).any():
-            i = int(np.argmax(y >= num_classes))
-            raise ValueError(f"{label_name}: example {i} has label {int(y[i])}, outside 0 .. {num_classes - 1} "
-                             f"(num_classes={num_classes})")
+    if yt.dtype.kind == "f":  # regression values or soft labels: the output width
+        if num_classes is not None and num_classes != _width(yt):
+            raise ValueError(f"num_classes: {num_classes}, but the floating targets y_train ask for {_width(yt)} "
+                             f"outputs (shape {yt.shape})")
+        num_classes = _width(yt)
+    else:
+        if num_classes is None:
+            num_classes = int(max(yt.max(), ye.max())) + 1
+        _class_checks(yt, ye, "data", int(num_classes), "", warn=True)
 
     scale = np.float64(255.0) if xt.dtype == np.uint8 else np.float64(1.0)
     channels = xt.shape[-1]
@@ -249,7 +315,8 @@ def from_arrays(x_train: Any, y_train: Any, x_test: Any = None, y_test: Any = No
         if bad is not None:
             raise ValueError(f"{array_name}: example {bad[0]} is not finite after normalisation ({bad[1]}); check "
                              "mean and std")
-    return ArrayData(xt_n, yt.astype(np.int32), xe_n, ye.astype(np.int32), int(num_classes), mean, std,
+    kind = np.float32 if yt.dtype.kind == "f" else np.int32
+    return ArrayData(xt_n, yt.astype(kind), xe_n, ye.astype(kind), int(num_classes), mean, std,
                      augment, int(padding), str(name))
 
 
@@ -270,7 +337,7 @@ class ArraySource(BatchSource):
                 f"image_shape={self.image_shape}, num_classes={self.num_classes})")
 
     def read(self, indices: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The normalised float32 examples and int32 labels at ``indices``."""
+        """The normalised float32 examples and their targets (int32 labels, or float32 targets) at ``indices``."""
         indices = np.asarray(indices, np.int64).reshape(-1)
         return self._x[indices], self._y[indices]
 

@@ -33,8 +33,10 @@ fractions. The on-device feeder's ``train_error`` is what the lecture calls trai
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,11 +53,13 @@ from resjax.train.config import check_train_config, is_int
 from resjax.train.distributed import is_main_process, to_host
 from resjax.train.lock import DirectoryLock
 from resjax.train.monitor import Progress, progress_bar
+from resjax.train.objective import Objective, make_objective
 from resjax.train.optim import make_optimizer
 from resjax.train.schedules import float_dtype, make_schedule
 from resjax.train.state import RunState, TrainState, guarded_step
 
-__all__ = ["HPARAMS", "METRICS", "RESUME_FREE", "Core", "Progress", "check_run_config", "config_dict", "divergence",
+__all__ = ["ADDED", "HPARAMS", "METRICS", "RESUME_FREE", "Core", "Progress", "check_run_config", "check_targets",
+           "config_dict", "divergence",
            "progress_bar", "resume_config", "run_config", "seed_handles", "with_hyperparams"]
 
 #: The per-epoch metrics of a run's history (see the module docstring).
@@ -101,6 +105,18 @@ class Core:
     steps_per_epoch: int
     # the trainers' own optimiser, schedule and parameter groups (``make_optimizer``'s keywords), if any
     optim: dict = dataclasses.field(default_factory=dict)
+    # the loss and metrics (``resjax.train.objective``); None: ``config.train.loss`` and its built-in metrics
+    objective: Objective | None = None
+
+    @functools.cached_property
+    def obj(self) -> Objective:
+        """The run's objective: ``objective``, or the one ``config.train`` names."""
+        return self.objective if self.objective is not None else make_objective(self.config.train)
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """The history's per-epoch metrics, in order (``METRICS`` for the default objective)."""
+        return self.obj.metric_names
 
     # ---- hyper-parameters ---------------------------------------------------------------------------
 
@@ -109,8 +125,11 @@ class Core:
         under ``jax_enable_x64``): the ``hparams`` of a run given none."""
         t = self.config.train
         dtype = float_dtype()
-        return {"learning_rate": jnp.asarray(t.learning_rate, dtype),
-                "weight_decay": jnp.asarray(t.get("weight_decay", 0.0), dtype)}
+        hp = {"learning_rate": jnp.asarray(t.learning_rate, dtype),
+              "weight_decay": jnp.asarray(t.get("weight_decay", 0.0), dtype)}
+        if self.obj.smoothing and t.get("label_smoothing", 0.0):
+            hp["label_smoothing"] = jnp.asarray(t.label_smoothing, dtype)
+        return hp
 
     @property
     def own_rate(self) -> bool:
@@ -120,7 +139,8 @@ class Core:
     def check_hparams(self, hparams: dict | None, num: int | None = None) -> dict:
         """``hparams`` merged over the defaults, validated (``ValueError`` naming the entry), as arrays of the
         default float dtype; with ``num``, broadcast to ``(num,)``."""
-        allowed = {"learning_rate", "weight_decay"} | ({"tau"} if self.uses_tau else set())
+        allowed = ({"learning_rate", "weight_decay"} | ({"tau"} if self.uses_tau else set())
+                   | ({"label_smoothing"} if self.obj.smoothing else set()))
         if self.own_rate:
             allowed.discard("learning_rate")
         unknown = set(hparams or {}) - allowed
@@ -135,6 +155,8 @@ class Core:
                 raise ValueError(f"hparams.{name}: must be finite (NaN and infinities are refused), got {v}")
             if np.any(v <= 0) if name == "tau" else np.any(v < 0):
                 raise ValueError(f"hparams.{name}: must be {'> 0' if name == 'tau' else '>= 0'}, got {v}")
+            if name == "label_smoothing" and np.any(v >= 1):
+                raise ValueError(f"hparams.{name}: must be < 1, got {v}")
             if num is not None and (v.ndim not in (0, 1) or (v.ndim == 1 and v.shape[0] != num)):
                 raise ValueError(f"hparams.{name}: must be a scalar or have one value per key ({num}), got shape {v.shape}")
         dtype = float_dtype()
@@ -147,14 +169,14 @@ class Core:
         ``weight_decay`` (per run with a seed axis) and ``hparams``' ``tau``. A learning rate or weight decay in
         ``hparams`` must equal the state's (``ValueError`` naming it): a state keeps the settings it was made
         with."""
-        given = self.check_hparams(hparams, run.num_runs) if hparams else {}
+        given = self.check_hparams(hparams, run.num_runs)
         # host copies: the state's own buffers are donated by the next step
         own = {k: np.asarray(to_host(run.state.opt_state.hyperparams[k])) for k in ("learning_rate", "weight_decay")}
         for k, v in own.items():
             if hparams and k in hparams and not np.array_equal(to_host(given[k]), v):
                 raise ValueError(f"hparams.{k}: the run state given was made with {v}, not {to_host(given[k])}; "
                                  "a run keeps its settings (start a new run to change them)")
-        return {**own, **({"tau": given["tau"]} if "tau" in given else {})}
+        return {**own, **{k: v for k, v in given.items() if k not in own}}  # tau, label_smoothing
 
     def model_kwargs(self, hparams: dict | None) -> dict:
         """The extra keyword arguments of ``model.apply``: ``{'tau': hparams['tau']}`` for a model with
@@ -212,38 +234,50 @@ class Core:
         opt_state = with_hyperparams(self.tx.init(params), hparams)
         state = TrainState(step=jnp.int32(0), params=params, batch_stats=variables.get("batch_stats", {}),
                            opt_state=opt_state)
-        history = {name: jnp.full((self.config.train.epochs,), jnp.nan, jnp.float32) for name in METRICS}
+        history = {name: jnp.full((self.config.train.epochs,), jnp.nan, jnp.float32) for name in self.metric_names}
         return RunState(state, run_key, jnp.asarray(data_seed, jnp.int32), jnp.int32(0), jnp.int32(-1), history)
 
     def train_step(self, run: RunState, batch: tuple[jax.Array, jax.Array],
-                   hparams: dict | None = None) -> tuple[RunState, tuple[jax.Array, jax.Array]]:
-        """One minibatch ``(x, y)``: ``(run, (loss, batch_error))`` (see the module docstring)."""
+                   hparams: dict | None = None) -> tuple[RunState, tuple[jax.Array, dict]]:
+        """One minibatch ``(x, y)``: ``(run, (loss, metrics))``, ``metrics`` the objective's batch means by name
+        (``{'error': ...}`` by default; see the module docstring)."""
         x, y = batch
         ts = run.state
         rng = jax.random.fold_in(run.key, ts.step)
         kwargs = self.model_kwargs(hparams)
+        obj = self.obj
+        mutable = ["batch_stats", "intermediates"] if obj.needs_intermediates else ["batch_stats"]
 
         def loss_fn(params):
             variables = {"params": params, **({"batch_stats": ts.batch_stats} if ts.batch_stats else {})}
-            logits, updates = self.model.apply(variables, x, train=True, mutable=["batch_stats"],
-                                               rngs={"dropout": rng}, **kwargs)
-            loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-            return loss, (logits, updates.get("batch_stats", ts.batch_stats))
+            outputs, updates = self.model.apply(variables, x, train=True, mutable=mutable,
+                                                rngs={"dropout": rng}, **kwargs)
+            inter = updates.get("intermediates")
+            loss = obj.per_example_loss(outputs, y, inter, hparams).mean()
+            return loss, (outputs, updates.get("batch_stats", ts.batch_stats), inter)
 
-        (loss, (logits, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(ts.params)
+        (loss, (outputs, batch_stats, inter)), grads = jax.value_and_grad(loss_fn, has_aux=True)(ts.params)
         ts, diverged_epoch = guarded_step(ts, self.tx, grads, loss, batch_stats, run.diverged_epoch, run.epoch)
-        error = jnp.mean(jnp.argmax(logits, -1) != y)
-        return run._replace(state=ts, diverged_epoch=diverged_epoch), (loss, error)
+        metrics = {m: jnp.mean(v) for m, v in obj.per_example_metrics(outputs, y, inter, hparams).items()}
+        return run._replace(state=ts, diverged_epoch=diverged_epoch), (loss, metrics)
 
     def eval_sums(self, run: RunState, x: jax.Array, y: jax.Array, mask: jax.Array | None = None,
-                  hparams: dict | None = None) -> tuple[jax.Array, jax.Array]:
-        """Summed loss and summed wrong predictions over the examples of ``x`` where ``mask`` (evaluation mode)."""
-        logits = self.model.apply(run.state.variables(), x, train=False, **self.model_kwargs(hparams))
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-        wrong = (jnp.argmax(logits, -1) != y).astype(jnp.float32)
-        if mask is None:
-            return jnp.sum(loss), jnp.sum(wrong)
-        return jnp.sum(jnp.where(mask, loss, 0.0)), jnp.sum(jnp.where(mask, wrong, 0.0))
+                  hparams: dict | None = None) -> tuple[jax.Array, dict]:
+        """``(loss sum, {metric: sum})`` over the examples of ``x`` where ``mask`` (evaluation mode)."""
+        obj = self.obj
+        if obj.needs_intermediates:
+            outputs, updates = self.model.apply(run.state.variables(), x, train=False, mutable=["intermediates"],
+                                                **self.model_kwargs(hparams))
+            inter = updates.get("intermediates")
+        else:
+            outputs, inter = self.model.apply(run.state.variables(), x, train=False, **self.model_kwargs(hparams)), None
+
+        def total(v):
+            v = v.astype(jnp.float32) if v.dtype == jnp.bool_ else v
+            return jnp.sum(v) if mask is None else jnp.sum(jnp.where(mask, v, 0.0))
+
+        per = obj.per_example_metrics(outputs, y, inter, hparams)
+        return total(obj.per_example_loss(outputs, y, inter, hparams)), {m: total(v) for m, v in per.items()}
 
     def epoch_learning_rate(self, run: RunState) -> jax.Array:
         """The learning rate of the first step of the run's current epoch (its own base rate); NaN for a
@@ -282,12 +316,13 @@ class Core:
         epoch, hist, diverged, step = to_host((run.epoch, run.history, run.diverged_epoch, run.state.step))
         done = int(np.max(epoch))
         out = {name: np.asarray(v)[..., :done] for name, v in hist.items()}
-        err = out["test_error"]
-        finite = np.isfinite(err)
-        # initial=inf: a run stopped inside its first epoch has no epoch yet (saved on a signal; #22)
-        out["best_test_error"] = np.where(finite.any(-1), np.min(np.where(finite, err, np.inf), -1, initial=np.inf),
-                                          np.nan)
-        out["final_test_error"] = err[..., -1] if done else np.full(np.shape(diverged), np.nan)
+        if "test_error" in out:  # an objective with an error metric (the default)
+            err = out["test_error"]
+            finite = np.isfinite(err)
+            # initial=inf: a run stopped inside its first epoch has no epoch yet (saved on a signal; #22)
+            out["best_test_error"] = np.where(finite.any(-1), np.min(np.where(finite, err, np.inf), -1,
+                                                                     initial=np.inf), np.nan)
+            out["final_test_error"] = err[..., -1] if done else np.full(np.shape(diverged), np.nan)
         out.update(divergence(diverged, step))
         out["epochs"] = done
         return out
@@ -316,6 +351,9 @@ class Core:
                           zip(meta["model"].splitlines(), model.splitlines()) if a != b), "the modules differ")
             raise ValueError(f"{where}: made by another model ({first}); resuming needs the same model. "
                              "Use another directory.")
+        if "objective" in meta and meta["objective"] != self.obj.describe():
+            raise ValueError(f"{where}: made with another objective ({meta['objective']}), this run has "
+                             f"{self.obj.describe()}; resuming needs the same loss and metrics. Use another directory.")
         if meta.get("num_seeds") != num_seeds:
             raise ValueError(f"{where}: has num_seeds={meta.get('num_seeds')}, this run {num_seeds}")
         saved_hp, our_hp = meta.get("hparams"), _host_hparams(hparams)
@@ -379,7 +417,7 @@ class Core:
         step = self.checkpoint_step(done, batch)
         meta = {"epoch": done, "batch": batch, "num_seeds": num_seeds,
                 "data_seeds": to_host(run.data_seed), "config": config_dict(self.config),
-                "model": describe_model(self.model), "history": self.history(run)}
+                "model": describe_model(self.model), "objective": self.obj.describe(), "history": self.history(run)}
         if hparams is not None:
             meta["hparams"] = _host_hparams(hparams)
         if partial is not None:
@@ -460,7 +498,12 @@ def resume_config(config: dict) -> dict:
                 flat[f"{prefix}{k}"] = v
 
     walk(_json(dict(config)), "")
-    return {k: v for k, v in flat.items() if k not in RESUME_FREE}
+    return {k: v for k, v in flat.items() if k not in RESUME_FREE and not (k in ADDED and ADDED[k] == v)}
+
+
+#: Settings added after checkpoints were first written, with their defaults: at the default they compare as absent,
+#: so a checkpoint made before them resumes.
+ADDED = {"train.loss": "cross_entropy", "train.label_smoothing": 0.0}
 
 
 def seed_handles(key: int | Sequence[int] | np.ndarray | jax.Array | None, num_seeds: int | None,
@@ -505,3 +548,46 @@ def check_run_config(config: ml_collections.ConfigDict) -> None:
     if "train" not in config:
         raise ValueError("config.train: a run config needs a nested train config (resjax.train.train_config())")
     check_train_config(config.train)
+
+
+def check_targets(objective: Objective, model: Any, example_shape: tuple, y_train: Any, y_test: Any = None,
+                  name: str = "data", hparams: dict | None = None, samples: bool = False) -> None:
+    """Check a data set's targets against the run's objective and model, before anything compiles (``ValueError``
+    naming the array or the loss): integer targets of a classification objective as class labels (integers
+    ``>= 0``, every test label a class of the training split, each below the model's ``num_classes``:
+    ``resjax.data.check_labels``); other targets with the same per-example shape and kind in both splits, finite;
+    and, for every objective but the built-in cross-entropy on class labels, the loss and metrics on the shapes
+    of a batch (``Objective.check``: one value per example, 'mse' targets of the outputs' shape). ``samples``: the
+    targets are a few examples of a source that checks its labels as it reads them (TFDS): only their kind and
+    shape are checked here."""
+    from resjax.data.arrays import check_labels
+    from resjax.train.objective import LOSSES, METRIC_FUNCTIONS
+
+    yt = np.asarray(y_train)
+    ye = None if y_test is None else np.asarray(y_test)
+    labels = objective.classes and yt.dtype.kind in "iu"
+    if labels and not samples:
+        ye_ = yt[:0] if ye is None else ye
+        split = types.SimpleNamespace(x_train=yt, y_train=yt, x_test=ye_, y_test=ye_)  # x_*: only their lengths
+        check_labels(split, getattr(model, "num_classes", None), name)
+    if labels:
+        built_in = (objective.loss is LOSSES["cross_entropy"][0]
+                    and all(f is METRIC_FUNCTIONS.get(m) for m, f in objective.metrics.items()))
+        if built_in:
+            return
+    elif ye is not None and (ye.shape[1:] != yt.shape[1:] or (ye.dtype.kind in "iu") != (yt.dtype.kind in "iu")):
+        raise ValueError(f"{name}.y_test: targets {ye.dtype}{list(ye.shape[1:])} per example, but {name}.y_train's "
+                         f"are {yt.dtype}{list(yt.shape[1:])}; both splits need the same kind and shape")
+    if ye is not None and ye.dtype.kind == "f" and len(ye):
+        bad = ~np.isfinite(ye.reshape(len(ye), -1)).all(axis=1)
+        if bad.any():
+            raise ValueError(f"{name}.y_test: example {int(np.argmax(bad))} has a non-finite target")
+
+    def apply_outputs(x):
+        keys = {"params": jax.random.key(0), "dropout": jax.random.key(1)}
+        variables = model.init(keys, x, train=False)
+        outputs, updates = model.apply(variables, x, train=True, mutable=["batch_stats", "intermediates"],
+                                       rngs={"dropout": keys["dropout"]})
+        return outputs, updates.get("intermediates", {})
+
+    objective.check(apply_outputs, tuple(example_shape), yt, f"{name}.y_train", hparams)

@@ -64,9 +64,10 @@ from jax.sharding import Mesh
 from resjax.train import distributed
 from resjax.train.config import SEED_AXIS_MODES, check_step_count, image_train_config, is_int
 from resjax.train.checkpoint import closed_on_error
-from resjax.train.core import Core, check_run_config, progress_bar, seed_handles
+from resjax.train.core import Core, check_run_config, check_targets, progress_bar, seed_handles
 from resjax.train.distributed import make_data_mesh, to_host
 from resjax.train.monitor import resolve_log
+from resjax.train.objective import make_objective
 from resjax.train.optim import make_optimizer
 from resjax.train.preemption import StopSignals
 from resjax.train.state import RunState
@@ -151,19 +152,23 @@ class ImageTrainer(Core):
         return self._compiled("init", seeded)(keys, jnp.asarray(data_seeds, jnp.int32), hp)
 
     def step(self, run: RunState, images: jax.Array, labels: jax.Array,
-             hparams: dict | None = None) -> tuple[RunState, tuple[jax.Array, jax.Array]]:
-        """One donated, jitted step on a placed batch; returns ``(run, (loss, batch_error))``. ``hparams``: the
-        traced values the model is called with (``tau``, per run with a seed axis); the learning rate and
+             hparams: dict | None = None) -> tuple[RunState, tuple[jax.Array, dict]]:
+        """One donated, jitted step on a placed batch; returns ``(run, (loss, metrics))`` (``metrics``: the
+        objective's batch means by name, ``{'error': ...}`` by default). ``hparams``: the traced values the model
+        and the loss are called with (``tau``, ``label_smoothing``; per run with a seed axis); the learning rate and
         weight decay are the state's own."""
         return self._compiled("step", _seeded(run))(run, images, labels, self._call_hparams(hparams))
 
     def _call_hparams(self, hparams: dict | None) -> dict:
-        """The part of ``hparams`` the model's call takes (``tau``); ``{}`` when none."""
-        return {"tau": hparams["tau"]} if self.uses_tau and hparams and "tau" in hparams else {}
+        """The part of ``hparams`` the model's call and the loss take (``tau``, ``label_smoothing``; not the
+        optimiser's, which live in its state); ``{}`` when none."""
+        keep = ({"tau"} if self.uses_tau else set()) | {"label_smoothing"}
+        return {k: v for k, v in (hparams or {}).items() if k in keep}
 
     def evaluate(self, state: RunState, source: Any = None, batch_size: int | None = None,
                  hparams: dict | None = None) -> dict:
-        """``{'loss', 'error'}`` over the whole of ``source`` (default: ``test_source``) in evaluation mode
+        """``{'loss', <metric>...}`` (``{'loss', 'error'}`` by default) over the whole of ``source`` (default:
+        ``test_source``) in evaluation mode
         (running BatchNorm statistics, no augmentation); one value per seed. The last partial batch is
         padded to ``batch_size`` (default ``config.eval_batch_size``) and masked, so one program serves.
         ``hparams``: as for ``step`` (the ``tau`` of each run)."""
@@ -176,23 +181,23 @@ class ImageTrainer(Core):
         _check_divides("batch_size", batch_size, self.mesh)
         fn = self._compiled("eval", _seeded(state))
         call_hp = self._call_hparams(hparams)
-        loss_sum = wrong = 0.0
-        count = 0
+        loss_sum, sums, count = 0.0, {}, 0
         rows = distributed.process_block(batch_size) if self.mesh is not None else slice(0, batch_size)
         size = rows.stop - rows.start
         kw = {"seed": 0, "shuffle": False, "augment": False, "drop_remainder": False}
         for b, (images, labels) in enumerate(_blocks(source, 0, batch_size, kw, self.mesh is not None)):
-            images, labels = np.asarray(images, np.float32), np.asarray(labels, np.int32)
+            images, labels = np.asarray(images, np.float32), _targets(labels)
             n = min(batch_size, source.num_examples - b * batch_size)  # examples in the whole (global) batch
             mask = np.arange(rows.start, rows.stop) < n
             if len(labels) < size:  # pad to the block's size; the padding is masked out
                 images = np.concatenate([images, np.zeros((size - len(labels), *self.example_shape), np.float32)])
-                labels = np.concatenate([labels, np.zeros(size - len(labels), np.int32)])
+                labels = np.concatenate([labels, np.zeros((size - len(labels), *labels.shape[1:]), labels.dtype)])
             l, c = fn(state, call_hp, *(self._place(a, False, batch_size) for a in (images, labels, mask)))
-            loss_sum, wrong, count = loss_sum + l, wrong + c, count + n
+            loss_sum, count = loss_sum + l, count + n
+            sums = {m: sums.get(m, 0.0) + v for m, v in c.items()}
         if count == 0:
             raise ValueError("source: the evaluation source yielded no examples")
-        return {"loss": loss_sum / count, "error": wrong / count}
+        return {"loss": loss_sum / count, **{m: v / count for m, v in sums.items()}}
 
     def fit(self, keys_or_state: RunState | int | Sequence[int] | jax.Array | None = None, *,
             hparams: dict | None = None, epochs: int | None = None, checkpoint_dir: str | os.PathLike | None = None,
@@ -237,42 +242,43 @@ class ImageTrainer(Core):
         with closed_on_error(ckpt):  # the directory's lock is given up if this fails before training
             log, progress = resolve_log(log, progress)
             if log is not None:  # a resumed run's epochs missing from the file are written from its history
-                logged = ("train_loss", "batch_error", "lr", "test_loss", "test_error")
+                logged = [m for m in self.metric_names if not m.startswith("train_") or m == "train_loss"]
                 log.start(done, {k: v for k, v in self.history(run).items() if k in logged} if done else None)
         bar = progress_bar(epochs, done, progress)
         end_epoch, lr = self._compiled("end_epoch", seeded), self._compiled("lr", seeded)
         try:
             with StopSignals(enabled=ckpt is not None) as stop:
                 while done < epochs and not np.all(to_host(run.diverged_epoch) >= 0):
-                    losses, errors = _unpack_partial(partial) if skip else ([], [])
+                    losses, batch_metrics = _unpack_partial(partial, self.obj.metrics) if skip else ([], [])
                     for i, (images, labels) in enumerate(self._batches(done, data_seeds, seeded)):
                         if i < skip:  # resumed inside this epoch: these minibatches were trained on
                             continue
                         b = self.config.train.batch_size
-                        run, (loss, error) = self.step(run, self._place(images, seeded, b),
+                        run, (loss, batch) = self.step(run, self._place(images, seeded, b),
                                                        self._place(labels, seeded, b), hp)
                         losses.append(loss)
-                        errors.append(error)
+                        batch_metrics.append(batch)
                         # at the last one, finish the epoch; several processes agree on stopping at epoch ends only
                         if stop.requested and i + 1 < self.steps_per_epoch and jax.process_count() == 1:
                             step = self.save(ckpt, run, done, num_seeds, batch=i + 1,
-                                             partial=_pack_partial(losses, errors), hparams=hp)
+                                             partial=_pack_partial(losses, batch_metrics), hparams=hp)
                             raise stop.stop(ckpt.directory, step, f"step {i + 1} of {self.steps_per_epoch} in epoch {done + 1}")
                     skip = 0
                     if not losses:
                         raise ValueError("batch_size: the training source yielded no full batch")
-                    metrics = {"train_loss": jnp.mean(jnp.stack(losses), 0), "batch_error": jnp.mean(jnp.stack(errors), 0),
-                               "lr": lr(run)}
+                    metrics = {"train_loss": jnp.mean(jnp.stack(losses), 0), "lr": lr(run),
+                               **{f"batch_{m}": jnp.mean(jnp.stack([bm[m] for bm in batch_metrics]), 0)
+                                  for m in self.obj.metrics}}
                     if self.test_source is not None and self.evaluated(done + 1):
-                        ev = self.evaluate(run, hparams=hp)
-                        metrics["test_loss"], metrics["test_error"] = ev["loss"], ev["error"]
+                        metrics.update({f"test_{m}": v for m, v in self.evaluate(run, hparams=hp).items()})
                     run = end_epoch(run, metrics)
                     done += 1
                     if ckpt is not None and every and done % every == 0:
                         self.save(ckpt, run, done, num_seeds, hparams=hp)
                     if bar is not None or callback is not None or log is not None:
                         summary = to_host(metrics)
-                        summary.setdefault("test_error", np.full(np.shape(summary["train_loss"]), np.nan))
+                        for m in ("test_loss", *(f"test_{m}" for m in self.obj.metrics)):
+                            summary.setdefault(m, np.full(np.shape(summary["train_loss"]), np.nan))
                         if log is not None:
                             log.write(done - 1, summary)
                         if bar is not None:
@@ -322,7 +328,7 @@ class ImageTrainer(Core):
             if images.ndim == 5:  # [S, steps * B, H, W, C]
                 steps = images.shape[1] // b
                 images = images[:, : steps * b].reshape(images.shape[0], steps, b, *images.shape[2:])
-                labels = labels[:, : steps * b].reshape(labels.shape[0], steps, b)
+                labels = labels[:, : steps * b].reshape(labels.shape[0], steps, b, *labels.shape[2:])
             for i in range(images.shape[1]):
                 yield images[:, i], labels[:, i]
             return
@@ -361,13 +367,28 @@ def _takes_part(source: Any) -> bool:
     return "part" in inspect.signature(source.epoch).parameters
 
 
-def _pack_partial(losses: list, errors: list) -> dict:
-    """The epoch's per-minibatch metrics so far, for a checkpoint taken inside an epoch (exact float32 values)."""
-    return {name: np.asarray(to_host(jnp.stack(v)), np.float32) for name, v in (("losses", losses), ("errors", errors))}
+def _targets(labels: Any) -> np.ndarray:
+    """A batch's targets for the step: integer labels as int32, other targets as float32."""
+    labels = np.asarray(labels)
+    return labels.astype(np.int32) if labels.dtype.kind in "iu" else labels.astype(np.float32)
 
 
-def _unpack_partial(partial: dict) -> tuple[list, list]:
-    return tuple([jnp.asarray(row) for row in np.array(partial[name], dtype=np.float32)] for name in ("losses", "errors"))
+def _pack_partial(losses: list, metrics: list) -> dict:
+    """The epoch's per-minibatch loss and metrics so far, for a checkpoint taken inside an epoch (exact float32
+    values): ``losses`` and, per metric ``m``, ``metric.m`` (the default objective's error as ``errors``, the
+    name checkpoints made before objectives existed use)."""
+    out = {"losses": np.asarray(to_host(jnp.stack(losses)), np.float32)}
+    for m in metrics[0] if metrics else ():
+        key = "errors" if m == "error" else f"metric.{m}"
+        out[key] = np.asarray(to_host(jnp.stack([b[m] for b in metrics])), np.float32)
+    return out
+
+
+def _unpack_partial(partial: dict, names: Any) -> tuple[list, list]:
+    rows = lambda key: [jnp.asarray(r) for r in np.array(partial[key], dtype=np.float32)]  # noqa: E731
+    losses = rows("losses")
+    columns = {m: rows("errors" if m == "error" else f"metric.{m}") for m in names}
+    return losses, [{m: columns[m][i] for m in names} for i in range(len(losses))]
 
 
 def seed_axis_mode(config: ml_collections.ConfigDict) -> str:
@@ -415,14 +436,16 @@ def _check_divides(name: str, value: int, mesh) -> None:
 
 def make_image_train(config: ml_collections.ConfigDict, train_source: Any, test_source: Any = None, *,
                      model: nn.Module | None = None, mesh: Mesh | None = None, optimizer: Any = None,
-                     schedule: Callable | None = None, param_groups: Any = None) -> ImageTrainer:
+                     schedule: Callable | None = None, param_groups: Any = None, loss: str | Callable | None = None,
+                     metrics: Any = None) -> ImageTrainer:
     """An ``ImageTrainer`` for the run config ``config`` (``config.train``, and ``config.model`` unless
     ``model``, a module, is given) on ``train_source`` (see the module docstring). ``mesh``: a
     ``jax.sharding.Mesh`` with axis ``'data'`` (``make_data_mesh()``) for data parallelism, or None for one
     device. ``train_source`` may also be a user's arrays (``resjax.data.from_arrays``): its ``source('train')``
     is trained on and, unless ``test_source`` is given, its ``source('test')`` evaluated. Validates every
     setting (``ValueError`` naming it) before anything is traced. ``optimizer``, ``schedule``, ``param_groups``: your own optax transformation (or a factory
-    of the learning rate), learning-rate multiplier and parameter-group rules (``resjax.train.optim``)."""
+    of the learning rate), learning-rate multiplier and parameter-group rules (``resjax.train.optim``). ``loss``,
+    ``metrics``: the objective (see ``resjax.train.objective``), checked against the data's targets here."""
     from resjax.data import ArrayData
 
     if train_source is None:
@@ -432,6 +455,7 @@ def make_image_train(config: ml_collections.ConfigDict, train_source: Any, test_
         data, train_source = train_source, train_source.source("train")
         test_source = data.source("test") if test_source is None else test_source
     check_run_config(config)
+    objective = make_objective(config.train, loss, metrics)
     t = config.train
     if mesh is not None and distributed.DATA_AXIS not in mesh.shape:
         raise ValueError(f"mesh: needs an axis named {distributed.DATA_AXIS!r}, got axes {tuple(mesh.shape)}")
@@ -449,6 +473,11 @@ def make_image_train(config: ml_collections.ConfigDict, train_source: Any, test_
         from resjax.nn import build_model
 
         model = build_model(config.model, num_classes=train_source.num_classes)
+    y_train, y_test = _source_targets(train_source), None if test_source is None else _source_targets(test_source)
+    if y_train is not None:
+        check_targets(objective, model, tuple(train_source.image_shape), y_train, y_test, "data",
+                      {"label_smoothing": 0.0} if t.get("label_smoothing", 0.0) else None,
+                      samples=not hasattr(train_source, "_y"))
     steps = train_source.num_batches(t.batch_size, drop_remainder=True)
     check_step_count(t.epochs, int(steps))
     x = jax.ShapeDtypeStruct((2, *train_source.image_shape), jnp.float32)
@@ -457,9 +486,21 @@ def make_image_train(config: ml_collections.ConfigDict, train_source: Any, test_
              if v is not None}
     tx = make_optimizer(t, params, steps, **optim)
     return ImageTrainer(config=config, model=model, tx=tx, example_shape=tuple(train_source.image_shape), optim=optim,
+                        objective=objective,
                         uses_tau=getattr(model, "scaling", None) == "tau", steps_per_epoch=int(steps),
                         train_source=train_source,
                         test_source=test_source, mesh=mesh)
+
+
+def _source_targets(source: Any) -> np.ndarray | None:
+    """A source's targets for the checks: all of a user's arrays (``ArraySource``), else the first two
+    examples' (a TFDS source: integer class labels); None for a source that cannot read examples by index."""
+    if hasattr(source, "data") and hasattr(source, "_y"):
+        return np.asarray(source._y)
+    if not hasattr(source, "read"):
+        return None
+    _, y = source.read(np.arange(min(2, source.num_examples)))
+    return np.asarray(y)
 
 
 __all__ = ["ImageTrainer", "image_train_config", "make_data_mesh", "make_image_train", "seed_axis_mode"]

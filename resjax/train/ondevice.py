@@ -39,7 +39,7 @@ import contextlib
 import dataclasses
 import functools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -47,13 +47,14 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from resjax.data import ArrayData, Dataset, check_finite, check_labels, load_dataset
+from resjax.data import ArrayData, Dataset, check_finite, load_dataset
 from resjax.nn import build_model
 from resjax.train.checkpoint import closed_on_error
 from resjax.train.config import check_step_count, is_int
-from resjax.train.core import Core, check_run_config, divergence, progress_bar, seed_handles
+from resjax.train.core import Core, check_run_config, check_targets, divergence, progress_bar, seed_handles
 from resjax.train.distributed import to_host
 from resjax.train.monitor import resolve_log
+from resjax.train.objective import make_objective
 from resjax.train.optim import make_optimizer
 from resjax.train.preemption import StopSignals
 from resjax.train.state import RunState
@@ -78,11 +79,11 @@ class Trainer(Core):
         """A fresh run from ``key`` (one typed PRNG key)."""
         return self.init_run(key, 0, hparams)
 
-    def evaluate(self, run: RunState, x: jax.Array, y: jax.Array,
-                 hparams: dict | None = None) -> tuple[jax.Array, jax.Array]:
-        """``(loss, error)`` over the arrays ``x, y`` in evaluation mode."""
-        loss, wrong = self.eval_sums(run, x, y, None, hparams)
-        return loss / len(y), wrong / len(y)
+    def evaluate(self, run: RunState, x: jax.Array, y: jax.Array, hparams: dict | None = None) -> dict:
+        """``{'loss', <metric>...}`` (``{'loss', 'error'}`` by default): the means over the arrays ``x, y`` in
+        evaluation mode, as ``ImageTrainer.evaluate`` gives them."""
+        loss, sums = self.eval_sums(run, x, y, None, hparams)
+        return {"loss": loss / len(y), **{m: v / len(y) for m, v in sums.items()}}
 
     def train_epoch(self, run: RunState, hparams: dict | None,
                     evaluate: bool | jax.Array = True) -> tuple[RunState, dict]:
@@ -104,20 +105,20 @@ class Trainer(Core):
                 out = (*out, self.step_hook(r, after, hparams))
             return after, out
 
-        def evaluation(r):
-            _, train_error = self.evaluate(r, x_train, y_train, hparams)
-            test_loss, test_error = self.evaluate(r, jnp.asarray(self.data.x_test), jnp.asarray(self.data.y_test),
-                                                  hparams)
-            return train_error, test_loss, test_error
+        def evaluation(r):  # the training set's metrics (not its loss) and the test set's loss and metrics
+            train = self.evaluate(r, x_train, y_train, hparams)
+            test = self.evaluate(r, jnp.asarray(self.data.x_test), jnp.asarray(self.data.y_test), hparams)
+            return {**{f"train_{m}": v for m, v in train.items() if m != "loss"},
+                    **{f"test_{m}": v for m, v in test.items()}}
 
         run, outs = jax.lax.scan(step, run, batches)
         if evaluate is True:
-            train_error, test_loss, test_error = evaluation(run)
+            evaluated = evaluation(run)
         else:
-            nan = jnp.full((), jnp.nan, jnp.float32)
-            train_error, test_loss, test_error = jax.lax.cond(evaluate, evaluation, lambda r: (nan, nan, nan), run)
-        metrics = {"train_loss": jnp.mean(outs[0]), "batch_error": jnp.mean(outs[1]), "train_error": train_error,
-                   "test_loss": test_loss, "test_error": test_error, "lr": lr}
+            nans = jax.tree_util.tree_map(lambda a: jnp.full(a.shape, jnp.nan, a.dtype), jax.eval_shape(evaluation, run))
+            evaluated = jax.lax.cond(evaluate, evaluation, lambda r: nans, run)
+        metrics = {"train_loss": jnp.mean(outs[0]), **{f"batch_{m}": jnp.mean(v) for m, v in outs[1].items()},
+                   **evaluated, "lr": lr}
         run = self.end_epoch(run, metrics)
         records = {}
         if self.step_hook is not None:
@@ -316,14 +317,18 @@ def shard_over_seeds(tree: Any, devices: Sequence[jax.Device] | None = None) -> 
 def make_train(config: ml_collections.ConfigDict, data: Dataset | ArrayData | None = None, *,
                model: nn.Module | None = None, step_hook: Callable | None = None,
                epoch_hook: Callable | None = None, optimizer: Any = None, schedule: Callable | None = None,
-               param_groups: Any = None) -> Trainer:
+               param_groups: Any = None, loss: str | Callable | None = None,
+               metrics: Mapping[str, str | Callable] | Sequence[str] | None = None) -> Trainer:
     """A ``Trainer`` for the run config ``config`` (``config.data``, ``config.model``, ``config.train``;
     ``resjax.train.run_config``). ``data`` overrides ``config.data``; ``model`` (a module) overrides
     ``build_model(config.model)``. Validates every setting (``ValueError`` naming it) before anything is
     traced. ``data`` may be a user's arrays (``resjax.data.from_arrays``; without augmentation: this feeder
     trains on the arrays as they are). ``optimizer``, ``schedule``, ``param_groups``: your own optax transformation (or a factory
-    of the learning rate), learning-rate multiplier and parameter-group rules (``resjax.train.optim``)."""
+    of the learning rate), learning-rate multiplier and parameter-group rules (``resjax.train.optim``). ``loss``,
+    ``metrics``: the objective (a built-in's name, default ``config.train.loss``, or your functions; see
+    ``resjax.train.objective``): the data's targets are checked against it and the model's outputs here."""
     check_run_config(config)
+    objective = make_objective(config.train, loss, metrics)
     if isinstance(data, ArrayData) and data.augment != "none":
         raise ValueError(f"augment: {data.augment!r} is for the host feeder (make_image_train); the on-device "
                          "feeder trains on the arrays as they are (from_arrays(..., augment='none'))")
@@ -338,7 +343,8 @@ def make_train(config: ml_collections.ConfigDict, data: Dataset | ArrayData | No
         if "model" not in config:
             raise ValueError("config.model: no model config and no model given")
         model = build_model(config.model, num_classes=data.num_classes)
-    check_labels(data, getattr(model, "num_classes", None))  # integers >= 0, each a class of the model
+    check_targets(objective, model, data.x_train.shape[1:], data.y_train, data.y_test, "data",
+                  {"label_smoothing": 0.0} if t.get("label_smoothing", 0.0) else None)
     steps = len(data.y_train) // t.batch_size
     check_step_count(t.epochs, steps)
     x = jax.ShapeDtypeStruct((2, *data.x_train.shape[1:]), jnp.float32)
@@ -347,5 +353,6 @@ def make_train(config: ml_collections.ConfigDict, data: Dataset | ArrayData | No
     optim = {k: v for k, v in dict(optimizer=optimizer, schedule=schedule, param_groups=param_groups).items()
              if v is not None}
     tx = make_optimizer(t, params, steps, **optim)
-    return Trainer(config=config, model=model, tx=tx, optim=optim, example_shape=tuple(data.x_train.shape[1:]), uses_tau=uses_tau,
-                   steps_per_epoch=steps, data=data, step_hook=step_hook, epoch_hook=epoch_hook)
+    return Trainer(config=config, model=model, tx=tx, optim=optim, objective=objective,
+                   example_shape=tuple(data.x_train.shape[1:]), uses_tau=uses_tau, steps_per_epoch=steps, data=data,
+                   step_hook=step_hook, epoch_hook=epoch_hook)
