@@ -26,8 +26,8 @@ REGRESSION = from_arrays(X[:64], Y_REG[:64], X[64:], Y_REG[64:])
 
 def config(epochs=3, **train):
     model = dict(kind="residual_mlp", width=8, num_blocks=2, order="pre")
-    return run_config(model, train_config(epochs=epochs, batch_size=16, learning_rate=0.05, checkpoint_every=1,
-                                          **train))
+    return run_config(model, train_config(**{**dict(epochs=epochs, batch_size=16, learning_rate=0.05,
+                                                    checkpoint_every=1), **train}))
 
 
 def my_cross_entropy(outputs, targets):
@@ -129,7 +129,7 @@ def test_an_auxiliary_loss_on_a_sown_intermediate_changes_the_gradient_as_comput
     grad = {"kernel": scale * x.T @ h, "bias": scale * jnp.sum(h, 0)}
     for name in ("kernel", "bias"):  # one SGD step at rate 1: the parameters differ by minus the extra gradient
         moved = after_aux.state.params["stem"][name] - after_plain.state.params["stem"][name]
-        np.testing.assert_allclose(moved, -grad[name], rtol=1e-4, atol=1e-7)
+        np.testing.assert_allclose(moved, -grad[name], rtol=1e-3, atol=1e-6)  # float32 differences of ~1 values
     np.testing.assert_allclose(after_aux.state.params["head"]["kernel"], after_plain.state.params["head"]["kernel"],
                                atol=1e-6)  # the head's gradient does not see the term
     assert not np.allclose(after_aux.state.params["stem"]["kernel"], after_plain.state.params["stem"]["kernel"],
@@ -162,11 +162,11 @@ def test_label_smoothing_is_a_setting_and_a_traced_hyperparameter():
      r"data.y_train: targets of per-example shape \(\) for the loss 'mse', but the model's outputs are \(1,\) .*"
      r"give one target per example as \[N, 1\]"),
     (dict(loss="cross_entropy"), from_arrays(X[:64], Y[:64].astype(np.float32), X[64:], Y[64:].astype(np.float32)),
-     r"data.y_train: floating targets .* 'cross_entropy' .*\.astype\(int\)"),
+     r"data.y_train: floating targets .* 'cross_entropy', .*\.astype\(int\)"),
     (dict(loss="huber"), CLASSES, r"loss: unknown loss 'huber'"),
     (dict(metrics={"loss": "error"}), CLASSES, r"metrics: 'loss' is not a usable metric name"),
     (dict(metrics={"top": "top3"}), CLASSES, r"metrics.top: unknown metric 'top3'"),
-    (dict(metrics={"bad": lambda o, t: t.reshape(-1, 2)}), CLASSES, r"metrics.bad: fails on the model's outputs"),
+    (dict(metrics={"bad": lambda o, t: t.reshape(-1, 2)}), CLASSES, r"metrics.bad: must return one value per example, shape \(B,\); .* returned int32\[1, 2\]"),
 ])
 @pytest.mark.parametrize("feeder", ["ondevice", "host"])
 def test_a_bad_objective_is_refused_by_name_before_training(kwargs, data, match, feeder):

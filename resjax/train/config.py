@@ -18,6 +18,9 @@ fields:
   param_groups       tuple of parameter-group rules or preset names ('tau_resnet', 'fixup'): per-group
                      learning-rate and weight-decay factors by path pattern or rank (``resjax.train.optim``)
   grad_clip_norm     global-norm clipping; 0 = off
+  loss               the objective by name: 'cross_entropy' (default) | 'mse' (``resjax.train.objective``; a loss of
+                     your own is the trainers' ``loss=`` argument)
+  label_smoothing    the cross-entropy's label smoothing in [0, 1) (a traced value: ``hparams`` may vary it per run)
   schedule           'constant' | 'step' | 'cosine' | an optax schedule's name with ``schedule_args``;
                      ``milestones``, ``decay_factor``, ``warmup_epochs`` (see ``resjax.train.schedules``)
   batch_size, epochs, eval_batch_size (host feeder: evaluation batches)
@@ -48,6 +51,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from resjax.train.objective import LOSSES
 from resjax.train.optim import check_optimizer
 from resjax.train.schedules import check_schedule
 
@@ -74,6 +78,8 @@ def train_config(**overrides: Any) -> ml_collections.ConfigDict:
     c.scalar_lr_factor = 1.0
     c.param_groups = ()
     c.grad_clip_norm = 0.0
+    c.loss = "cross_entropy"
+    c.label_smoothing = 0.0
     c.schedule = "constant"
     c.schedule_args = ml_collections.ConfigDict()
     c.milestones = ()
@@ -119,7 +125,7 @@ def is_int(v: Any) -> bool:
 
 #: The float settings of ``train_config``: each must be a finite number (NaN and +-inf refused).
 FLOAT_SETTINGS = ("learning_rate", "momentum", "adam_b1", "adam_b2", "adam_eps", "weight_decay", "scalar_lr_factor",
-                  "grad_clip_norm", "decay_factor", "warmup_epochs")
+                  "grad_clip_norm", "decay_factor", "warmup_epochs", "label_smoothing")
 
 
 def is_number(v: Any) -> bool:
@@ -168,6 +174,13 @@ def check_train_config(c: ml_collections.ConfigDict) -> None:
     mode = c.get("seed_axis", "auto")
     if mode not in SEED_AXIS_MODES:
         raise ValueError(f"seed_axis: unknown value {mode!r}; choose one of {SEED_AXIS_MODES}")
+    v = c.get("loss", "cross_entropy")
+    if v not in LOSSES:
+        raise ValueError(f"train.loss: unknown loss {v!r}; choose one of {sorted(LOSSES)} (a loss of your own is the "
+                         "trainers' loss= argument: make_train(config, data, loss=fn))")
+    v = c.get("label_smoothing", 0.0)
+    if not 0.0 <= v < 1.0:
+        raise ValueError(f"train.label_smoothing: must be in [0, 1), got {v!r}")
     check_optimizer(c)
     check_schedule(c, 1)  # names and ranges (an unknown schedule is refused here, not when the optimiser is built)
 
