@@ -143,7 +143,7 @@ def report_section(module, results: dict, out_dir: pathlib.Path, report_dir: pat
                   "seed's settings (an accelerator is needed for the full run).", ""]
     changed = common.changed_settings(module, results.get("config"))
     differ = ("Settings that differ from the seed document's (the default size): "
-              + ", ".join(f"`{k}` {common._show(v)}" for k, v in changed.items()) + "." if changed else "")
+              + ", ".join(f"`{k}` {common.show_value(v)}" for k, v in changed.items()) + "." if changed else "")
     lines += [f"Ran in {results['seconds']:.0f} s. Config: `{results['config']}`.", ""] + ([differ, ""] if differ else []) + [
               "| claim | source | seed document | measured | holds |", "|---|---|---|---|---|"]
     for text, source, seed_value, measured, ok in claim_rows(module, results):
