@@ -10,6 +10,12 @@ checkpoint without training, and the interrupted one resumes from its newest che
 unbroken run: the library's resume); a changed setting gives another folder and trains afresh, never meeting
 an old checkpoint. ``--fresh`` trains every cell from the start (its folder is emptied first).
 
+One run per folder (#22, #32): the run holds the checkpoint root's lock (``experiments.files``) for as long as its
+:func:`session` lasts (from its start where the root exists, else from its first cell), and ``--fresh`` empties a
+cell's folder only while holding that folder's lock. A root or cell folder another running process holds is
+refused with ``files.FolderInUseError`` naming that process, before anything in it is read or deleted: a
+``--fresh`` run never removes the checkpoints of a run in progress.
+
 ``run_experiment`` opens a :func:`session` for the run; cells go through :func:`sweep` (on-device) or
 :func:`cell_dir` (the image cells' ``ImageTrainer.fit``). A cell whose trainer has step or epoch hooks
 (measurements taken inside the compiled run, which a checkpoint does not hold) is not checkpointed: it

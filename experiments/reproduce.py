@@ -291,7 +291,9 @@ def main(argv=None) -> pathlib.Path:
     sections, experiment_seconds, reused, rows = [], 0.0, [], []
     expected = [_expected_seconds(module.NAME, label) for module, _, label, _, _ in plan]
     # SIGTERM/SIGINT: a clean exit 143/130, resumable (#22); unusable checkpoints: a message, exit 1
-    with common.unusable_checkpoints_end_the_run("reproduce"), checkpoints.stop_signals("reproduce"):
+    # a folder another run holds: one line naming its process, exit 1 (#32)
+    with common.folder_in_use_ends_the_run("reproduce"), common.unusable_checkpoints_end_the_run("reproduce"), \
+            checkpoints.stop_signals("reproduce"):
         for k, (module, config, label, missing, folder) in enumerate(plan):
             name = module.NAME
             results = None if args.fresh else _previous(folder, config)  # finished: not run again (#22)
