@@ -26,7 +26,8 @@ from experiments.settings import SIZES, default_out, flatten, parse_value, set_p
 #: that trains; an experiment's own ``HELP`` entry replaces one of these where the experiment reads it otherwise.
 TRAIN_HELP = {
     "train.optimizer": "optimiser: 'sgd' (heavy ball when train.momentum > 0), 'momentum', 'nesterov', 'adam' "
-                       "(PyTorch's rules) or any optax optimiser by name ('adamw', 'lamb', 'lars', 'lion', 'rmsprop', ...)",
+                       "(PyTorch's rules) or any optax optimiser by name ('adamw', 'lamb', 'lars', 'lion', 'rmsprop', "
+                       "...)",
     "train.optimizer_args": "an optax optimiser's other arguments, a dict such as \"dict(b2=0.95)\"; empty: none",
     "train.learning_rate": "base learning rate (step size), a number >= 0",
     "train.momentum": "SGD momentum in [0, 1): buf = momentum * buf + g (PyTorch's, no dampening); 0 = plain SGD",
@@ -34,10 +35,12 @@ TRAIN_HELP = {
     "train.adam_b1": "Adam's first-moment decay rate beta1 (optimizer 'adam')",
     "train.adam_b2": "Adam's second-moment decay rate beta2 (optimizer 'adam')",
     "train.adam_eps": "Adam's epsilon, added to the root of the second moment (optimizer 'adam')",
-    "train.weight_decay": "coupled L2 weight decay: the step uses g + weight_decay * w (PyTorch's weight_decay); 0 = off",
+    "train.weight_decay": "coupled L2 weight decay: the step uses g + weight_decay * w (PyTorch's weight_decay); "
+                          "0 = off",
     "train.weight_decay_on": "which parameters weight decay applies to: 'all' (every parameter, PyTorch's default) or "
                              "'kernels' (Dense/Conv kernels only)",
-    "train.scalar_lr_factor": "learning-rate factor for 0-d parameters (Fixup's and SkipInit's scalars, a learnable tau)",
+    "train.scalar_lr_factor": "learning-rate factor for 0-d parameters (Fixup's and SkipInit's scalars, a "
+                              "learnable tau)",
     "train.param_groups": "parameter-group rules or preset names ('tau_resnet', 'fixup'), comma-separated: per-group "
                           "learning-rate and weight-decay factors (resjax.train.optim); empty: one group",
     "train.grad_clip_norm": "clip gradients to this global L2 norm; 0 = no clipping",
@@ -48,14 +51,16 @@ TRAIN_HELP = {
                         "e.g. \"(100, 150)\"",
     "train.decay_factor": "factor applied to the learning rate at each milestone of a 'step' schedule",
     "train.warmup_epochs": "epochs of linear learning-rate warm-up from 0 (fractions allowed); 0 = none",
-    "train.batch_size": "minibatch size: training examples per SGD step (the last partial batch of an epoch is dropped)",
+    "train.batch_size": "minibatch size: training examples per SGD step (the last partial batch of an epoch is "
+                        "dropped)",
     "train.eval_batch_size": "examples per evaluation batch (host-fed image runs; does not change any result)",
     "train.epochs": "training epochs (passes over the training set)",
     "train.eval_every": "evaluate the training and test sets after every k-th epoch and after the last (1: every "
                         "epoch); the other epochs' evaluation entries are NaN, the training is the same",
     "train.augment": "true/false: random crops and flips of the training images (host-fed image runs)",
     "train.shuffle": "true/false: a fresh order of the training set every epoch (host-fed image runs)",
-    "train.checkpoint_every": "epochs between checkpoints (on-device runs: rounded to whole chunks); 0 = only at the end",
+    "train.checkpoint_every": "epochs between checkpoints (on-device runs: rounded to whole chunks); 0 = only at "
+                              "the end",
     "train.checkpoint_keep": "how many checkpoints to keep (the newest)",
     "train.seed": "the first training seed when seeds are counted from it (an integer in [0, 2**31))",
     "train.seed_axis": "how the host feeder steps several seeds: 'auto', 'vmap', 'unroll' or 'loop' (same results; "
@@ -106,7 +111,8 @@ def flags_without_help(module) -> list[str]:
 def size_changes(module, size: str) -> list[str]:
     """What ``--<size>`` changes against the default size: ``['train.epochs 300 -> 2', ...]`` (from the configs)."""
     base, other = flatten(module.get_config("default")), flatten(module.get_config(size))
-    changes = [f"{k} {show_value(base[k])} -> {show_value(other[k])}" for k in other if k in base and base[k] != other[k]]
+    changes = [f"{k} {show_value(base[k])} -> {show_value(other[k])}" for k in other
+               if k in base and base[k] != other[k]]
     return changes + [f"{k} = {show_value(other[k])} (added)" for k in other if k not in base]
 
 

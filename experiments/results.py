@@ -49,8 +49,9 @@ SETTING_WORDS = {"num_seeds": "{} seeds", "train.epochs": "{} epochs", "num_netw
                  "num_draws": "{} draws", "num_inputs": "{} inputs", "plain_hidden_layers": "{} hidden layers",
                  "residual_blocks": "{} residual blocks", "num_blocks": "{} blocks", "depth": "depth {}",
                  "depths": "depths {}", "width": "width {}", "model.width": "width {}", "model.depth": "depth {}",
-                 "train.learning_rate": "learning rate {}", "train.batch_size": "batch {}", "train.momentum": "momentum {}",
-                 "num_runs": "{} runs", "num_batches": "{} batches", "num_examples": "{} examples", "repeats": "{} repeats"}
+                 "train.learning_rate": "learning rate {}", "train.batch_size": "batch {}",
+                 "train.momentum": "momentum {}", "num_runs": "{} runs", "num_batches": "{} batches",
+                 "num_examples": "{} examples", "repeats": "{} repeats"}
 #: Settings that change how a run is carried out, not what it measures: never named in a claim's note.
 NEUTRAL_SETTINGS = ("chunk_epochs", "scan", "data_dir", "synthetic_examples", "train.eval_batch_size",
                     "train.checkpoint_every", "train.checkpoint_keep", "train.seed_axis", "checkpoint_dir")
