@@ -122,6 +122,7 @@ class Session:
 _SESSIONS: list[Session] = []
 _FINISHED = [0]  # training cells finished (or loaded from their final checkpoint) in this process, every session
 _CELLS_LOCK = threading.Lock()
+_ROOT_LOCK = threading.Lock()
 
 
 def current() -> Session | None:
@@ -168,7 +169,9 @@ def _lock_root(s: Session | None) -> None:
         return
     if s.locked is not None and s.root.absolute() == s.locked.absolute():
         return
-    s.lock = files.acquire(s.root, "checkpoint_dir")
+    with _ROOT_LOCK:  # cells may begin in several threads (sweeps): the root is locked once
+        if s.lock is None:
+            s.lock = files.acquire(s.root, "checkpoint_dir")
 
 
 def _begin_cell(s: Session | None, cell: str, directory: pathlib.Path | None) -> None:

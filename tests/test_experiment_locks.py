@@ -146,3 +146,26 @@ def test_the_command_line_refuses_with_one_line_and_status_1(holder):
     assert f"batchnorm_example: out: {paths.out} is in use by process {process.pid} on host" in done.stderr
     assert "holder_run.py" in done.stderr and _holders_files(paths) == before
     assert process.poll() is None  # the running run goes on
+
+
+# Mutation caught: experiments/checkpoints.py `_lock_root` without `_ROOT_LOCK` (cells of a sweep beginning in
+# several threads): a thread finds the root locked by its own process and "takes over the stale lock".
+def test_cells_beginning_in_several_threads_lock_the_root_once(tmp_path, capfd):
+    import threading
+
+    gate, dirs = threading.Barrier(8), []
+
+    def begin(k):
+        gate.wait()
+        dirs.append(checkpoints.named_dir(f"cell{k}"))
+
+    with checkpoints.session(tmp_path / "root", "threads", {}) as s:
+        assert not (tmp_path / "root").exists()  # no folder before the first cell: a run that never trains makes none
+        threads = [threading.Thread(target=begin, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(dirs) == 8 and s.lock is not None and (tmp_path / "root" / LOCK_FILE).is_file()
+    assert not (tmp_path / "root" / LOCK_FILE).exists()  # given up when the session ends
+    assert "stale" not in capfd.readouterr().err
