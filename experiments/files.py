@@ -8,7 +8,7 @@ Locks (issue #22 item 4, #32): a run takes the lock of each folder it writes or 
 checkpoint root for the whole run once the root exists (``experiments.checkpoints``), and a cell's folder before
 ``--fresh`` empties it. A folder another running process holds is refused with :class:`FolderInUseError`, a
 ``ValueError`` naming the folder's setting, the folder and the process (its id, host, start time and, on this host,
-its command line); the entry points print it as one line and exit with status 1, having deleted nothing.
+its command line); the entry points print it as one line and exit with status 1, nothing in that folder changed.
 """
 
 from __future__ import annotations
@@ -96,5 +96,5 @@ def acquire(directory, setting: str):
         holder = {**holder, "command": command}
         raise FolderInUseError(
             f"{setting}: {lock.directory} is in use by process {pid} on host {host} (since "
-            f"{holder.get('started', '?')}" + (f"; command: {command}" if command else "") + "); wait for that run "
-            "to end or use another folder. Nothing was deleted or trained.", lock.directory, holder) from None
+            f"{holder.get('started', '?')}" + (f"; command: {command}" if command else "") + "); nothing in it was "
+            "changed: wait for that run to end, or use another folder", lock.directory, holder) from None

@@ -149,8 +149,8 @@ def unusable_checkpoints_end_the_run(name: str):
 @contextlib.contextmanager
 def folder_in_use_ends_the_run(name: str):
     """An entry point's ``FolderInUseError`` (its output or checkpoint folder held by another running process:
-    ``experiments.files``) as one line naming that process, exit status 1, without a Python traceback; nothing
-    was deleted or trained."""
+    ``experiments.files``) as one line naming that process, exit status 1, without a Python traceback; nothing in
+    that folder was changed."""
     try:
         yield
     except FolderInUseError as err:
