@@ -10,6 +10,12 @@ checkpoint without training, and the interrupted one resumes from its newest che
 unbroken run: the library's resume); a changed setting gives another folder and trains afresh, never meeting
 an old checkpoint. ``--fresh`` trains every cell from the start (its folder is emptied first).
 
+One run per folder (#22, #32): the run holds the checkpoint root's lock (``experiments.files``) for as long as its
+:func:`session` lasts (from its start where the root exists, else from its first cell), and ``--fresh`` empties a
+cell's folder only while holding that folder's lock. A root or cell folder another running process holds is
+refused with ``files.FolderInUseError`` naming that process, before anything in it is read or deleted: a
+``--fresh`` run never removes the checkpoints of a run in progress.
+
 ``run_experiment`` opens a :func:`session` for the run; cells go through :func:`sweep` (on-device) or
 :func:`cell_dir` (the image cells' ``ImageTrainer.fit``). A cell whose trainer has step or epoch hooks
 (measurements taken inside the compiled run, which a checkpoint does not hold) is not checkpointed: it
@@ -48,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from experiments import files
 from resjax.train.preemption import SignalHandlers
 
 #: ``--checkpoint_dir none``: no checkpoints.
@@ -104,6 +111,8 @@ class Session:
     current_saved: bool = True  # whether the cell training now checkpoints
     current_dir: pathlib.Path | None = None  # its folder
     emptied: set = dataclasses.field(default_factory=set)
+    locked: pathlib.Path | None = None  # a folder the caller holds the lock of (the output folder)
+    lock: Any = None  # the root's lock (resjax.train.lock.DirectoryLock) while this session holds it
 
     @property
     def marker(self) -> pathlib.Path | None:
@@ -113,6 +122,7 @@ class Session:
 _SESSIONS: list[Session] = []
 _FINISHED = [0]  # training cells finished (or loaded from their final checkpoint) in this process, every session
 _CELLS_LOCK = threading.Lock()
+_ROOT_LOCK = threading.Lock()
 
 
 def current() -> Session | None:
@@ -122,21 +132,46 @@ def current() -> Session | None:
 
 @contextlib.contextmanager
 def session(root: pathlib.Path | None, name: str = "experiment", config: Any = None,
-            fresh: bool = False) -> Iterator[Session]:
+            fresh: bool = False, locked=None) -> Iterator[Session]:
     """Inside the block, :func:`sweep` and :func:`cell_dir` checkpoint into ``root`` (None: nowhere).
     ``session.resuming`` says whether this run goes on from an earlier run's checkpoints of the same
-    ``config`` (then ``metrics.jsonl`` is kept; see the module docstring)."""
-    s = Session(pathlib.Path(root) if root is not None else None, name, config, fresh)
-    if s.root is not None and not fresh and s.marker.is_file():
-        try:
-            s.resuming = s.marked = json.loads(s.marker.read_text()).get("config") == config
-        except (OSError, ValueError, AttributeError):
-            s.resuming = False
-    _SESSIONS.append(s)
+    ``config`` (then ``metrics.jsonl`` is kept; see the module docstring).
+
+    The session holds ``root``'s lock (``experiments.files``) from its start where the folder exists, else from
+    its first cell (an experiment that never trains creates no folder), to its end; ``locked``: a folder the
+    caller already holds the lock of (``run_experiment``'s output folder), not locked again when it is ``root``.
+    Another running process's root is ``files.FolderInUseError``, before anything in it is read or deleted."""
+    s = Session(pathlib.Path(root) if root is not None else None, name, config, fresh,
+                locked=pathlib.Path(locked) if locked is not None else None)
     try:
-        yield s
+        if s.root is not None and s.root.is_dir():
+            _lock_root(s)  # another run's root is refused here, before anything of it is read or deleted (#32)
+        if s.root is not None and not fresh and s.marker.is_file():
+            try:
+                s.resuming = s.marked = json.loads(s.marker.read_text()).get("config") == config
+            except (OSError, ValueError, AttributeError):
+                s.resuming = False
+        _SESSIONS.append(s)
+        try:
+            yield s
+        finally:
+            _SESSIONS.remove(s)
     finally:
-        _SESSIONS.remove(s)
+        if s.lock is not None:
+            s.lock.release()
+
+
+def _lock_root(s: Session | None) -> None:
+    """Take the lock of ``s.root`` for the rest of the session (once; creating the folder), unless checkpoints
+    are off or the root is the folder the caller already locked. ``files.FolderInUseError`` when another running
+    process holds it: one run per checkpoint root, so that ``--fresh`` never deletes a running run's cells."""
+    if s is None or s.root is None or s.lock is not None:
+        return
+    if s.locked is not None and s.root.absolute() == s.locked.absolute():
+        return
+    with _ROOT_LOCK:  # cells may begin in several threads (sweeps): the root is locked once
+        if s.lock is None:
+            s.lock = files.acquire(s.root, "checkpoint_dir")
 
 
 def _begin_cell(s: Session | None, cell: str, directory: pathlib.Path | None) -> None:
@@ -146,11 +181,10 @@ def _begin_cell(s: Session | None, cell: str, directory: pathlib.Path | None) ->
     with _CELLS_LOCK:  # cells may begin in several threads (sweeps): the marker is written once
         s.current, s.current_saved, s.current_dir = cell, saved, directory
         if saved and s.root is not None and not s.marked:  # this config's run, for the next one to recognise
-            from experiments.common import _write_atomically, is_main
-
-            if is_main():  # process 0 writes every file of a multi-process run
+            _lock_root(s)
+            if files.is_main():  # process 0 writes every file of a multi-process run
                 s.root.mkdir(parents=True, exist_ok=True)
-                _write_atomically(s.marker, lambda tmp: tmp.write_text(json.dumps({"experiment": s.name,
+                files.write_atomically(s.marker, lambda tmp: tmp.write_text(json.dumps({"experiment": s.name,
                                                                                    "config": s.config})))
             s.marked = True
 
@@ -184,15 +218,32 @@ def named_dir(name: str) -> pathlib.Path | None:
     if s is None or s.root is None:
         return None
     directory = s.root / name
+    _lock_root(s)  # before anything in the root is read, created or deleted (#32)
     if s.fresh and directory not in s.emptied:
-        from experiments.common import is_main
         from resjax.train.distributed import barrier
 
         s.emptied.add(directory)
-        if is_main() and directory.is_dir():
-            shutil.rmtree(directory)
+        if files.is_main() and directory.is_dir():
+            _empty(directory)
         barrier(f"resjax_fresh_{name}")  # no process opens the folder before it is emptied
     return directory
+
+
+def _empty(directory: pathlib.Path) -> None:
+    """Remove the cell folder ``directory`` (``--fresh``), holding its lock while its contents go: a run training
+    in it now is refused (``files.FolderInUseError`` naming it) and keeps every file (#32)."""
+    from resjax.train.lock import LOCK_FILE
+
+    with files.lock_folder(directory, "checkpoint_dir"):
+        for entry in directory.iterdir():
+            if entry.name == LOCK_FILE:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+    with contextlib.suppress(OSError):  # something new in it meanwhile: left for its trainer
+        directory.rmdir()
 
 
 def _digest(*arrays) -> str:
@@ -222,10 +273,8 @@ def sweep_settings(trainer, keys, hparams, epochs) -> tuple:
 
 def _announce(s: Session, cell: str, directory: pathlib.Path, steps_per_epoch: int, total: int) -> None:
     """Say that ``cell`` goes on from its checkpoint (when its folder holds one)."""
-    from experiments.common import is_main
-
     steps = [int(n) for n in os.listdir(directory) if n.isdigit()] if directory.is_dir() else []
-    if not steps or not is_main():
+    if not steps or not files.is_main():
         return
     epoch = max(steps) // max(steps_per_epoch, 1)
     if epoch >= total:
@@ -309,7 +358,8 @@ class _Stop(SignalHandlers):
         unsaved = in_cell and not s.current_saved  # a cell training without checkpoints (hooks)
         saved = in_cell and s.current_saved and _has_steps(s.current_dir)  # the cell's checkpoint (its loop ended)
         if not _FINISHED[0] and not unsaved and not saved:  # nothing trained in this process (a cell setting up)
-            return f"{self.name}: stopped by {what} before training started: nothing was trained yet, so nothing was saved."
+            return (f"{self.name}: stopped by {what} before training started: nothing was trained yet, so nothing "
+                    "was saved.")
         if s is not None and s.root is None:
             return (f"{self.name}: stopped by {what}; checkpoints are off (--checkpoint_dir {NONE}), so the training "
                     "of this run is lost")

@@ -262,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     if diff:
         print("Settings that differ:")
-        _print_table([["setting", *labels]] + [[k, *("(absent)" if v is None else common._show(v) for v in values)]
+        _print_table([["setting", *labels]] + [[k, *("(absent)" if v is None else common.show_value(v) for v in values)]
                                                 for k, values in diff.items()])
     else:
         print("Settings that differ: none (the same config in every run)")
@@ -270,8 +270,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("Metrics: mean +- std over the list's entries (seeds, usually), n numbers; k null = entries that are null "
           "(never diverged, not finite):")
     _print_table(metric_table([r["metrics"] for r in results], labels, args.metrics))
-    short = {k: v for k, v in diff.items() if all(len(common._show(x)) <= 16 for x in v)}  # legend-sized settings
-    legend = [label + (" (" + ", ".join(f"{k} {common._show(v[i])}" for k, v in list(short.items())[:3]) + ")"
+    short = {k: v for k, v in diff.items() if all(len(common.show_value(x)) <= 16 for x in v)}  # legend-sized settings
+    legend = [label + (" (" + ", ".join(f"{k} {common.show_value(v[i])}" for k, v in list(short.items())[:3]) + ")"
                        if short else "") for i, label in enumerate(labels)]
     title = (f"{name}: {len(results)} runs; mean over seeds (line) and their range (shaded); settings that differ: "
              + (", ".join(list(diff)[:6]) + (" ..." if len(diff) > 6 else "") if diff else "none"))

@@ -143,7 +143,7 @@ def report_section(module, results: dict, out_dir: pathlib.Path, report_dir: pat
                   "seed's settings (an accelerator is needed for the full run).", ""]
     changed = common.changed_settings(module, results.get("config"))
     differ = ("Settings that differ from the seed document's (the default size): "
-              + ", ".join(f"`{k}` {common._show(v)}" for k, v in changed.items()) + "." if changed else "")
+              + ", ".join(f"`{k}` {common.show_value(v)}" for k, v in changed.items()) + "." if changed else "")
     lines += [f"Ran in {results['seconds']:.0f} s. Config: `{results['config']}`.", ""] + ([differ, ""] if differ else []) + [
               "| claim | source | seed document | measured | holds |", "|---|---|---|---|---|"]
     for text, source, seed_value, measured, ok in claim_rows(module, results):
@@ -291,7 +291,9 @@ def main(argv=None) -> pathlib.Path:
     sections, experiment_seconds, reused, rows = [], 0.0, [], []
     expected = [_expected_seconds(module.NAME, label) for module, _, label, _, _ in plan]
     # SIGTERM/SIGINT: a clean exit 143/130, resumable (#22); unusable checkpoints: a message, exit 1
-    with common.unusable_checkpoints_end_the_run("reproduce"), checkpoints.stop_signals("reproduce"):
+    # a folder another run holds: one line naming its process, exit 1 (#32)
+    with common.folder_in_use_ends_the_run("reproduce"), common.unusable_checkpoints_end_the_run("reproduce"), \
+            checkpoints.stop_signals("reproduce"):
         for k, (module, config, label, missing, folder) in enumerate(plan):
             name = module.NAME
             results = None if args.fresh else _previous(folder, config)  # finished: not run again (#22)

@@ -17,7 +17,7 @@ MODULES = [importlib.import_module(f"experiments.{name}") for name in reproduce.
 def test_help_explains_every_flag_and_the_sizes(module, capsys):
     assert common.flags_without_help(module) == []
     for size in ([], ["--quick"], ["--full"]):
-        parser, config, _ = common._build_parser(module, size)
+        parser, config, _ = common.build_parser(module, size)
         for action in parser._actions:
             assert action.help and "no help yet" not in action.help, action.option_strings
         with pytest.raises(SystemExit) as exit:

@@ -270,7 +270,7 @@ def test_a_figure_that_cannot_be_written_loses_no_results(tmp_path, monkeypatch,
 
 
 # Mutations caught: resjax/train/core.py `Core.open_checkpoints`: the `check_free_space(...)` call removed (a
-# full checkpoint disk found only at the first save, after training); experiments/common.py `check_out_dir`:
+# full checkpoint disk found only at the first save, after training); experiments/preflight.py `check_out_dir`:
 # its `check_free_space(...)` call removed (a full output disk found when the results are written).
 def test_too_little_free_space_is_a_warning_naming_the_folder_before_training(tmp_path, monkeypatch):
     """#22 item 5: the disks of the checkpoint directory and of the output folder are asked for their free space

@@ -18,7 +18,7 @@ import types
 import numpy as np
 import pytest
 
-from experiments import checkpoints, common
+from experiments import checkpoints, common, files
 from resjax.train.lock import LOCK_FILE
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -81,7 +81,7 @@ def _log(path):
 
 
 # Mutations caught: experiments/checkpoints.py `sweeps`: `sweep(**job(), ...)` -> `job()["trainer"].sweep(...)`
-# (no checkpoint: the SIGTERM kills the run with no save and no message); experiments/common.py
+# (no checkpoint: the SIGTERM kills the run with no save and no message); experiments/runner.py
 # `_run_experiment`: `log_to(..., fresh=not resuming)` -> `fresh=True` (the resumed run's metrics.jsonl loses the
 # lines of the epochs trained before the stop); resjax/train/ondevice.py `sweep`: `log.start(done, history)` ->
 # `log.start(done)` (a cell loaded from its final checkpoint into a new metrics.jsonl leaves its epochs out).
@@ -132,7 +132,7 @@ def test_a_stopped_experiment_resumes_from_its_checkpoints_and_ends_as_an_unbrok
     assert _log(out / "metrics.jsonl") == (ref_table, ref_count)
 
 
-# Mutation caught: experiments/common.py `main`: `with checkpoints.stop_signals(module.NAME):` removed (a SIGINT
+# Mutation caught: experiments/runner.py `main`: `with checkpoints.stop_signals(module.NAME):` removed (a SIGINT
 # before the first cell finished gave a KeyboardInterrupt traceback, or a bare exit by the signal).
 def test_a_stop_before_training_says_nothing_was_trained(tmp_path):
     out = tmp_path / "run"
@@ -245,7 +245,7 @@ def test_results_being_written_are_finished_before_a_stop(tmp_path, monkeypatch)
     module = types.SimpleNamespace(NAME="fake", run=run, get_config=lambda size="default": None)
     with checkpoints.stop_signals("fake"):
         stop = checkpoints._STOPS[-1]
-        real = common._write_atomically
+        real = files.write_atomically
 
         def write(path, fn):
             if path.name == "results.json":
@@ -253,7 +253,7 @@ def test_results_being_written_are_finished_before_a_stop(tmp_path, monkeypatch)
                 assert not exits
             real(path, fn)
 
-        monkeypatch.setattr(common, "_write_atomically", write)
+        monkeypatch.setattr(files, "write_atomically", write)
         common.run_experiment(module, {}, tmp_path)
     assert json.loads((tmp_path / "results.json").read_text())["metrics"] == {"x": 1}
     assert exits == [signal.SIGTERM]
@@ -277,7 +277,7 @@ def test_checkpoint_every_saves_an_experiment_cell_that_often(tmp_path):
     assert json.loads((tmp_path / ".run-fake.json").read_text()) == {"experiment": "fake", "config": {}}
 
 
-# Mutation caught: experiments/common.py: `unusable_checkpoints_end_the_run(module.NAME)` dropped from `main` (the
+# Mutation caught: experiments/runner.py: `unusable_checkpoints_end_the_run(module.NAME)` dropped from `main` (the
 # refusal ends in a Python traceback again, no word on how to go on).
 def test_unusable_checkpoints_end_the_run_with_the_message_and_how_to_go_on(tmp_path):
     """Every step of a finished cell damaged: the same command again exits 1 with resjax's message naming the cell's

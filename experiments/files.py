@@ -1,0 +1,100 @@
+"""The files an experiment writes: which process writes them, written whole or not at all, and folder locks.
+
+The lowest layer of ``experiments``: every other helper module (``experiments.checkpoints``, the figures, the run
+control) writes through here, and this module imports nothing of ``experiments``.
+
+Locks (issue #22 item 4, #32): a run takes the lock of each folder it writes or deletes in
+(``resjax.train.lock.DirectoryLock``) before it changes anything there: the output folder for the whole run, the
+checkpoint root for the whole run once the root exists (``experiments.checkpoints``), and a cell's folder before
+``--fresh`` empties it. A folder another running process holds is refused with :class:`FolderInUseError`, a
+``ValueError`` naming the folder's setting, the folder and the process (its id, host, start time and, on this host,
+its command line); the entry points print it as one line and exit with status 1, nothing in that folder changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+__all__ = ["FolderInUseError", "acquire", "is_main", "lock_folder", "write_atomically"]
+
+
+def is_main() -> bool:
+    """Whether this process writes files: always with one process, process 0 of several."""
+    from resjax.train.distributed import is_main_process
+
+    return is_main_process()
+
+
+def write_atomically(path: pathlib.Path, write: Callable[[pathlib.Path], Any]) -> None:
+    """``write(tmp)`` then ``tmp`` renamed to ``path``: ``path`` is the old file or the whole new one, never a
+    part; a failed write leaves no temporary file behind."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # this process's, this thread's
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+class FolderInUseError(ValueError):
+    """A folder a run would write or delete in is locked by another running process (see the module docstring).
+    ``directory``: the folder; ``holder``: the lock's record (``pid``, ``host``, ``started``), and ``command``, the
+    process's command line where this host can read it."""
+
+    def __init__(self, message: str, directory: pathlib.Path, holder: dict) -> None:
+        super().__init__(message)
+        self.directory = directory
+        self.holder = holder
+
+
+def _command_of(pid: int) -> str | None:
+    """The command line of process ``pid`` on this host (Linux's ``/proc``), None where it cannot be read."""
+    try:
+        words = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    text = " ".join(w.decode(errors="replace") for w in words if w)
+    return text or None
+
+
+@contextlib.contextmanager
+def lock_folder(directory, setting: str) -> Iterator[Any]:
+    """Inside the block this process holds ``DirectoryLock(directory, setting)`` (``resjax.train.lock``; the
+    folder is created). Another running process's lock is :class:`FolderInUseError`: ``'<setting>: <directory>
+    is in use by process <pid> on host <host> (since <time>; command: <its command line>); ...'``."""
+    lock = acquire(directory, setting)
+    try:
+        yield lock
+    finally:
+        lock.release()
+
+
+def acquire(directory, setting: str):
+    """``DirectoryLock(directory, setting)`` acquired (``release()`` it), or :class:`FolderInUseError` naming the
+    process that holds it (see :func:`lock_folder`)."""
+    import json
+
+    from resjax.train.lock import DirectoryLock
+
+    lock = DirectoryLock(directory, setting)
+    try:
+        return lock.acquire()
+    except ValueError as err:
+        try:
+            holder = json.loads(lock.path.read_text())
+            pid, host = int(holder["pid"]), str(holder["host"])
+        except (OSError, ValueError, KeyError, TypeError):  # not a lock refusal (an unwritable folder): as it was
+            raise err from None
+        command = _command_of(pid) if host == socket.gethostname() else None
+        holder = {**holder, "command": command}
+        raise FolderInUseError(
+            f"{setting}: {lock.directory} is in use by process {pid} on host {host} (since "
+            f"{holder.get('started', '?')}" + (f"; command: {command}" if command else "") + "); nothing in it was "
+            "changed: wait for that run to end, or use another folder", lock.directory, holder) from None
