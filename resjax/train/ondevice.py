@@ -147,6 +147,14 @@ class Trainer(Core):
         run, records = self.run_epochs(self.init(key, hparams), hparams, self.config.train.epochs)
         return run, {**run.history, **divergence(run.diverged_epoch, run.state.step), **records}
 
+    def with_config(self, config: ml_collections.ConfigDict) -> Trainer:
+        """This trainer rebuilt by ``make_train`` for ``config`` with the arguments it was made with (data, model,
+        hooks, optimiser, schedule, parameter groups), tracing the same settings (``Core.with_traced``)."""
+        args = dict(self.make_args)
+        if args.get("data") is None and config.get("data") == self.config.get("data"):
+            args["data"] = self.data  # the same data set: not loaded again
+        return make_train(config, **args).with_traced(self.traced)
+
     # ---- host loop -----------------------------------------------------------------------------------
 
     def fit(self, keys: jax.Array | int | Sequence[int] | None = None, *, hparams: dict | None = None,
@@ -197,7 +205,7 @@ class Trainer(Core):
             raise ValueError(f"epochs: must be an integer >= 1, got {epochs!r}")
         if epochs > total:  # extend: the same runs, made for `epochs` epochs (see Core.with_epochs)
             return self.with_epochs(epochs).sweep(keys, hparams, chunk_epochs, progress, callback, checkpoint_dir,
-                                                  resume, epochs=epochs, log=log)
+                                                  resume, epochs=epochs, log=log, devices=devices, stop=stop)
         keys, _, seeded = seed_handles(keys, None)
         if not seeded:
             keys = keys[None]
@@ -323,6 +331,8 @@ def make_train(config: ml_collections.ConfigDict, data: Dataset | ArrayData | No
     traced. ``data`` may be a user's arrays (``resjax.data.from_arrays``; without augmentation: this feeder
     trains on the arrays as they are). ``optimizer``, ``schedule``, ``param_groups``: your own optax transformation (or a factory
     of the learning rate), learning-rate multiplier and parameter-group rules (``resjax.train.optim``)."""
+    make_args = dict(data=data, model=model, step_hook=step_hook, epoch_hook=epoch_hook, optimizer=optimizer,
+                     schedule=schedule, param_groups=param_groups)
     check_run_config(config)
     if isinstance(data, ArrayData) and data.augment != "none":
         raise ValueError(f"augment: {data.augment!r} is for the host feeder (make_image_train); the on-device "
@@ -348,4 +358,4 @@ def make_train(config: ml_collections.ConfigDict, data: Dataset | ArrayData | No
              if v is not None}
     tx = make_optimizer(t, params, steps, **optim)
     return Trainer(config=config, model=model, tx=tx, optim=optim, example_shape=tuple(data.x_train.shape[1:]), uses_tau=uses_tau,
-                   steps_per_epoch=steps, data=data, step_hook=step_hook, epoch_hook=epoch_hook)
+                   steps_per_epoch=steps, data=data, step_hook=step_hook, epoch_hook=epoch_hook, make_args=make_args)
