@@ -156,7 +156,7 @@ class Grid:
         raise ValueError(f"index: no run of the grid has {settings}; its axes are {self.axes}")
 
 
-def grid(seeds: int | Sequence[int] = 1, axes: dict | None = None, /, **more: Sequence[Any]) -> Grid:
+def grid(seeds: int | Sequence[int] = 1, axes: dict | None = None, **more: Sequence[Any]) -> Grid:
     """The grid of every combination of ``seeds`` (seed integers, or a count: ``0 .. seeds - 1``) and the
     values of each axis: ``axes`` (a dict, for dotted names: ``{'train.batch_size': [64, 128]}``) and keywords
     (``learning_rate=[...]``, ``momentum=[...]``, ``batch_size=[...]``). The seed varies fastest, then the axes
@@ -376,6 +376,7 @@ def programs(trainer: Any, g: Grid) -> list[Program]:
     for combo, runs, t in built:
         t = t.with_traced([_hparam(a) for a in traced])
         hparams = {_hparam(a): np.asarray([g.values[a][r] for r in runs], np.float64) for a in traced}
+        t.check_hparams(hparams, len(runs))  # every program's values checked before any program trains
         settings = dict(zip(split, combo))
         out.append(Program(settings=settings, runs=runs, trainer=t, hparams=hparams,
                            name=_folder({paths[a]: v for a, v in settings.items()})))
