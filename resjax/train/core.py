@@ -16,8 +16,8 @@ vmap over seeds:
 ``tau`` (passed to ``model.apply``), and the optimiser settings a trainer traces (``Core.traced``, made by
 ``with_traced``: ``momentum``, ``adam_b1``, ``adam_b2``; written into the optimiser state like the rate). A
 trainer traces none of the last by default, so its program is the one it always was; a grid
-(``resjax.train.grid``) asks for those it varies. Random numbers are functions of the state: the model's ``dropout`` stream is
-``fold_in(key, step)``; data order is the feeder's function of ``(key or data_seed, epoch)``.
+(``resjax.train.grid``) asks for those it varies. Random numbers are functions of the state: the model's
+``dropout`` stream is ``fold_in(key, step)``; data order is the feeder's function of ``(key or data_seed, epoch)``.
 
 Metrics, one vocabulary for both feeders (``METRICS``; per epoch, NaN once a run has diverged):
 
@@ -58,7 +58,8 @@ from resjax.train.optim import make_optimizer
 from resjax.train.schedules import float_dtype, make_schedule
 from resjax.train.state import RunState, TrainState, guarded_step
 
-__all__ = ["HPARAMS", "HPARAM_SETTINGS", "METRICS", "RESUME_FREE", "Core", "Progress", "check_run_config", "config_dict", "divergence",
+__all__ = ["HPARAMS", "HPARAM_SETTINGS", "METRICS", "RESUME_FREE", "Core", "Progress", "check_run_config",
+           "config_dict", "divergence",
            "progress_bar", "resume_config", "run_config", "seed_handles", "with_hyperparams"]
 
 #: The per-epoch metrics of a run's history (see the module docstring).

@@ -102,7 +102,7 @@ def _plain(v: Any) -> Any:
 
 def _same(a: Any, b: Any) -> bool:
     """Whether two axis values are equal: floats to a relative 1e-6 (float32 labels), others exactly."""
-    if isinstance(a, (float, int)) and isinstance(b, (float, int)) and not isinstance(a, bool) and not isinstance(b, bool):
+    if all(isinstance(x, (float, int)) and not isinstance(x, bool) for x in (a, b)):
         return bool(np.isclose(a, b, rtol=1e-6, atol=0))
     return a == b and type(a) is type(b)
 

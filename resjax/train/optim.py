@@ -359,7 +359,8 @@ def make_optimizer(config: Any, params: Any = None, steps_per_epoch: int = 1, *,
     usable = traceable(config, optimizer)
     for t in traced:
         if t not in usable:
-            why = (f"its optimizer {_get(config, 'optimizer', 'sgd')!r} has no {t}" if optimizer is None and t in TRACEABLE
+            own = _get(config, "optimizer", "sgd")
+            why = (f"its optimizer {own!r} has no {t}" if optimizer is None and t in TRACEABLE
                    else "your own optimizer's settings are its own" if t in TRACEABLE else "not an optimiser setting")
             raise ValueError(f"traced: {t} cannot be injected ({why}); traceable here: {list(usable)}")
     check_schedule(config, steps_per_epoch)
