@@ -57,7 +57,7 @@ def test_a_grid_is_every_combination_with_the_seed_fastest():
     np.testing.assert_allclose(g.hparams["weight_decay"][:8], [0.0] * 4 + [1e-4] * 4)
     assert g.index(seed=2, learning_rate=0.03, weight_decay=1e-4) == 8 + 4 + 2
     assert grid(3).seeds == [0, 1, 2] and grid(3).hparams == {}
-    for kwargs, match in [(dict(momentum=[0.9]), "momentum: not a hyperparameter"),
+    for kwargs, match in [(dict(momentum=["fast"]), "momentum: want numbers"), (dict(seed=[1, 2]), "seed: the seeds"),
                           (dict(seeds=[0, 0]), "each seed once"), (dict(seeds=0), "seeds: want a positive count"),
                           (dict(tau=[0.5, 0.5]), "tau: want distinct"),
                           (dict(seeds=[1.5]), "seeds: want a non-empty list")]:

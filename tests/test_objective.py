@@ -184,7 +184,7 @@ def test_bad_targets_are_refused_by_name():
         from_arrays(X[:64], Y_REG[:64, :1], X[64:], Y_REG[64:])
     with pytest.raises(ValueError, match=r"train.label_smoothing: 0.1 is for the loss 'cross_entropy', not 'mse'"):
         make_train(config(label_smoothing=0.1), REGRESSION, loss="mse")
-    with pytest.raises(ValueError, match=r"hparams.label_smoothing: must be < 1"):
+    with pytest.raises(ValueError, match=r"hparams.label_smoothing: must be >= 0 and < 1"):
         make_train(config(), CLASSES).fit([0], hparams={"label_smoothing": [1.0]})
 
 

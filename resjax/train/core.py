@@ -11,10 +11,13 @@ vmap over seeds:
 * ``eval_sums(run, x, y, mask, hparams)``: summed loss and wrong predictions in evaluation mode;
 * ``end_epoch(run, metrics)``: the epoch's metrics into the history (NaN once diverged), ``epoch + 1``.
 
-``hparams`` holds the values a sweep may vary inside one program: ``learning_rate`` and ``weight_decay``
-(written into the optimiser state at ``init_run``) and, for models with ``scaling='tau'``, ``tau``
-(passed to ``model.apply``). Random numbers are functions of the state: the model's ``dropout`` stream is
-``fold_in(key, step)``; data order is the feeder's function of ``(key or data_seed, epoch)``.
+``hparams`` holds the values a sweep may vary inside one program (``HPARAMS``): ``learning_rate`` and
+``weight_decay`` (written into the optimiser state at ``init_run``), for models with ``scaling='tau'``,
+``tau`` (passed to ``model.apply``), and the optimiser settings a trainer traces (``Core.traced``, made by
+``with_traced``: ``momentum``, ``adam_b1``, ``adam_b2``; written into the optimiser state like the rate). A
+trainer traces none of the last by default, so its program is the one it always was; a grid
+(``resjax.train.grid``) asks for those it varies. Random numbers are functions of the state: the model's
+``dropout`` stream is ``fold_in(key, step)``; data order is the feeder's function of ``(key or data_seed, epoch)``.
 
 Metrics, one vocabulary for both feeders (``METRICS``; per epoch, NaN once a run has diverged):
 
@@ -58,14 +61,23 @@ from resjax.train.optim import make_optimizer
 from resjax.train.schedules import float_dtype, make_schedule
 from resjax.train.state import RunState, TrainState, guarded_step
 
-__all__ = ["ADDED", "HPARAMS", "METRICS", "RESUME_FREE", "Core", "Progress", "check_run_config", "check_targets",
+__all__ = ["ADDED", "HPARAMS", "HPARAM_SETTINGS", "METRICS", "RESUME_FREE", "Core", "Progress",
+           "check_run_config", "check_targets",
            "config_dict", "divergence",
            "progress_bar", "resume_config", "run_config", "seed_handles", "with_hyperparams"]
 
 #: The per-epoch metrics of a run's history (see the module docstring).
 METRICS = ("train_loss", "batch_error", "train_error", "test_loss", "test_error", "lr")
-#: The values ``hparams`` may vary inside one program (``tau`` only for models with ``scaling='tau'``).
-HPARAMS = ("learning_rate", "weight_decay", "tau")
+#: The values ``hparams`` may vary inside one program (``tau`` only for models with ``scaling='tau'``; ``momentum``,
+#: ``adam_b1``, ``adam_b2`` where the optimiser has them, in a trainer that traces them: ``Core.with_traced``).
+HPARAMS = ("learning_rate", "weight_decay", "tau", "momentum", "adam_b1", "adam_b2", "label_smoothing")
+#: The config setting each of ``HPARAMS`` stands for (its value when a run is given none).
+HPARAM_SETTINGS = {"learning_rate": "train.learning_rate", "weight_decay": "train.weight_decay", "tau": "model.tau",
+                   "momentum": "train.momentum", "adam_b1": "train.adam_b1", "adam_b2": "train.adam_b2",
+                   "label_smoothing": "train.label_smoothing"}
+#: Each hyperparameter's range: ``(low, high, low_open)`` (``high`` excluded; None: no bound); the others' is ``>= 0``.
+_HPARAM_RANGES = {"tau": (0.0, None, True), "momentum": (0.0, 1.0, False), "adam_b1": (0.0, 1.0, False),
+                  "adam_b2": (0.0, 1.0, False), "label_smoothing": (0.0, 1.0, False)}
 #: Settings a resumed run may change: when checkpoints are made and which epochs are evaluated (neither changes the
 #: training).
 RESUME_FREE = ("train.checkpoint_every", "train.checkpoint_keep", "train.eval_every")
@@ -118,18 +130,75 @@ class Core:
         """The history's per-epoch metrics, in order (``METRICS`` for the default objective)."""
         return self.obj.metric_names
 
+    # the optimiser settings traced besides the learning rate and weight decay (``with_traced``)
+    traced: tuple = ()
+    # the make_* function's arguments other than the config (``with_config`` rebuilds with them)
+    make_args: dict = dataclasses.field(default_factory=dict, repr=False)
+
     # ---- hyper-parameters ---------------------------------------------------------------------------
 
     def default_hparams(self) -> dict:
-        """The config's ``learning_rate`` and ``weight_decay`` as scalars of the default float dtype (float64
-        under ``jax_enable_x64``): the ``hparams`` of a run given none."""
+        """The config's ``learning_rate`` and ``weight_decay`` (and each setting of ``traced``) as scalars of the
+        default float dtype (float64 under ``jax_enable_x64``): the ``hparams`` of a run given none."""
         t = self.config.train
         dtype = float_dtype()
-        hp = {"learning_rate": jnp.asarray(t.learning_rate, dtype),
-              "weight_decay": jnp.asarray(t.get("weight_decay", 0.0), dtype)}
+        out = {"learning_rate": jnp.asarray(t.learning_rate, dtype),
+               "weight_decay": jnp.asarray(t.get("weight_decay", 0.0), dtype)}
+        for name in self.traced:
+            out[name] = jnp.asarray(self.setting(HPARAM_SETTINGS[name]), dtype)
         if self.obj.smoothing and t.get("label_smoothing", 0.0):
-            hp["label_smoothing"] = jnp.asarray(t.label_smoothing, dtype)
-        return hp
+            out["label_smoothing"] = jnp.asarray(t.label_smoothing, dtype)
+        return out
+
+    def setting(self, path: str) -> Any:
+        """The config's value at the dotted ``path`` (``'train.momentum'``); ``KeyError`` when there is none."""
+        node = self.config
+        for part in path.split("."):
+            if not hasattr(node, "keys") or part not in node:
+                raise KeyError(path)
+            node = node[part]
+        return node
+
+    def hparam_names(self) -> tuple[str, ...]:
+        """The names ``hparams`` may hold in this program: ``learning_rate`` (unless the optimiser is your own
+        ``GradientTransformation`` object), ``weight_decay``, ``tau`` (a model with ``scaling='tau'``),
+        ``label_smoothing`` (the built-in cross-entropy) and ``traced``."""
+        names = ("learning_rate",) * (not self.own_rate) + ("weight_decay",) + ("tau",) * self.uses_tau
+        return names + ("label_smoothing",) * self.obj.smoothing + tuple(self.traced)
+
+    def traceable(self, name: str) -> bool:
+        """Whether ``name`` (one of ``HPARAMS``) can vary inside this trainer's program, as it is or traced
+        (``with_traced``)."""
+        from resjax.train.optim import traceable
+
+        return name in self.hparam_names() or name in traceable(self.config.train, self.optim.get("optimizer"))
+
+    def with_traced(self, names: Sequence[str]) -> Core:
+        """This trainer with the optimiser settings ``names`` (``momentum``, ``adam_b1``, ``adam_b2``; others of
+        ``HPARAMS`` are traced already and ignored here) injected into the optimiser state, so that ``hparams``
+        may vary them per run. The same training as the constant setting (``resjax.train.optim``); a trainer
+        that traces none is the plain one (itself)."""
+        from resjax.train.optim import TRACEABLE
+
+        traced = tuple(n for n in HPARAMS if n in TRACEABLE and n in set(names) | set(self.traced))
+        unknown = [n for n in names if n not in HPARAMS]
+        if unknown:
+            raise ValueError(f"hparams: {unknown} are not hyperparameters a program can trace; choose from {HPARAMS}")
+        if traced == tuple(self.traced):
+            return self
+        return dataclasses.replace(self, traced=traced, tx=self._optimizer(self.config, traced))
+
+    def with_config(self, config: Any) -> Core:
+        """This trainer rebuilt for ``config`` from the arguments it was made with (data, model or model factory,
+        optimiser, schedule, parameter groups, hooks), tracing the same settings (``traced``)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be rebuilt with another config")
+
+    def _optimizer(self, config: Any, traced: Sequence[str] | None = None) -> optax.GradientTransformation:
+        """``make_optimizer`` for ``config`` and this trainer's model, steps, own optimiser pieces and ``traced``."""
+        x = jax.ShapeDtypeStruct((2, *self.example_shape), jnp.float32)
+        params = jax.eval_shape(lambda k, x: self.model.init(k, x, train=False)["params"], jax.random.key(0), x)
+        traced = self.traced if traced is None else traced
+        return make_optimizer(config.train, params, self.steps_per_epoch, traced=traced, **self.optim)
 
     @property
     def own_rate(self) -> bool:
@@ -139,24 +208,29 @@ class Core:
     def check_hparams(self, hparams: dict | None, num: int | None = None) -> dict:
         """``hparams`` merged over the defaults, validated (``ValueError`` naming the entry), as arrays of the
         default float dtype; with ``num``, broadcast to ``(num,)``."""
-        allowed = ({"learning_rate", "weight_decay"} | ({"tau"} if self.uses_tau else set())
-                   | ({"label_smoothing"} if self.obj.smoothing else set()))
-        if self.own_rate:
-            allowed.discard("learning_rate")
+        allowed = set(self.hparam_names())
         unknown = set(hparams or {}) - allowed
         if unknown:
             why = ("; the optimiser given as a GradientTransformation holds its own learning rate (pass a factory "
                    "lambda learning_rate: ... to vary it)" if self.own_rate and "learning_rate" in unknown else "")
+            later = sorted(n for n in unknown if n not in self.traced and self.traceable(n))
+            if later:
+                why += f"; {later} can vary in a trainer that traces them (trainer.with_traced({later}), or a grid)"
             raise ValueError(f"hparams: {sorted(unknown)} cannot vary in this program; allowed: {sorted(allowed)}{why}")
         hp = {**self.default_hparams(), **(hparams or {})}
         for name, v in hp.items():
             v = np.asarray(v)
             if not np.all(np.isfinite(v)):
                 raise ValueError(f"hparams.{name}: must be finite (NaN and infinities are refused), got {v}")
-            if np.any(v <= 0) if name == "tau" else np.any(v < 0):
-                raise ValueError(f"hparams.{name}: must be {'> 0' if name == 'tau' else '>= 0'}, got {v}")
-            if name == "label_smoothing" and np.any(v >= 1):
-                raise ValueError(f"hparams.{name}: must be < 1, got {v}")
+            low, high, low_open = _HPARAM_RANGES.get(name, (0.0, None, False))
+            if np.any(v <= low if low_open else v < low) or (high is not None and np.any(v >= high)):
+                span = f"{'>' if low_open else '>='} {low:g}" + ("" if high is None else f" and < {high:g}")
+                raise ValueError(f"hparams.{name}: must be {span}, got {v}")
+            if name == "momentum" and np.any(v == 0):
+                t = self.config.train
+                if t.get("nesterov", False) or t.get("optimizer", "sgd") in ("nesterov", "momentum"):
+                    raise ValueError(f"hparams.momentum: optimizer {t.get('optimizer')!r} (nesterov="
+                                     f"{t.get('nesterov', False)}) needs momentum > 0, got {v}")
             if num is not None and (v.ndim not in (0, 1) or (v.ndim == 1 and v.shape[0] != num)):
                 raise ValueError(f"hparams.{name}: must be a scalar or have one value per key ({num}), got shape {v.shape}")
         dtype = float_dtype()
@@ -165,13 +239,14 @@ class Core:
         return {k: jnp.broadcast_to(jnp.asarray(v, dtype), (num,)) for k, v in hp.items()}
 
     def run_hparams(self, run: RunState, hparams: dict | None = None) -> dict:
-        """The ``hparams`` of an existing run state: its optimiser state's ``learning_rate`` and
-        ``weight_decay`` (per run with a seed axis) and ``hparams``' ``tau``. A learning rate or weight decay in
-        ``hparams`` must equal the state's (``ValueError`` naming it): a state keeps the settings it was made
-        with."""
+        """The ``hparams`` of an existing run state: its optimiser state's ``learning_rate``,
+        ``weight_decay`` and traced settings (per run with a seed axis) and ``hparams``' ``tau``. An optimiser
+        value in ``hparams`` must equal the state's (``ValueError`` naming it): a state keeps the settings it
+        was made with."""
         given = self.check_hparams(hparams, run.num_runs)
         # host copies: the state's own buffers are donated by the next step
-        own = {k: np.asarray(to_host(run.state.opt_state.hyperparams[k])) for k in ("learning_rate", "weight_decay")}
+        names = ("learning_rate", "weight_decay", *self.traced)
+        own = {k: np.asarray(to_host(run.state.opt_state.hyperparams[k])) for k in names}
         for k, v in own.items():
             if hparams and k in hparams and not np.array_equal(to_host(given[k]), v):
                 raise ValueError(f"hparams.{k}: the run state given was made with {v}, not {to_host(given[k])}; "
@@ -194,10 +269,7 @@ class Core:
             raise ValueError(f"epochs: must be an integer >= 1, got {epochs!r}")
         config = ml_collections.ConfigDict(self.config.to_dict())
         config.train.epochs = int(epochs)
-        x = jax.ShapeDtypeStruct((2, *self.example_shape), jnp.float32)
-        params = jax.eval_shape(lambda k, x: self.model.init(k, x, train=False)["params"], jax.random.key(0), x)
-        tx = make_optimizer(config.train, params, self.steps_per_epoch, **self.optim)
-        longer = dataclasses.replace(self, config=config, tx=tx)
+        longer = dataclasses.replace(self, config=config, tx=self._optimizer(config))
         object.__setattr__(longer, "_extends", True)  # its checkpoints may come from the shorter run (check_checkpoint)
         return longer
 
@@ -471,10 +543,11 @@ def _host_hparams(hparams: dict | None) -> dict | None:
 
 
 def with_hyperparams(opt_state: Any, hparams: dict) -> Any:
-    """``opt_state`` with its injected ``learning_rate`` / ``weight_decay`` set from ``hparams``."""
-    for name in ("learning_rate", "weight_decay"):
-        if name in hparams:
-            opt_state.hyperparams[name] = jnp.asarray(hparams[name], float_dtype())
+    """``opt_state`` with each of its injected values (``learning_rate``, ``weight_decay`` and the traced
+    settings: the names in ``opt_state.hyperparams``) that ``hparams`` holds set from it."""
+    for name, value in hparams.items():
+        if name in opt_state.hyperparams:
+            opt_state.hyperparams[name] = jnp.asarray(value, float_dtype())
     return opt_state
 
 

@@ -1,4 +1,5 @@
-"""Grids of runs: seeds x traced hyperparameters in one program, with results labelled by the grid.
+"""Grids of runs over any setting: seeds x settings, each traced inside a program or splitting the grid into
+programs that run side by side, with results labelled by the grid.
 
 ::
 
@@ -8,11 +9,46 @@
     result.summary()                                                    # one row per run
     result.select(seed=2, learning_rate=0.03)                           # that run's RunState
 
-A grid is every combination of its axes' values (``seed`` and any of ``resjax.train.core.HPARAMS``: the
-values that do not change shapes, so all runs share one compiled program); run ``r`` is seed ``seed[r]``
-with the hyperparameters ``hparams[k][r]``, trained exactly as that seed alone with those settings (the seed
-integer gives the PRNG key and the data order). The feeders take the grid's ``seeds`` and ``hparams`` as they
-take any list of seeds and per-run ``hparams``; ``fit_grid`` is that call plus the labels.
+    g = grid(2, **{"train.batch_size": [16, 32], "train.momentum": [0.0, 0.9]})  # 8 runs in 2 programs
+    result = fit_grid(trainer, g, checkpoint_dir="grid")                # batch 16 and batch 32 side by side
+    result.select(seed=1, batch_size=32, momentum=0.9)                  # an axis by its last name, too
+
+A grid is every combination of its axes' values; the seed varies fastest, then the axes in reverse order of
+their giving (the first axis slowest). An axis is named by a dotted config path (``'train.batch_size'``,
+``'model.width'``, ``'train.optimizer'``, ``'train.optimizer_args.b2'``) or a bare name: one of
+``resjax.train.core.HPARAMS`` (``learning_rate``, ``weight_decay``, ``tau``, ``momentum``, ``adam_b1``,
+``adam_b2``) or any other setting of ``config.train`` (``batch_size`` means ``train.batch_size``). ``fit_grid``
+resolves every axis against the trainer's config before anything is built or trained: one that is not a
+setting is a ``ValueError`` naming it, as is a ``model.*`` axis of a trainer given its model as a module
+object (it cannot be rebuilt; build the model from ``config.model``).
+
+Traced axes and programs. The hyperparameters (``HPARAMS``) that the trainer's program can hold per run are
+traced: run ``r`` gets ``hparams[name][r]`` inside one vmapped program (the learning rate and weight decay
+always; ``tau`` for a model with ``scaling='tau'``; ``momentum`` for the SGD family and ``adam_b1`` /
+``adam_b2`` for the built-in 'adam', injected into the optimiser state only when a grid varies them:
+``Core.with_traced``). Every other axis (batch size, width, depth, optimiser, schedule, model kind, and an
+``HPARAMS`` axis that some program cannot trace) changes the program: the grid splits into one program per
+combination of those axes' values (``trainer.with_config(config)``: the trainer rebuilt with the same data,
+model factory, optimiser pieces and hooks), each with the traced axes inside. The programs run side by side,
+one device each (``resjax.train.side_by_side``, on-device ``Trainer``: ``Trainer.sweep``), or one after
+another (the host feeder's ``ImageTrainer``, whose ``fit`` uses every device it is given; and one device or
+several processes). Each run is trained exactly as that seed alone with those settings (the seed integer
+gives the PRNG key and the data order): its program's config is the trainer's with the program's values
+set, its traced values are its ``hparams``.
+
+Checkpoints: ``fit_grid(..., checkpoint_dir=D)`` with one program checkpoints into ``D`` itself (as
+``trainer.fit`` does); with several, program ``p`` checkpoints into ``D/<p.name>`` (its settings, e.g.
+``train.batch_size=16``; ``D/grid.json`` lists them). Run again with the same grid and ``D``, each program
+resumes from its own newest checkpoint: a finished program is read back, not trained; an unfinished one
+continues, so the whole grid equals the uninterrupted grid bit for bit. A SIGTERM or SIGINT during a grid
+lets the running programs save (``side_by_side``) and raises ``Preempted``; the programs not yet started start
+on the rerun.
+
+Results (``GridResult``): ``history`` holds, per metric (the trainer's history entries with an epoch axis,
+whatever the objective's metrics are), ``(runs, epochs)`` in the grid's run order; ``frame()`` has one row per
+run and epoch, labelled by ``run``, ``seed`` and every axis (values as given: numbers, names, tuples);
+``summary()`` one row per run; ``select(**settings)`` a run's ``RunState``; ``programs`` each program's
+settings, runs, trainer and results.
 
 Diverged runs: the trainers freeze a run whose loss or gradient became non-finite and record its epoch
 (``diverged_epoch``, 1-based; -1 for none), and its later epochs' metrics are NaN. ``summary()`` reports, per
@@ -26,52 +62,106 @@ pandas is needed for ``frame`` and ``summary`` only (``pip install pandas``, or 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import itertools
+import json
+import math
+import os
+import re
 from typing import Any, Sequence
 
+import ml_collections
 import numpy as np
 
-from resjax.train.core import HPARAMS, METRICS
+from resjax.train.core import HPARAM_SETTINGS, HPARAMS
 from resjax.train.state import RunState
 
-__all__ = ["Grid", "GridResult", "fit_grid", "grid"]
+__all__ = ["Grid", "GridResult", "Program", "fit_grid", "grid"]
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+#: The dict-valued settings whose keys a grid may add (an optax function's arguments).
+_OPEN = ("train.optimizer_args", "train.schedule_args")
+
+
+def _hparam(name: str) -> str | None:
+    """The ``HPARAMS`` name an axis name stands for (``'momentum'``, ``'train.momentum'``), or None."""
+    if name in HPARAMS:
+        return name
+    return next((h for h, path in HPARAM_SETTINGS.items() if path == name), None)
+
+
+def _plain(v: Any) -> Any:
+    """A value as plain Python (numpy scalars as numbers, lists as tuples), for configs, labels and JSON."""
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return tuple(_plain(x) for x in (v.tolist() if isinstance(v, np.ndarray) else v))
+    return v
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two axis values are equal: floats to a relative 1e-6 (float32 labels), others exactly."""
+    if all(isinstance(x, (float, int)) and not isinstance(x, bool) for x in (a, b)):
+        return bool(np.isclose(a, b, rtol=1e-6, atol=0))
+    return a == b and type(a) is type(b)
 
 
 @dataclasses.dataclass(frozen=True)
 class Grid:
-    """Runs as a table: ``axes`` (name -> values, ``'seed'`` first) and, per run, ``seeds`` and ``hparams`` (the
-    values as given, float64; the trainers compute in float32)."""
+    """Runs as a table: ``axes`` (name -> values, ``'seed'`` first) and, per run, ``seeds`` and ``values`` (axis
+    name -> the run's value; ``HPARAMS`` axes as float64 numbers, the trainers compute in float32)."""
 
     axes: dict
     seeds: list
-    hparams: dict
+    values: dict
 
     @property
     def num_runs(self) -> int:
         """The number of runs (the product of the axes' lengths)."""
         return len(self.seeds)
 
+    @property
+    def hparams(self) -> dict:
+        """The ``HPARAMS`` axes as per-run float64 arrays, by hyperparameter name (``{'learning_rate': ...}``)."""
+        return {_hparam(k): np.asarray(v, np.float64) for k, v in self.values.items() if _hparam(k)}
+
     def labels(self) -> list[dict]:
-        """One dict per run: ``{'run': r, 'seed': s, <hparam>: value, ...}``."""
-        return [{"run": r, "seed": s, **{k: float(v[r]) for k, v in self.hparams.items()}}
-                for r, s in enumerate(self.seeds)]
+        """One dict per run: ``{'run': r, 'seed': s, <axis>: value, ...}``."""
+        return [{"run": r, "seed": s, **{k: v[r] for k, v in self.values.items()}} for r, s in enumerate(self.seeds)]
+
+    def axis(self, name: str) -> str:
+        """The axis ``name`` names: its name as given, its config path's last part (``batch_size`` for
+        ``'train.batch_size'``) or, for a bare name, ``train.<name>`` (``ValueError`` when none or several)."""
+        if name in self.axes:
+            return name
+        short = name.split(".")[-1]
+        found = [a for a in self.axes if a != "seed" and (a == short if "." in name else a.split(".")[-1] == name)]
+        if len(found) != 1:
+            raise ValueError(f"{name}: {'names several axes' if found else 'not an axis'} of the grid "
+                             f"{list(self.axes)}")
+        return found[0]
 
     def index(self, **settings: Any) -> int:
-        """The run number of the run with ``settings`` (every axis named, e.g. ``seed=1, learning_rate=0.1``)."""
-        if set(settings) != set(self.axes):
-            raise ValueError(f"index: name every axis of the grid {sorted(self.axes)}, got {sorted(settings)}")
+        """The run number of the run with ``settings`` (every axis named, as given or by its last name, e.g.
+        ``seed=1, learning_rate=0.1`` or ``seed=0, batch_size=32``)."""
+        named = {}
+        for k, v in settings.items():
+            named[self.axis(k)] = _plain(v)
+        if set(named) != set(self.axes):
+            raise ValueError(f"index: name every axis of the grid {list(self.axes)}, got {sorted(settings)}")
         for label in self.labels():
-            if all(np.isclose(label[k], v, rtol=1e-6, atol=0) if k != "seed" else label[k] == v
-                   for k, v in settings.items()):
+            if all(_same(label[k], v) if k != "seed" else label[k] == v for k, v in named.items()):
                 return label["run"]
         raise ValueError(f"index: no run of the grid has {settings}; its axes are {self.axes}")
 
 
-def grid(seeds: int | Sequence[int] = 1, **axes: Sequence[float]) -> Grid:
+def grid(seeds: int | Sequence[int] = 1, axes: dict | None = None, **more: Sequence[Any]) -> Grid:
     """The grid of every combination of ``seeds`` (seed integers, or a count: ``0 .. seeds - 1``) and the
-    values of each hyperparameter axis (``learning_rate=[...]``, ``weight_decay=[...]``, ``tau=[...]``); the
-    seed varies fastest, then the axes in the order given. Bad names or values are a ``ValueError`` naming
-    the axis (the trainer checks the values' ranges when it runs the grid)."""
+    values of each axis: ``axes`` (a dict, for dotted names: ``{'train.batch_size': [64, 128]}``) and keywords
+    (``learning_rate=[...]``, ``momentum=[...]``, ``batch_size=[...]``). The seed varies fastest, then the axes
+    in reverse order of their giving. Bad names or values are a ``ValueError`` naming the axis; whether a name
+    is a setting is checked against the trainer's config by ``fit_grid``, before training."""
     if isinstance(seeds, (int, np.integer)) and not isinstance(seeds, bool):
         if seeds < 1:
             raise ValueError(f"seeds: want a positive count or a list of seed integers, got {seeds!r}")
@@ -81,60 +171,103 @@ def grid(seeds: int | Sequence[int] = 1, **axes: Sequence[float]) -> Grid:
         raise ValueError(f"seeds: want a non-empty list of seed integers, got {seeds!r}")
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds: each seed once, got {seeds}")
+    given = {**(axes or {}), **more}
     values = {}
-    for name, vals in axes.items():
-        if name not in HPARAMS:
-            raise ValueError(f"{name}: not a hyperparameter a grid can vary in one program; choose from {HPARAMS}")
-        vals = [float(v) for v in np.atleast_1d(np.asarray(vals, dtype=np.float64))]
-        if not vals or len(set(vals)) != len(vals):
+    for name, vals in given.items():
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ValueError(f"{name!r}: an axis is a setting's name or dotted config path ('train.batch_size')")
+        if name in ("seed", "train.seed"):
+            raise ValueError(f"{name}: the seeds are the grid's seeds= argument, not an axis")
+        if _hparam(name):
+            vals = np.atleast_1d(np.asarray(vals, dtype=object))
+            try:
+                vals = [float(v) for v in vals]
+            except (TypeError, ValueError):
+                raise ValueError(f"{name}: want numbers, got {list(vals)}") from None
+            if any(not math.isfinite(v) for v in vals):
+                raise ValueError(f"{name}: want finite numbers, got {vals}")
+        else:
+            if isinstance(vals, (str, bytes)) or not isinstance(vals, (Sequence, np.ndarray)):
+                raise ValueError(f"{name}: want a list of values, got {vals!r}")
+            vals = [_plain(v) for v in vals]
+        if not vals or any(_same(a, b) for a, b in itertools.combinations(vals, 2)):
             raise ValueError(f"{name}: want distinct values, got {vals}")
         values[name] = vals
     runs = list(itertools.product(*values.values(), seeds)) if values else [(s,) for s in seeds]
-    names = list(values)
     return Grid(axes={"seed": [int(s) for s in seeds], **values}, seeds=[int(r[-1]) for r in runs],
-                hparams={n: np.asarray([r[i] for r in runs], np.float64) for i, n in enumerate(names)})
+                values={n: [r[i] for r in runs] for i, n in enumerate(values)})
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """One program of a grid: ``settings`` (its program axes' values, by axis name), ``runs`` (the grid's run
+    numbers it trains, in order), ``trainer`` (rebuilt for its settings, tracing its traced axes), ``hparams``
+    (the traced values per run), ``name`` (its checkpoint folder's name) and, once trained, ``run`` and
+    ``history`` (its own, a leading axis over ``runs``)."""
+
+    settings: dict
+    runs: list
+    trainer: Any
+    hparams: dict
+    name: str
+    run: RunState | None = None
+    history: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class GridResult:
-    """A trained grid: ``run`` (the state, a leading run axis), ``history`` (the trainer's, ``(runs, epochs)``
-    per metric) and ``grid``."""
+    """A trained grid: ``run`` (the state, a leading run axis; None when the grid ran as several programs,
+    whose states have other shapes: ``select``), ``history`` (``(runs, epochs)`` per metric, in the grid's run
+    order), ``grid`` and ``programs`` (``Program``, trained)."""
 
     grid: Grid
-    run: RunState
+    run: RunState | None
     history: dict
+    programs: tuple = ()
 
     def select(self, **settings: Any) -> RunState:
-        """The ``RunState`` of one run, named by its settings (``seed=1, learning_rate=0.1``)."""
-        return self.run.select(self.grid.index(**settings))
+        """The ``RunState`` of one run, named by its settings (``seed=1, learning_rate=0.1``; an axis by its
+        name as given or its last part: ``batch_size=32``)."""
+        r = self.grid.index(**settings)
+        if self.run is not None:
+            return self.run.select(r)
+        program = next(p for p in self.programs if r in p.runs)
+        return program.run.select(program.runs.index(r))
+
+    def metric_names(self) -> list[str]:
+        """The history's per-epoch metrics (its entries with a run and an epoch axis), in its order."""
+        return [k for k, v in self.history.items()
+                if isinstance(v, np.ndarray) and v.ndim == 2 and v.shape[0] == self.grid.num_runs
+                and v.dtype.kind == "f"]
 
     def frame(self) -> Any:
-        """A pandas DataFrame with one row per run and epoch: the grid's labels (``run``, ``seed``, each
-        hyperparameter), ``epoch`` (1-based), each metric of ``METRICS``, ``diverged`` and ``diverged_epoch``
-        (None when the run did not diverge)."""
+        """A pandas DataFrame with one row per run and epoch: the grid's labels (``run``, ``seed``, each axis),
+        ``epoch`` (1-based), each metric of the history, ``diverged`` and ``diverged_epoch`` (None when the run
+        did not diverge)."""
         import pandas as pd
 
         rows, diverged = [], np.asarray(self.history["diverged_epoch"]).reshape(-1)
-        epochs = int(self.history["epochs"])
+        names = self.metric_names()
+        epochs = max((self.history[m].shape[1] for m in names), default=0)
         for label in self.grid.labels():
             r = label["run"]
             d = int(diverged[r])
             for e in range(epochs):
-                rows.append({**label, "epoch": e + 1,
-                             **{m: float(self.history[m][r, e]) for m in METRICS if m in self.history},
+                rows.append({**label, "epoch": e + 1, **{m: float(self.history[m][r, e]) for m in names},
                              "diverged": d >= 0 and e + 1 >= d, "diverged_epoch": d if d >= 0 else None})
         return pd.DataFrame(rows)
 
     def summary(self) -> Any:
         """A pandas DataFrame with one row per run: the labels, ``final_<m>``, ``best_<m>`` (over finite epochs;
-        lowest for losses and errors) and ``last_finite_<m>`` of each metric, and ``diverged_epoch``."""
+        the lowest, as for losses and errors) and ``last_finite_<m>`` of each metric but ``lr``, and
+        ``diverged_epoch``."""
         import pandas as pd
 
         rows, diverged = [], np.asarray(self.history["diverged_epoch"]).reshape(-1)
         for label in self.grid.labels():
             r, row = label["run"], dict(label)
-            for m in METRICS:
-                if m not in self.history or m == "lr":
+            for m in self.metric_names():
+                if m == "lr":
                     continue
                 v = np.asarray(self.history[m][r], np.float64)
                 finite = np.flatnonzero(np.isfinite(v))
@@ -146,11 +279,195 @@ class GridResult:
         return pd.DataFrame(rows)
 
 
+# ---- resolving axes against a trainer ---------------------------------------------------------------------------
+
+
+def _lookup(config: Any, path: str) -> bool:
+    """Whether ``path`` is a setting of ``config`` (a key of one of the open dict settings counts)."""
+    node, parts = config, path.split(".")
+    for i, part in enumerate(parts):
+        if not hasattr(node, "keys"):
+            return False
+        if part not in node:
+            return ".".join(parts[:i]) in _OPEN and i == len(parts) - 1
+        node = node[part]
+    return not hasattr(node, "keys")  # a setting, not a block of them
+
+
+def _resolve(trainer: Any, name: str) -> str:
+    """The config path of the axis ``name`` (``ValueError`` naming it when it is no setting of the trainer)."""
+    h = _hparam(name)
+    if h == "tau" and name == "tau" and trainer.uses_tau:
+        return "tau"  # the model call's tau (the model may be a module object)
+    config = trainer.config
+    path = HPARAM_SETTINGS[h] if h else name
+    if "." not in path:
+        if "train" in config and path in config.train:
+            path = f"train.{path}"
+        elif path in config and not hasattr(config[path], "keys"):
+            return path
+    if not _lookup(config, path):
+        known = sorted(config.train.keys()) if "train" in config else []
+        raise ValueError(f"{name}: not a setting of the trainer's config (a dotted path such as 'train.batch_size' "
+                         f"or 'model.width', or a setting of config.train: {known})")
+    if path.startswith("model.") and trainer.make_args.get("model") is not None:
+        raise ValueError(f"{name}: the trainer's model was given as a module object, which a grid cannot rebuild "
+                         "for another model setting; build the model from config.model (no model=) to vary it")
+    if path == "train.seed":
+        raise ValueError(f"{name}: the seeds are the grid's seeds= argument, not an axis")
+    return path
+
+
+def _set(config: ml_collections.ConfigDict, path: str, value: Any, axis: str) -> None:
+    node, parts = config, path.split(".")
+    for part in parts[:-1]:
+        node = node[part]
+    try:
+        node[parts[-1]] = value
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{axis}: cannot set {path} to {value!r} ({e})") from None
+
+
+def _folder(settings: dict) -> str:
+    """A readable, stable folder name for a program's settings (its resolved paths and values)."""
+    def text(v):
+        if isinstance(v, float):
+            return repr(v)
+        if isinstance(v, tuple):
+            return "(" + ",".join(text(x) for x in v) + ")"
+        return str(v)
+
+    name = ",".join(f"{path}={text(v)}" for path, v in settings.items()) or "all"
+    safe = re.sub(r"[^A-Za-z0-9._=,()+-]", "_", name)
+    if safe != name or len(safe) > 120:  # characters replaced, or too long: a digest keeps it unique
+        safe = safe[:100] + "-" + hashlib.sha256(name.encode()).hexdigest()[:12]
+    return safe
+
+
+def programs(trainer: Any, g: Grid) -> list[Program]:
+    """The grid's programs on ``trainer`` (see the module docstring), every axis resolved and every program's
+    trainer built before any training (``ValueError`` naming a bad axis or setting)."""
+    paths = {a: _resolve(trainer, a) for a in g.values}
+    candidates = [a for a in g.values if _hparam(a)]
+    traced = list(candidates)
+    while True:
+        split = [a for a in g.values if a not in traced]
+        combos = {}
+        for r in range(g.num_runs):
+            combos.setdefault(tuple(_plain(g.values[a][r]) for a in split), []).append(r)
+        built = []
+        for combo, runs in combos.items():
+            if not split:
+                t = trainer
+            else:
+                config = ml_collections.ConfigDict(trainer.config.to_dict())
+                for a, v in zip(split, combo):
+                    _set(config, paths[a], v, a)
+                t = trainer.with_config(config)
+            built.append((combo, runs, t))
+        untraceable = [a for a in traced if any(not t.traceable(_hparam(a)) for _, _, t in built)]
+        if not untraceable:
+            break
+        for a in untraceable:
+            if paths[a] == "tau" or not _lookup(trainer.config, paths[a]):
+                raise ValueError(f"{a}: cannot vary: the model has no scaling='tau' (its tau is no setting)")
+            traced.remove(a)
+    out = []
+    for combo, runs, t in built:
+        t = t.with_traced([_hparam(a) for a in traced])
+        hparams = {_hparam(a): np.asarray([g.values[a][r] for r in runs], np.float64) for a in traced}
+        t.check_hparams(hparams, len(runs))  # every program's values checked before any program trains
+        settings = dict(zip(split, combo))
+        out.append(Program(settings=settings, runs=runs, trainer=t, hparams=hparams,
+                           name=_folder({paths[a]: v for a, v in settings.items()})))
+    names = [p.name for p in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"grid: two programs would share the checkpoint folder {names}")
+    return out
+
+
+def _merge(g: Grid, trained: list[Program]) -> dict:
+    """The programs' histories as one, in the grid's run order: per-run entries stacked (an epoch axis padded
+    with NaN to the longest), scalars (``epochs``) the largest."""
+    out = {}
+    for p in trained:
+        for k, v in p.history.items():
+            if not isinstance(v, np.ndarray) or v.ndim == 0:
+                if np.ndim(v) == 0 and not isinstance(v, dict):
+                    out[k] = max(out.get(k, v), v)
+                continue
+            if v.shape[0] != len(p.runs):
+                continue
+            if k not in out:
+                fill = np.nan if v.dtype.kind in "fc" else -1
+                out[k] = np.full((g.num_runs, *v.shape[1:]), fill, v.dtype)
+            if v.shape[1:] != out[k].shape[1:]:  # another number of epochs (a train.epochs axis): pad
+                widths = [max(a, b) for a, b in zip(out[k].shape[1:], v.shape[1:])]
+                fill = np.nan if v.dtype.kind in "fc" else -1
+                grown = np.full((g.num_runs, *widths), fill, out[k].dtype)
+                grown[(slice(None), *(slice(0, n) for n in out[k].shape[1:]))] = out[k]
+                out[k] = grown
+            out[k][(np.asarray(p.runs), *(slice(0, n) for n in v.shape[1:]))] = v
+    return out
+
+
 def fit_grid(trainer: Any, grid: Grid, **fit_kwargs: Any) -> GridResult:
-    """Train every run of ``grid`` with ``trainer.fit(grid.seeds, hparams=grid.hparams, **fit_kwargs)`` (either
-    feeder: ``Trainer`` or ``ImageTrainer``; ``epochs``, ``checkpoint_dir``, ``progress``, ``callback`` pass
-    through) and label the results."""
+    """Train every run of ``grid`` on ``trainer`` (either feeder: ``Trainer`` or ``ImageTrainer``) and label
+    the results (see the module docstring).
+
+    One program (every axis traced): ``trainer.fit(grid.seeds, hparams=..., **fit_kwargs)``. Several: each
+    program's ``sweep`` side by side (``Trainer``; ``devices=`` chooses the devices) or ``fit`` one after another
+    (``ImageTrainer``), with ``fit_kwargs`` (``epochs``, ``checkpoint_dir``, ``resume``, ``progress``,
+    ``callback``, ``log``, ``chunk_epochs``) passed to each; ``checkpoint_dir`` and a ``log`` folder get a
+    subfolder per program, a ``progress`` label the program's name. ``callback`` is called from the program's
+    thread."""
     if "hparams" in fit_kwargs:
         raise ValueError("hparams: a grid sets them; vary them as axes of grid(...)")
-    run, history = trainer.fit(grid.seeds, hparams=grid.hparams or None, **fit_kwargs)
-    return GridResult(grid, run, history)
+    devices = fit_kwargs.pop("devices", None)
+    progs = programs(trainer, grid)
+    if len(progs) == 1:
+        p = progs[0]
+        run, history = p.trainer.fit(grid.seeds, hparams=p.hparams or None, **fit_kwargs)
+        return GridResult(grid, run, history, (dataclasses.replace(p, run=run, history=history),))
+    root = fit_kwargs.pop("checkpoint_dir", None)
+    log = fit_kwargs.pop("log", None)
+    progress = fit_kwargs.pop("progress", None)
+    if root is not None:
+        _write_manifest(root, grid, progs)
+
+    def kwargs(p: Program) -> dict:
+        kw = dict(fit_kwargs)
+        if root is not None:
+            kw["checkpoint_dir"] = os.path.join(root, p.name)
+        if log is not None:
+            kw["log"] = os.path.join(log, p.name) if isinstance(log, (str, os.PathLike)) else log
+        if progress is not None:
+            kw["progress"] = f"{progress} {p.name}" if isinstance(progress, str) else progress
+        return kw
+
+    seeds = [[grid.seeds[r] for r in p.runs] for p in progs]
+    if all(hasattr(p.trainer, "sweep") for p in progs):  # the on-device feeder: side by side, a device each
+        from resjax.train.side_by_side import side_by_side
+
+        jobs = [functools.partial(p.trainer.sweep, s, p.hparams or None, **kwargs(p)) for p, s in zip(progs, seeds)]
+        results = side_by_side(jobs, devices)
+    else:
+        results = [p.trainer.fit(s, hparams=p.hparams or None, **kwargs(p)) for p, s in zip(progs, seeds)]
+    trained = [dataclasses.replace(p, run=run, history=history) for p, (run, history) in zip(progs, results)]
+    return GridResult(grid, None, _merge(grid, trained), tuple(trained))
+
+
+def _write_manifest(root: Any, g: Grid, progs: list[Program]) -> None:
+    """``root/grid.json``: the grid's axes and each program's folder, settings and runs (for people; resuming
+    reads each program's own checkpoints)."""
+    from resjax.train.distributed import is_main_process
+
+    if not is_main_process():
+        return
+    os.makedirs(root, exist_ok=True)
+    doc = {"axes": {k: list(v) for k, v in g.axes.items()},
+           "programs": [{"folder": p.name, "settings": p.settings, "runs": p.runs} for p in progs]}
+    tmp = os.path.join(root, ".grid.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1, default=str)
+    os.replace(tmp, os.path.join(root, "grid.json"))

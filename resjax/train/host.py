@@ -140,6 +140,11 @@ class ImageTrainer(Core):
 
     # ---- public API -------------------------------------------------------------------------------
 
+    def with_config(self, config: ml_collections.ConfigDict) -> ImageTrainer:
+        """This trainer rebuilt by ``make_image_train`` for ``config`` with the arguments it was made with (sources,
+        model, mesh, optimiser, schedule, parameter groups), tracing the same settings (``Core.with_traced``)."""
+        return make_image_train(config, **self.make_args).with_traced(self.traced)
+
     def init(self, key: int | Sequence[int] | jax.Array | None = None, num_seeds: int | None = None,
              hparams: dict | None = None) -> RunState:
         """A fresh state. ``key``: a seed integer (default ``config.seed``), a list of seed integers, a
@@ -448,6 +453,8 @@ def make_image_train(config: ml_collections.ConfigDict, train_source: Any, test_
     ``metrics``: the objective (see ``resjax.train.objective``), checked against the data's targets here."""
     from resjax.data import ArrayData
 
+    make_args = dict(train_source=train_source, test_source=test_source, model=model, mesh=mesh, optimizer=optimizer,
+                     schedule=schedule, param_groups=param_groups, loss=loss, metrics=metrics)
     if train_source is None:
         raise ValueError("train_source: make_image_train needs data: a source (resjax.data.load_image_dataset, "
                          "synthetic_image_dataset) or a user's arrays (resjax.data.from_arrays)")
@@ -489,7 +496,7 @@ def make_image_train(config: ml_collections.ConfigDict, train_source: Any, test_
                         objective=objective,
                         uses_tau=getattr(model, "scaling", None) == "tau", steps_per_epoch=int(steps),
                         train_source=train_source,
-                        test_source=test_source, mesh=mesh)
+                        test_source=test_source, mesh=mesh, make_args=make_args)
 
 
 def _source_targets(source: Any) -> np.ndarray | None:

@@ -148,6 +148,14 @@ class Trainer(Core):
         run, records = self.run_epochs(self.init(key, hparams), hparams, self.config.train.epochs)
         return run, {**run.history, **divergence(run.diverged_epoch, run.state.step), **records}
 
+    def with_config(self, config: ml_collections.ConfigDict) -> Trainer:
+        """This trainer rebuilt by ``make_train`` for ``config`` with the arguments it was made with (data, model,
+        hooks, optimiser, schedule, parameter groups), tracing the same settings (``Core.with_traced``)."""
+        args = dict(self.make_args)
+        if args.get("data") is None and config.get("data") == self.config.get("data"):
+            args["data"] = self.data  # the same data set: not loaded again
+        return make_train(config, **args).with_traced(self.traced)
+
     # ---- host loop -----------------------------------------------------------------------------------
 
     def fit(self, keys: jax.Array | int | Sequence[int] | None = None, *, hparams: dict | None = None,
@@ -198,7 +206,7 @@ class Trainer(Core):
             raise ValueError(f"epochs: must be an integer >= 1, got {epochs!r}")
         if epochs > total:  # extend: the same runs, made for `epochs` epochs (see Core.with_epochs)
             return self.with_epochs(epochs).sweep(keys, hparams, chunk_epochs, progress, callback, checkpoint_dir,
-                                                  resume, epochs=epochs, log=log)
+                                                  resume, epochs=epochs, log=log, devices=devices, stop=stop)
         keys, _, seeded = seed_handles(keys, None)
         if not seeded:
             keys = keys[None]
@@ -327,6 +335,9 @@ def make_train(config: ml_collections.ConfigDict, data: Dataset | ArrayData | No
     of the learning rate), learning-rate multiplier and parameter-group rules (``resjax.train.optim``). ``loss``,
     ``metrics``: the objective (a built-in's name, default ``config.train.loss``, or your functions; see
     ``resjax.train.objective``): the data's targets are checked against it and the model's outputs here."""
+    make_args = dict(data=data, model=model, step_hook=step_hook, epoch_hook=epoch_hook, optimizer=optimizer,
+                     schedule=schedule, param_groups=param_groups, loss=loss,
+                     metrics=metrics)
     check_run_config(config)
     objective = make_objective(config.train, loss, metrics)
     if isinstance(data, ArrayData) and data.augment != "none":
@@ -355,4 +366,4 @@ def make_train(config: ml_collections.ConfigDict, data: Dataset | ArrayData | No
     tx = make_optimizer(t, params, steps, **optim)
     return Trainer(config=config, model=model, tx=tx, optim=optim, objective=objective,
                    example_shape=tuple(data.x_train.shape[1:]), uses_tau=uses_tau, steps_per_epoch=steps, data=data,
-                   step_hook=step_hook, epoch_hook=epoch_hook)
+                   step_hook=step_hook, epoch_hook=epoch_hook, make_args=make_args)

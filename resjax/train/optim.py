@@ -2,7 +2,14 @@
 
 The update is one ``optax.chain``, wrapped in ``optax.inject_hyperparams`` so that the learning rate and
 the weight decay live in the optimiser state (``opt_state.hyperparams``) and may differ between the seeds
-of one vmapped program (``hparams``):
+of one vmapped program (``hparams``). ``make_optimizer(..., traced=('momentum',))`` injects more of the
+optimiser's settings the same way (``TRACEABLE``: ``momentum`` of the SGD family, ``adam_b1`` and ``adam_b2``
+of 'adam'), so that a grid over them is one program too (``resjax.train.grid``); left out (the default), the
+setting is a constant of the program, exactly as before. A traced momentum gives the same numbers as the
+constant (``buf = momentum * buf + g``, one float32 product either way; a traced momentum of 0 keeps a
+buffer equal to the gradient, so the update is plain SGD's); traced Adam betas compute ``1 - b1`` in the
+parameters' dtype where the constant is rounded once from Python's double, so they agree with a constant-beta
+run to float rounding, not bit for bit.
 
   1. ``grad_clip_norm > 0``: clip the gradient to that global norm (``clip_grad_norm_`` before ``step``);
   2. coupled L2 weight decay, ``g + weight_decay * f_wd * w``, added to the gradient as ``torch.optim.SGD``
@@ -74,14 +81,17 @@ import optax
 
 from resjax.train.schedules import _as_dict, _get, check_schedule, make_schedule
 
-__all__ = ["BUILTIN_OPTIMIZERS", "PARAM_GROUP_PRESETS", "WEIGHT_DECAY_ON", "check_optimizer", "check_param_groups",
-           "fixup_param_groups",
-           "group_factors", "kernel_mask", "make_optimizer", "optax_optimizer", "param_path", "scalar_mask"]
+__all__ = ["BUILTIN_OPTIMIZERS", "PARAM_GROUP_PRESETS", "TRACEABLE", "WEIGHT_DECAY_ON", "check_optimizer",
+           "check_param_groups", "fixup_param_groups", "group_factors", "kernel_mask", "make_optimizer",
+           "optax_optimizer", "param_path", "scalar_mask", "traceable"]
 
 #: The optimisers resjax builds itself (PyTorch's exact update rules); every other name is optax's.
 BUILTIN_OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam")
 #: The values of ``train.weight_decay_on``.
 WEIGHT_DECAY_ON = ("all", "kernels")
+#: The optimiser settings ``make_optimizer(..., traced=...)`` can inject besides the learning rate and the weight
+#: decay (always injected), with the built-in optimisers that use each.
+TRACEABLE = {"momentum": ("sgd", "momentum", "nesterov"), "adam_b1": ("adam",), "adam_b2": ("adam",)}
 #: optax names that are not a ``learning_rate -> GradientTransformation`` optimiser usable here.
 _REFUSED = {"lbfgs": "its update needs the loss function (value_fn), which a training step does not pass",
             "polyak_sgd": "its update needs the loss value, which a training step does not pass",
@@ -208,6 +218,15 @@ def check_optimizer(config: Any) -> None:
     check_param_groups(_get(config, "param_groups", ()), allow_functions=False)
 
 
+def traceable(config: Any, optimizer: Any = None) -> tuple[str, ...]:
+    """The names of ``TRACEABLE`` that ``config``'s optimiser uses (none for your own ``optimizer`` or an optax
+    optimiser by name, whose arguments are constants: a grid over them runs one program per value)."""
+    if optimizer is not None:
+        return ()
+    name = _get(config, "optimizer", "sgd")
+    return tuple(k for k, names in TRACEABLE.items() if name in names)
+
+
 def _rules(groups: Any) -> list[tuple[str, dict, bool]]:
     """``groups`` (rules and preset names) as ``[(label, rule, own)]``, presets expanded (``own`` False for a
     preset's rules, which may select nothing)."""
@@ -319,7 +338,8 @@ def _coupled_decay(weight_decay, factors_of: Callable[[Any], Any]) -> optax.Grad
 
 def make_optimizer(config: Any, params: Any = None, steps_per_epoch: int = 1, *,
                    optimizer: optax.GradientTransformation | Callable | None = None,
-                   schedule: Callable | None = None, param_groups: Any = None) -> optax.GradientTransformation:
+                   schedule: Callable | None = None, param_groups: Any = None,
+                   traced: Any = ()) -> optax.GradientTransformation:
     """The optax transformation for ``config`` (see the module docstring).
 
     The learning rate and the weight decay are ``optax.inject_hyperparams`` values: they live in the
@@ -331,9 +351,18 @@ def make_optimizer(config: Any, params: Any = None, steps_per_epoch: int = 1, *,
     selecting nothing, ``weight_decay_on='kernels'`` with no ``kernel``). ``optimizer``: your own
     transformation or factory (module docstring); ``schedule``: a learning-rate multiplier function of the step
     (``resjax.train.schedules``); ``param_groups``: rules added before the config's (they may hold ``where``
-    functions).
+    functions); ``traced``: names of ``TRACEABLE`` to inject as well (``opt_state.hyperparams[name]``, starting
+    at the config's value; ``ValueError`` naming one the optimiser does not use).
     """
     check_optimizer(config)
+    traced = tuple(traced)
+    usable = traceable(config, optimizer)
+    for t in traced:
+        if t not in usable:
+            own = _get(config, "optimizer", "sgd")
+            why = (f"its optimizer {own!r} has no {t}" if optimizer is None and t in TRACEABLE
+                   else "your own optimizer's settings are its own" if t in TRACEABLE else "not an optimiser setting")
+            raise ValueError(f"traced: {t} cannot be injected ({why}); traceable here: {list(usable)}")
     check_schedule(config, steps_per_epoch)
     check_param_groups(param_groups)
     if optimizer is not None and not (isinstance(optimizer, optax.GradientTransformation) or callable(optimizer)):
@@ -354,14 +383,16 @@ def make_optimizer(config: Any, params: Any = None, steps_per_epoch: int = 1, *,
             raise ValueError("weight_decay_on: 'kernels' but the model has no parameter named 'kernel'")
         factors(params)  # a rule that selects nothing is refused here, before tracing
     clip = float(_get(config, "grad_clip_norm", 0.0))
-    momentum = float(_get(config, "momentum", 0.9)) if name in ("sgd", "momentum", "nesterov") else 0.0
+    const_momentum = float(_get(config, "momentum", 0.9)) if name in ("sgd", "momentum", "nesterov") else 0.0
     nesterov = bool(_get(config, "nesterov", False)) or name == "nesterov"
     adam = tuple(float(_get(config, k, d)) for k, d in (("adam_b1", 0.9), ("adam_b2", 0.999), ("adam_eps", 1e-8)))
     args = _as_dict(_get(config, "optimizer_args", None))
     own = optimizer is None and name not in BUILTIN_OPTIMIZERS
     decay_arg, mask_arg = _decay_argument(optax_optimizer(name)) if own else (None, None)
 
-    def chain(learning_rate, weight_decay):
+    def chain(learning_rate, weight_decay, momentum=None, adam_b1=None, adam_b2=None):
+        # None: not traced (a constant of the program, as before); else the injected, per-run value
+        beta = (adam[0] if adam_b1 is None else adam_b1, adam[1] if adam_b2 is None else adam_b2)
         rate = make_schedule(config, steps_per_epoch, learning_rate, schedule)
         parts = [optax.clip_by_global_norm(clip)] if clip > 0 else []
         if decay_arg is None:  # always: a per-seed hparams weight decay may be > 0 where the config's is 0
@@ -376,10 +407,10 @@ def make_optimizer(config: Any, params: Any = None, steps_per_epoch: int = 1, *,
                     kwargs[mask_arg] = lambda tree: jax.tree_util.tree_map(lambda f: f != 0.0, factors(tree)[1])
             parts.append(optax_optimizer(name)(learning_rate=rate, **kwargs))
         else:
-            if momentum > 0:
-                parts.append(optax.trace(decay=momentum, nesterov=nesterov))
+            if momentum is not None or const_momentum > 0:  # traced: a trace even where the config's momentum is 0
+                parts.append(optax.trace(decay=const_momentum if momentum is None else momentum, nesterov=nesterov))
             elif name == "adam":
-                parts.append(optax.scale_by_adam(b1=adam[0], b2=adam[1], eps=adam[2]))
+                parts.append(optax.scale_by_adam(b1=beta[0], b2=beta[1], eps=adam[2]))
             parts.append(optax.scale_by_learning_rate(rate))
         parts.append(_scale_leaves(lambda t: factors(t)[0]))
         return optax.chain(*parts)
@@ -393,4 +424,6 @@ def make_optimizer(config: Any, params: Any = None, steps_per_epoch: int = 1, *,
         if mask_arg is None and wd > 0 and 0.0 in wd_factors:
             raise ValueError(f"weight_decay_on: optax.{name} decays every parameter (it has no mask); "
                              "use weight_decay_on='all' or another optimiser")
-    return optax.inject_hyperparams(chain)(learning_rate=float(_get(config, "learning_rate", None)), weight_decay=wd)
+    extra = {t: float(_get(config, t, 0.999 if t == "adam_b2" else 0.9)) for t in traced}
+    return optax.inject_hyperparams(chain)(learning_rate=float(_get(config, "learning_rate", None)), weight_decay=wd,
+                                           **extra)
