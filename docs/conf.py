@@ -39,7 +39,6 @@ extensions = [
     "myst_nb",
     "sphinx.ext.autodoc",
         "sphinx.ext.napoleon",  # the docstrings are Google style (Args:, Returns:)
-    "sphinx.ext.viewcode",
     "resjax_report",
 ]
 
