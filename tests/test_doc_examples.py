@@ -9,7 +9,8 @@ stated results checked. ``docs/report/`` (generated) and ``docs/_build/`` are no
 
 The blocks run as they are written, each in a module of its own, in a temporary working directory (they
 write checkpoints under ``runs/``), except for the sizes that ``SMALL`` shrinks (shapes and sizes, with the
-stated shapes that follow from them) so that the file runs in about a minute on a 2-core CPU. Three comment forms on a line are checked:
+stated shapes that follow from them) so that the file runs in about two minutes on a 2-core CPU. Three comment
+forms on a line are checked:
 
 - ``expression  # -> value``: the expression equals the Python literal ``value`` (a remark may follow
   after ``;``);
