@@ -1,7 +1,7 @@
 """resjax's models under ``flax.nnx.bridge.ToNNX`` (README 'Flax NNX'), tuple ``strides`` and the width
 message a block gives for an input of another width after init (#24 item 6).
 
-The README's recipe itself (a vmapped NNX run against ``make_train``) runs in ``tests/test_readme.py``; here
+The README's recipe itself (a vmapped NNX run against ``make_train``) runs in ``tests/test_doc_examples.py``; here
 one eager training step is compared bit for bit, and the block checks are tested one by one.
 """
 

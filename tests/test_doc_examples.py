@@ -1,8 +1,16 @@
-"""Every Python block of the README runs here, and what the README states about its results is asserted.
+"""Every Python example of the README and of the documentation site runs here, and what it states about its
+results is asserted.
+
+The examples are the README's fenced ``python`` blocks and those of every page of ``docs/`` (each block a program
+of its own, as a reader copies it), and the code cells of every executed page (a tutorial: a text notebook with a
+``kernelspec``), whose cells run in order as one program, as the notebook runs when the site builds. The site's
+build in the tests (``tests/test_docs.py``) does not execute the tutorials; their code runs here instead, with its
+stated results checked. ``docs/report/`` (generated) and ``docs/_build/`` are not read.
 
 The blocks run as they are written, each in a module of its own, in a temporary working directory (they
 write checkpoints under ``runs/``), except for the sizes that ``SMALL`` shrinks (shapes and sizes, with the
-stated shapes that follow from them) so that the file runs in about a minute on a 2-core CPU. Three comment forms on a line are checked:
+stated shapes that follow from them) so that the file runs in about two minutes on a 2-core CPU. Three comment
+forms on a line are checked:
 
 - ``expression  # -> value``: the expression equals the Python literal ``value`` (a remark may follow
   after ``;``);
@@ -31,7 +39,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+
+
+def sources() -> list[pathlib.Path]:
+    """The README and every page of the site (not the generated report, build or API pages)."""
+    pages = [p for p in sorted(DOCS.rglob("*.md"))
+             if not {"report", "_build", "api"} & set(p.relative_to(DOCS).parts)]
+    return [README] + pages
+
+
+def _name(path: pathlib.Path) -> str:
+    return str(path.relative_to(ROOT))
 
 # The input shape on which a model named in a "# N parameters" comment is counted.
 INPUT_SHAPES = {"resnet50": (1, 224, 224, 3), "net": (1, 224, 224, 3), "taki": (1, 32, 32, 3)}
@@ -70,20 +91,32 @@ def shrink(source: str) -> str:
     return source
 
 
-def python_blocks(text: str) -> list[tuple[int, str]]:
-    """The README's fenced ``python`` blocks as (line number of the fence, source)."""
-    blocks, lines, start = [], text.splitlines(), None
+def python_blocks(text: str, name: str = "README.md") -> list[tuple[int, str]]:
+    """A page's fenced ``python`` blocks as (line number of the fence, source), each a program of its own; and the
+    code cells of an executed page (``{code-cell}``) as one program, at the line of its first cell."""
+    blocks, cells, lines, start, kind = [], [], text.splitlines(), None, None
     for i, line in enumerate(lines, 1):
-        if start is None and line.strip() == "```python":
-            start = i
+        if start is None and line.strip() in ("```python", "```{code-cell} ipython3"):
+            start, kind = i, line.strip()
         elif start is not None and line.strip() == "```":
-            blocks.append((start, "\n".join(lines[start:i - 1])))
+            body = "\n".join(lines[start:i - 1])
+            if kind == "```python":
+                blocks.append((start, body))
+            else:
+                cells.append((start, body))
             start = None
-    assert start is None, f"README.md:{start}: a python block is not closed"
+    assert start is None, f"{name}:{start}: a python block is not closed"
+    if cells:
+        # one program; each cell's lines keep their place (blank lines stand for the text between cells)
+        first, program = cells[0][0], []
+        for line_no, body in cells:
+            program += [""] * (line_no - first - len(program)) + body.splitlines()
+        blocks.append((first, "\n".join(program)))
     return blocks
 
 
-BLOCKS = python_blocks(README.read_text())
+BLOCKS = [(f"{_name(path)}:{line}", source) for path in sources()
+          for line, source in python_blocks(path.read_text(), _name(path))]
 
 
 def parameter_count(model, shape) -> int:
@@ -103,7 +136,7 @@ def instrument(source: str, where: str) -> tuple[str, int]:
             out.append(f"{indent}    {m['code']}")
             checks += 1
         elif m := EXPECT.match(body):
-            ast.literal_eval(m["value"])  # a README typo fails here, naming the line
+            ast.literal_eval(m["value"])  # a typo in a page fails here, naming the line
             out.append(f"{indent}__expect__(({m['code']}), {m['value']}, {here!r})")
             checks += 1
         elif m := PARAMS.match(body):
@@ -116,7 +149,7 @@ def instrument(source: str, where: str) -> tuple[str, int]:
 
 
 def _expect(value, expected, where):
-    assert value == expected, f"README.md:{where}: the README states {expected!r}, the code gives {value!r}"
+    assert value == expected, f"{where}: the page states {expected!r}, the code gives {value!r}"
 
 
 class _Raises:
@@ -127,26 +160,30 @@ class _Raises:
         return self
 
     def __exit__(self, kind, err, tb):
-        assert kind is not None, f"README.md:{self.where}: the README says this raises {self.exc.__name__}; it did not"
+        assert kind is not None, f"{self.where}: the page says this raises {self.exc.__name__}; it did not"
         assert issubclass(kind, self.exc) and self.text in str(err), (
-            f"README.md:{self.where}: expected {self.exc.__name__} with {self.text!r}, got {kind.__name__}: {err}")
+            f"{self.where}: expected {self.exc.__name__} with {self.text!r}, got {kind.__name__}: {err}")
         return True
 
 
 def _params(model, name, count, where):
-    assert name in INPUT_SHAPES, f"README.md:{where}: add the input shape of {name!r} to INPUT_SHAPES"
+    assert name in INPUT_SHAPES, f"{where}: add the input shape of {name!r} to INPUT_SHAPES"
     got = parameter_count(model, INPUT_SHAPES[name])
-    assert got == count, f"README.md:{where}: the README states {count:,} parameters for {name}, counted {got:,}"
+    assert got == count, f"{where}: the page states {count:,} parameters for {name}, counted {got:,}"
 
 
-def test_the_readme_has_the_blocks_this_test_expects():
-    assert len(BLOCKS) >= 5, [line for line, _ in BLOCKS]
+def test_the_pages_have_the_blocks_this_test_expects():
+    assert len(BLOCKS) >= 15, [where for where, _ in BLOCKS]
     # Every block with a stated result has at least one check; the counts guard against a comment form
     # that this test no longer recognises after an edit.
-    total = sum(instrument(source, f"{line}")[1] for line, source in BLOCKS)
-    assert total >= 10, total
-    unused = [readme for readme, _ in SMALL if not any(readme in source for _, source in BLOCKS)]
-    assert not unused, f"SMALL names README text that is no longer there: {unused}"
+    total = sum(instrument(source, where)[1] for where, source in BLOCKS)
+    assert total >= 30, total
+    unused = [text for text, _ in SMALL if not any(text in source for _, source in BLOCKS)]
+    assert not unused, f"SMALL names text that is no longer in any page: {unused}"
+    # every tutorial (an executed page) is run here
+    tutorials = [p for p in sources() if "kernelspec:" in p.read_text()]
+    assert len(tutorials) >= 4, tutorials
+    assert all(any(where.startswith(_name(p) + ":") for where, _ in BLOCKS) for p in tutorials)
 
 
 @pytest.fixture
@@ -160,13 +197,18 @@ def torchvision_npz(tmp_path):
     np.savez(tmp_path / "resnet50.npz", **interop.to_torch_state_dict(variables, model))
 
 
-@pytest.mark.parametrize("line,source", BLOCKS, ids=[f"README.md:{line}" for line, _ in BLOCKS])
-def test_readme_block_runs_and_states_its_results(line, source, tmp_path, monkeypatch, request):
+@pytest.mark.parametrize("where,source", BLOCKS, ids=[where for where, _ in BLOCKS])
+def test_example_runs_and_states_its_results(where, source, tmp_path, monkeypatch, request):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MPLBACKEND", "Agg")  # the tutorials' figures: drawn, not shown
     if "resnet50.npz" in source:
         request.getfixturevalue("torchvision_npz")
-    code, _ = instrument(shrink(source), str(line))
-    module = types.ModuleType("readme_block")  # a real module: flax modules are dataclasses and look theirs up
+    code, _ = instrument(shrink(source), where)
+    module = types.ModuleType("doc_example")  # a real module: flax modules are dataclasses and look theirs up
     monkeypatch.setitem(sys.modules, module.__name__, module)
     module.__dict__.update(__expect__=_expect, __raises__=_Raises, __params__=_params)
-    exec(compile(code, f"README.md:{line}", "exec"), module.__dict__)
+    try:
+        exec(compile(code, where, "exec"), module.__dict__)
+    finally:
+        if "matplotlib.pyplot" in sys.modules:
+            sys.modules["matplotlib.pyplot"].close("all")

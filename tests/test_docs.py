@@ -1,0 +1,336 @@
+"""The documentation site builds with the README's command, warnings as errors, and renders.
+
+- The site (``docs/``, Sphinx) builds with ``-W --keep-going`` (every warning an error: a broken link or
+  cross-reference, a docstring that reStructuredText misreads, a reference to resjax's own API that does not
+  resolve), with the tutorials not executed (``-D nb_execution_mode=off``): their code runs in
+  ``tests/test_doc_examples.py`` instead, with every stated result checked, and executing them in kernels here
+  would cost the suite more than the build itself.
+- Every experiment of ``experiments.reproduce`` has its page, whose claim table is the one its ``CLAIMS`` give for
+  ``docs/report/<name>/results.json`` (generated as the site builds) and whose figure is there.
+- Every link and image of the built pages points to a file of the site; every relative link of the README to a file
+  of the checkout.
+- The built front page and one tutorial, opened in headless Chromium, render: screenshots (saved in the built site,
+  ``_screenshots/``) are not blank and show the degradation figure's colours and a code block's.
+- The public API has docstrings and type hints (issue #15; the reference is generated from them).
+
+Chromium is Debian's package (``apt-get install -y chromium``; ``.ci/run`` installs it); outside CI the screenshot
+test is skipped, saying so, when it is absent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html.parser
+import importlib
+import inspect
+import json
+import os
+import pkgutil
+import re
+import shutil
+import subprocess
+import sys
+from functools import cached_property
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import numpy as np
+import pytest
+
+import resjax
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+# The README's command, with the tutorials' execution off (see the module docstring)
+BUILD = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", "html", "-D", "nb_execution_mode=off"]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The built site's folder (built once for the module, into a temporary folder)."""
+    out = tmp_path_factory.mktemp("site")
+    html_dir, doctrees = out / "html", out / "doctrees"
+    proc = subprocess.run(BUILD + ["-d", str(doctrees), str(DOCS), str(html_dir)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, f"the site does not build (warnings are errors):\n{proc.stderr[-6000:]}"
+    assert "WARNING" not in proc.stderr and "ERROR" not in proc.stderr, proc.stderr[-6000:]
+    return html_dir
+
+
+class _Links(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.hrefs, self.imgs, self.ids = [], [], set()
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if "id" in attrs:
+            self.ids.add(attrs["id"])
+        if tag == "a" and attrs.get("href"):
+            self.hrefs.append(attrs["href"])
+        if tag == "img" and attrs.get("src"):
+            self.imgs.append(attrs["src"])
+
+
+def _parse(path: Path) -> _Links:
+    parser = _Links()
+    parser.feed(path.read_text(encoding="utf-8"))
+    return parser
+
+
+def _local(url: str) -> bool:
+    parts = urlsplit(url)
+    return not parts.scheme and not parts.netloc and not url.startswith(("mailto:", "javascript:"))
+
+
+def test_site_has_every_page(site):
+    for page in ["index", "getting_started", "tutorials/mnist1d_seeds", "tutorials/conv_resnet_own_images",
+                 "tutorials/grid", "tutorials/analyses", "howto/resume", "howto/watching", "howto/pytorch_weights",
+                 "howto/nnx", "howto/mixed_precision", "howto/several_hosts", "howto/recipes", "benchmarks",
+                 "report/REPORT", "api/index", "api/nn", "api/train", "api/data", "api/analysis", "api/interop"]:
+        assert (site / f"{page}.html").is_file(), page
+    # the API reference documents every public module of the packages, with type hints in the signatures
+    api = (site / "api" / "train.html").read_text()
+    for name in [m.name for m in pkgutil.iter_modules(importlib.import_module("resjax.train").__path__)
+                 if not m.name.startswith("_")]:
+        assert f'id="module-resjax.train.{name}"' in api, name
+    assert 'id="resjax.train.ondevice.make_train"' in api
+    signature = api[api.index('id="resjax.train.ondevice.make_train"'):][:6000]
+    assert "ConfigDict" in signature and "Trainer" in signature, signature[:2000]
+
+
+def test_links_and_images_resolve(site):
+    pages = sorted(site.rglob("*.html"))
+    assert len(pages) > 40
+    ids = {page: _parse(page) for page in pages}
+    broken = []
+    for page, parsed in ids.items():
+        for url in parsed.hrefs + parsed.imgs:
+            if not _local(url):
+                continue
+            parts = urlsplit(url)
+            target = (page.parent / unquote(parts.path)).resolve() if parts.path else page
+            if not target.exists():
+                broken.append(f"{page.relative_to(site)}: {url}")
+            elif parts.fragment and target.suffix == ".html" and target in ids \
+                    and unquote(parts.fragment) not in ids[target].ids:
+                broken.append(f"{page.relative_to(site)}: {url} (no such anchor)")
+    assert not broken, "\n".join(broken[:50])
+
+
+def test_readme_links_point_into_the_checkout():
+    text = (ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert len(targets) >= 20, targets
+    missing = [t for t in targets if _local(t) and not (ROOT / urlsplit(t).path).exists()]
+    assert not missing, missing
+    assert len(text.splitlines()) <= 200
+
+
+def test_every_experiment_has_its_page_with_claims_and_figure(site):
+    from experiments import reproduce
+
+    for name in reproduce.REGISTRY:
+        page = site / "experiments" / f"{name}.html"
+        assert page.is_file(), name
+        text = page.read_text()
+        module = importlib.import_module(f"experiments.{name}")
+        results = json.loads((DOCS / "report" / name / "results.json").read_text())
+        rows = reproduce.claim_rows(module, results)
+        assert len(rows) == len(module.CLAIMS) > 0, name
+        table = text[text.index("experiment-claims"):]
+        table = table[:table.index("</table>")]
+        verdicts = re.findall(r"<tr[^>]*>(?:\s*<td[^>]*>.*?</td>){4}\s*<td[^>]*><p>(.*?)</p></td>", table, re.S)
+        expected = [re.sub(r"\*\*(.*)\*\*", r"<strong>\1</strong>", r[4]) for r in rows]
+        assert verdicts == expected, (name, verdicts, expected)
+        assert f"python -m experiments.{name}" in re.sub(r"<[^>]+>", "", text), name  # the command, highlighted
+        figure = [src for src in _parse(page).imgs if src.endswith(f"{name}.png")]
+        assert figure and (page.parent / figure[0]).is_file(), name
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _screenshot(browser: str, page: Path, png: Path, tmp: Path, size=(1280, 1600)) -> None:
+    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+           "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
+           f"--user-data-dir={tmp}", f"--screenshot={png}", f"--window-size={size[0]},{size[1]}", page.as_uri()]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert png.is_file(), f"chromium wrote no screenshot (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
+
+
+def _pixels(png: Path) -> np.ndarray:
+    from PIL import Image
+
+    return np.asarray(Image.open(png).convert("RGB")).astype(int)
+
+
+def _hue(pixels: np.ndarray, name: str) -> int:
+    """How many pixels are clearly red or clearly green."""
+    r, g, b = pixels[..., 0], pixels[..., 1], pixels[..., 2]
+    mask = (r > 180) & (g < 90) & (b < 90) if name == "red" else (g > 120) & (r < 110) & (b < 110)
+    return int(mask.sum())
+
+
+#: the background of a highlighted code block in sphinx-book-theme's light mode
+CODE_BACKGROUND = (243, 244, 245)
+
+
+def test_front_page_and_a_tutorial_render_in_chromium(site, tmp_path):
+    browser = _chromium()
+    if browser is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed: .ci/run installs Debian's package 'chromium'")
+        pytest.skip("chromium is not installed (apt-get install -y chromium): the screenshots were not taken")
+    shots = site / "_screenshots"
+    shots.mkdir(exist_ok=True)
+    front, tutorial = shots / "index.png", shots / "tutorial_mnist1d_seeds.png"
+    _screenshot(browser, site / "index.html", front, tmp_path / "profile-front")
+    _screenshot(browser, site / "tutorials" / "mnist1d_seeds.html", tutorial, tmp_path / "profile-tutorial")
+    for png in (front, tutorial):
+        pixels = _pixels(png)
+        assert pixels.shape[0] >= 1000 and pixels.shape[1] >= 1200, pixels.shape
+        assert pixels.std() > 20, f"{png}: the page is blank"
+    # the front page shows the degradation figure: its red and green curves are on screen (no other part of the
+    # page is red or green; the links are blue)
+    front_pixels = _pixels(front)
+    figure_png = site / "_images" / "degradation.png"
+    assert figure_png.is_file(), "the degradation figure was not copied into the site"
+    for hue, count in (("red", _hue(_pixels(figure_png), "red")), ("green", _hue(_pixels(figure_png), "green"))):
+        assert count > 500, f"the figure has no {hue} curve to look for ({count} pixels)"
+        assert _hue(front_pixels, hue) > 100, f"{front}: the figure's {hue} curves are not on screen"
+    # every image of the two pages is a file of the site
+    for page in (site / "index.html", site / "tutorials" / "mnist1d_seeds.html"):
+        for src in _parse(page).imgs:
+            assert not _local(src) or (page.parent / unquote(urlsplit(src).path)).is_file(), (page, src)
+    # the tutorial shows its code: the highlighted code block's background (the theme's light grey) over many rows
+    tutorial_pixels = _pixels(tutorial)
+    html_text = (site / "tutorials" / "mnist1d_seeds.html").read_text()
+    code_rows = (np.abs(tutorial_pixels - np.asarray(CODE_BACKGROUND)).max(axis=-1) <= 3).sum(axis=1) > 200
+    assert code_rows.sum() > 100, f"{tutorial}: no code block on screen ({code_rows.sum()} rows of its background)"
+    assert 'class="highlight' in html_text and "make_train" in html_text
+
+
+# The public API has docstrings and type hints -----------------------------------------------------------------------
+def _module_names(package: str = "resjax") -> list[str]:
+    """Every public module of ``package`` on disk, the package first."""
+    root = importlib.import_module(package)
+    names = [package]
+    for info in pkgutil.walk_packages(root.__path__, prefix=package + "."):
+        if not info.name.rsplit(".", 1)[-1].startswith("_"):
+            names.append(info.name)
+    return names
+
+
+def _public_names(module) -> list[str]:
+    return list(getattr(module, "__all__", None) or [n for n in vars(module) if not n.startswith("_")])
+
+
+def _own_doc(obj) -> bool:
+    doc = getattr(obj, "__doc__", None)
+    return isinstance(doc, str) and bool(doc.strip())
+
+
+def undocumented(package: str = "resjax") -> list[str]:
+    """Qualified names (where each is defined) of the public modules, classes, functions, methods and properties of
+    ``package`` without a docstring of their own, and ``Cls.__call__`` of each flax module that has none.
+
+    A class's docstring that ``dataclasses`` or ``namedtuple`` generated from its signature is no docstring, nor is
+    one inherited from a base class; dataclass fields and other variables need none."""
+    import flax.linen as nn
+
+    missing: dict[str, None] = {}
+    seen: set[int] = set()
+
+    def visit_class(cls, fullname: str) -> None:
+        if id(cls) in seen:
+            return
+        seen.add(id(cls))
+        doc = vars(cls).get("__doc__")
+        generated = ((dataclasses.is_dataclass(cls) or hasattr(cls, "_fields")) and isinstance(doc, str)
+                     and re.fullmatch(rf"{re.escape(cls.__name__)}\(.*\)", doc.strip(), re.S) is not None)
+        if not (isinstance(doc, str) and doc.strip()) or generated:
+            missing.setdefault(fullname, None)
+        if issubclass(cls, nn.Module) and "__call__" in vars(cls) and not _own_doc(vars(cls)["__call__"]):
+            missing.setdefault(f"{fullname}.__call__", None)
+        for name, raw in vars(cls).items():
+            if name.startswith("_"):
+                continue
+            if inspect.isclass(raw) and raw.__module__ == cls.__module__:
+                visit_class(raw, f"{fullname}.{name}")
+            elif isinstance(raw, (staticmethod, classmethod)):
+                if not _own_doc(raw.__func__):
+                    missing.setdefault(f"{fullname}.{name}", None)
+            elif inspect.isfunction(raw) or isinstance(raw, (property, cached_property)):
+                if getattr(raw, "__module__", cls.__module__) == cls.__module__ and not _own_doc(raw):
+                    missing.setdefault(f"{fullname}.{name}", None)
+
+    for name in _module_names(package):
+        module = importlib.import_module(name)
+        if not _own_doc(module):
+            missing.setdefault(name, None)
+        for attr in _public_names(module):
+            obj = getattr(module, attr, None)
+            where = getattr(obj, "__module__", None) or ""
+            if not (where == package or where.startswith(package + ".")):
+                continue
+            if inspect.isclass(obj):
+                visit_class(obj, f"{where}.{obj.__qualname__}")
+            elif inspect.isfunction(obj) and id(obj) not in seen:
+                seen.add(id(obj))
+                if not _own_doc(obj):
+                    missing.setdefault(f"{where}.{obj.__qualname__}", None)
+    return list(missing)
+
+
+def test_public_api_has_docstrings():
+    names = undocumented("resjax")
+    assert not names, f"{len(names)} public object(s) without a docstring of their own:\n  " + "\n  ".join(names)
+
+
+def _public_callables():
+    """(qualified name, function) for every public function of resjax, each public method of its classes and
+    each flax module's ``__call__``, where they are defined."""
+    import flax.linen as nn
+
+    for name in _module_names("resjax"):
+        module = importlib.import_module(name)
+        for attr in _public_names(module):
+            obj = getattr(module, attr, None)
+            if getattr(obj, "__module__", None) != name:
+                continue  # re-exported: checked where it is defined
+            if inspect.isfunction(obj):
+                yield f"{name}.{attr}", obj
+            elif inspect.isclass(obj):
+                for meth_name, meth in vars(obj).items():
+                    wanted = meth_name == "__call__" and issubclass(obj, nn.Module)
+                    if (inspect.isfunction(meth) and meth.__module__ == name  # not flax.struct's replace
+                            and (wanted or not meth_name.startswith("_"))):
+                        yield f"{name}.{attr}.{meth_name}", meth
+
+
+def test_public_functions_and_calls_have_type_hints():
+    """Every parameter (but ``self``/``cls``) and the return of every public function, method and ``__call__``
+    is annotated (issue #15)."""
+    missing, count = [], 0
+    for qualname, fn in _public_callables():
+        count += 1
+        sig = inspect.signature(fn)
+        bare = [p.name for i, p in enumerate(sig.parameters.values())
+                if p.annotation is inspect.Parameter.empty and not (i == 0 and p.name in ("self", "cls"))]
+        if sig.return_annotation is inspect.Signature.empty:
+            bare.append("return")
+        if bare:
+            missing.append(f"{qualname}: {', '.join(bare)}")
+    assert count > 200, count
+    assert not missing, f"{len(missing)} without type hints:\n  " + "\n  ".join(missing)
+
+
+def test_the_docstring_check_finds_a_missing_docstring(monkeypatch):
+    """``undocumented`` is not vacuous: a public function whose docstring is removed is reported."""
+    from resjax.train import ondevice
+
+    monkeypatch.setattr(ondevice.make_train, "__doc__", None)
+    assert "resjax.train.ondevice.make_train" in undocumented("resjax")
+    assert resjax.__doc__
