@@ -44,6 +44,8 @@ TRAIN_HELP = {
     "train.param_groups": "parameter-group rules or preset names ('tau_resnet', 'fixup'), comma-separated: per-group "
                           "learning-rate and weight-decay factors (resjax.train.optim); empty: one group",
     "train.grad_clip_norm": "clip gradients to this global L2 norm; 0 = no clipping",
+    "train.loss": "the loss: 'cross_entropy' (on class labels) or 'mse' (on float targets); resjax.train.objective",
+    "train.label_smoothing": "label smoothing of the cross-entropy's targets, in [0, 1); 0 = none",
     "train.schedule": "learning-rate schedule: 'constant', 'step' (times train.decay_factor at each of "
                       "train.milestones), 'cosine', or an optax schedule's name with train.schedule_args",
     "train.schedule_args": "an optax schedule's other arguments, a dict such as \"dict(decay_rate=0.5)\"",
