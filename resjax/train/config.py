@@ -18,7 +18,7 @@ fields:
   param_groups       tuple of parameter-group rules or preset names ('tau_resnet', 'fixup'): per-group
                      learning-rate and weight-decay factors by path pattern or rank (``resjax.train.optim``)
   grad_clip_norm     global-norm clipping; 0 = off
-  schedule           'constant' | 'step' | 'cosine' | an optax schedule's name with ``schedule_args``;
+  schedule           'constant' | 'step' | 'cosine' | 'fixup' | an optax schedule's name with ``schedule_args``;
                      ``milestones``, ``decay_factor``, ``warmup_epochs`` (see ``resjax.train.schedules``)
   batch_size, epochs, eval_batch_size (host feeder: evaluation batches)
   eval_every         evaluate after every k-th epoch and after the last (default 1: every epoch); the history's
