@@ -143,3 +143,13 @@ def test_fixup_recipe_steps_at_the_peer_s_rate_of_every_group_at_every_epoch(bat
                     want = -expected[group][i] * (g[name] + 1e-4 * p[name])
                     np.testing.assert_allclose(got[name], want, rtol=1e-14,
                                                err_msg=f"batch {batch}, epoch {epoch}, step {step}, {name}")
+
+
+def test_the_fixup_schedule_has_its_own_warm_up_and_refuses_a_second():
+    from resjax.train import make_schedule
+
+    config = image_train_config(**fixup_recipe(256))
+    rate = make_schedule(config, 5)
+    assert [round(float(rate(s)), 6) for s in (0, 4, 5, 45, 50, 499, 500)] == [0.1, 0.1, 0.11, 0.19, 0.2, 0.2, 0.02]
+    with pytest.raises(ValueError, match="warmup_epochs"):
+        make_schedule({**fixup_recipe(256), "warmup_epochs": 1.0}, 5)

@@ -133,7 +133,8 @@ def check_schedule(config: Any, steps_per_epoch: int) -> None:
         raise ValueError(f"warmup_epochs: must be >= 0, got {warmup!r}")
     if name == "fixup" and warmup > 0:
         raise ValueError(f"warmup_epochs: the 'fixup' schedule has Fixup's own warm-up (epochs 0-"
-                         f"{FIXUP_WARMUP_EPOCHS - 1} from {FIXUP_WARMUP_START}); leave warmup_epochs at 0, got {warmup}")
+                         f"{FIXUP_WARMUP_EPOCHS - 1} from {FIXUP_WARMUP_START}); leave warmup_epochs at 0, "
+                         f"got {warmup}")
     if name in ("step", "fixup"):
         factor = _get(config, "decay_factor", 0.1)
         if factor is None or not math.isfinite(factor) or factor < 0:
