@@ -60,8 +60,16 @@ each exact for one of the two, chosen by ``bn_count``:
 Inputs are plain arrays: a ``dict`` of numpy arrays (torch tensors are converted with ``.detach().cpu()
 .numpy()`` if passed, but torch is never imported), or a path to ``.npz`` or ``.safetensors`` (needs the
 ``safetensors`` package); ``load_state_dict`` reads those. A ``module.`` prefix on every key (a model
-saved from ``nn.DataParallel``) is stripped. Anything that does not fit raises one ``ValueError`` listing
-every tensor it could not place, every resjax variable left without a source and every shape mismatch.
+saved from ``nn.DataParallel``) is stripped. Anything that does not fit raises one short ``WeightsMismatchError``
+(a ``ValueError``): how many tensors it could not place, resjax variables it left without a source and shapes
+that differ, with the first few of each named (the error's ``unplaced``, ``missing`` and ``mismatched`` hold
+them all). Weights of another depth are named as such first: the blocks per stage (and depths) of both
+sides, and the first missing and the first unexpected key.
+
+Several runs. ``to_torch_state_dict`` exports one run. The variables of a multi-seed state (a leading run axis
+on every leaf: ``Trainer.sweep``, ``ImageTrainer.fit`` of several seeds) are refused with a message that names
+the run axis and how to take run ``i``: ``run.select(i)`` (a ``RunState`` of one run, which
+``to_torch_state_dict`` also takes as it is, as it takes a ``ModelState``) or ``run.select(i).state.variables()``.
 Values keep their dtype unless ``dtype=`` is given (float64 in, float64 out: run the model under
 ``jax.enable_x64(True)`` to compute in float64).
 """
@@ -81,8 +89,8 @@ if TYPE_CHECKING:
 
     from resjax.nn.resnet import ResNet
 
-__all__ = ["bn_counts", "from_torch_state_dict", "load_state_dict", "repository_settings", "to_torch_state_dict",
-           "torch_layout"]
+__all__ = ["WeightsMismatchError", "bn_counts", "from_torch_state_dict", "load_state_dict", "repository_settings",
+           "to_torch_state_dict", "torch_layout"]
 
 _NBT = "num_batches_tracked"
 _TOP = {"stem_conv": "conv1", "stem_norm": "bn1", "stem_bias": "bias1", "head_bias": "bias2", "head": "fc",
@@ -90,6 +98,25 @@ _TOP = {"stem_conv": "conv1", "stem_norm": "bn1", "stem_bias": "bias1", "head_bi
 _BLOCK_FIXED = {"shortcut_conv": "downsample.0", "shortcut_norm": "downsample.1", "fixup_scale": "scale"}
 _LEAF = {("params", "kernel"): "weight", ("params", "bias"): "bias", ("params", "scale"): "weight",
          ("batch_stats", "mean"): "running_mean", ("batch_stats", "var"): "running_var"}
+
+
+# ----------------------------------------------------------------------------------------------- errors
+
+
+class WeightsMismatchError(ValueError):
+    """Weights that do not fit the model. The message is short: the blocks per stage of both sides when they
+    differ, else how many of each kind with the first few named; the attributes list them all: ``unplaced``
+    (the source's tensors with no place in the model), ``missing`` (the model's variables without a source),
+    ``mismatched`` (shapes that differ)."""
+
+    def __init__(self, message: str, unplaced: Sequence[str] = (), missing: Sequence[str] = (),
+                 mismatched: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.unplaced, self.missing, self.mismatched = list(unplaced), list(missing), list(mismatched)
+
+
+#: Names of each kind that a ``WeightsMismatchError`` message shows (the rest are counted).
+SHOWN = 3
 
 
 # ----------------------------------------------------------------------------------------------- layout
@@ -120,6 +147,18 @@ def _template(model, in_channels: int = 3):
     x = jax.ShapeDtypeStruct((1, 32, 32, in_channels), jnp.float32)
     shapes = jax.eval_shape(lambda x: unrolled.init(jax.random.PRNGKey(0), x, train=False), x)
     return {c: _to_dict(v) for c, v in shapes.items() if c in ("params", "batch_stats")}
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_layout(model, in_channels: int) -> dict:
+    """{(collection, *path): shape} of ``model``'s own variables (scanned when ``model.scan``)."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jax.ShapeDtypeStruct((1, 32, 32, in_channels), jnp.float32)
+    shapes = jax.eval_shape(lambda x: model.init(jax.random.PRNGKey(0), x, train=False), x)
+    return {(c,) + p: tuple(v.shape) for c, tree in shapes.items() if c in ("params", "batch_stats")
+            for p, v in _flatten(_to_dict(tree)).items()}
 
 
 def _to_dict(tree):
@@ -225,6 +264,31 @@ def _tau_copies(model, plan) -> list[str]:
 
 def _natural(name: str):
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def _torch_blocks(names) -> tuple[int, ...]:
+    """Blocks per stage of a torch ``state_dict``'s names (``layer{s}.{j}.``)."""
+    found: dict[int, int] = {}
+    for name in names:
+        hit = re.match(r"layer(\d+)\.(\d+)\.", name)
+        if hit:
+            found[int(hit.group(1))] = max(found.get(int(hit.group(1)), 0), int(hit.group(2)) + 1)
+    return tuple(found.get(s, 0) for s in range(1, max(found) + 1)) if found else ()
+
+
+def _resjax_blocks(paths) -> tuple[int, ...]:
+    """Blocks per stage of unrolled resjax variable paths (``(collection, 'stage{s}_first' | 'stage{s}_{k}', ...)``)."""
+    found: dict[int, int] = {}
+    for path in paths:
+        hit = re.fullmatch(r"stage(\d+)_(first|\d+)", path[1]) if len(path) > 1 else None
+        if hit:
+            k = 1 if hit.group(2) == "first" else int(hit.group(2)) + 2
+            found[int(hit.group(1))] = max(found.get(int(hit.group(1)), 0), k)
+    return tuple(found.get(s, 0) for s in range(1, max(found) + 1)) if found else ()
+
+
+def _depth(blocks: Sequence[int], convs: int) -> int:
+    return 2 + sum(blocks) * convs
 
 
 _LEAF_ORDER = {"weight": 0, "bias": 1, "running_mean": 2, "running_var": 3, _NBT: 4}
@@ -449,27 +513,40 @@ def from_torch_state_dict(model: ResNet, state_dict: Mapping[str, Any] | str | o
                     mismatched.append(f"{copy}: {sd[copy]!r} differs from tau {sd['tau']!r} (the tau-ResNet model "
                                       "shares one tau between its blocks)")
     unplaced = [k for k in sd if k not in used]
-    _raise_if(unplaced, missing, mismatched, "from_torch_state_dict", model)
+    _raise_if(unplaced, missing, mismatched, "from_torch_state_dict", model,
+              blocks=(_torch_blocks(sd), tuple(model.stage_sizes)))
     variables = {c: v for c, v in _unflatten(flat).items()}
     if model.scan:
         variables = {c: _stack_stages(v, model) for c, v in variables.items()}
     return variables
 
 
-def to_torch_state_dict(variables: Mapping[str, Any], model: ResNet, *, bn_count: int | Mapping[str, int] | None = None,
-                        dtype: DTypeLike | None = None, num_batches_tracked: int = 0) -> dict:
+def to_torch_state_dict(variables: Mapping[str, Any] | Any, model: ResNet, *,
+                        bn_count: int | Mapping[str, int] | None = None, dtype: DTypeLike | None = None,
+                        num_batches_tracked: int = 0) -> dict:
     """The PyTorch ``state_dict`` (``{name: numpy array}``, in torch's order: each module's parameters and
     buffers, then its children, as the peer registers them) of ``model``'s peer from flax
-    ``variables`` (``'params'`` and, with BatchNorm, ``'batch_stats'``; scanned when ``model.scan``).
-    ``torch.nn.Module.load_state_dict({k: torch.from_numpy(v) ...})`` takes it with ``strict=True``."""
+    ``variables`` (``'params'`` and, with BatchNorm, ``'batch_stats'``; scanned when ``model.scan``), or from
+    one run's ``RunState`` or ``ModelState`` (``run.select(i)``: their ``variables()``).
+    ``torch.nn.Module.load_state_dict({k: torch.from_numpy(v) ...})`` takes it with ``strict=True``.
+
+    One run only: a state of several runs (a ``RunState`` with ``num_runs``, or variables with a leading run
+    axis on every leaf) is a ``ValueError`` that names the run axis and ``run.select(i)``. Weights that do not
+    fit raise a ``WeightsMismatchError`` as ``from_torch_state_dict`` does."""
     _check_model(model)
     _check_bn_count(model, bn_count)
-    variables = {c: _to_numpy_tree(v) for c, v in dict(variables).items() if c in ("params", "batch_stats")}
-    if model.scan:
-        variables = {c: _unstack_stages(v, model) for c, v in variables.items()}
+    variables = {c: _to_numpy_tree(v) for c, v in _one_run_variables(variables).items()
+                 if c in ("params", "batch_stats")}
     flat_in = {(c,) + p: v for c, tree in variables.items() for p, v in _flatten(tree).items()}
     stem = flat_in.get(("params", "stem_conv", "kernel"))
-    plan, unnamed = _cached_plan(model, int(stem.shape[2]) if stem is not None and stem.ndim == 4 else 3)
+    in_channels = int(stem.shape[-2]) if stem is not None and stem.ndim >= 4 else 3
+    runs = _run_axis(flat_in, _cached_layout(model, in_channels))
+    if runs is not None:
+        raise ValueError(_runs_message(runs, "variables with a leading seed axis"))
+    if model.scan:
+        variables = {c: _unstack_stages(v, model) for c, v in variables.items()}
+        flat_in = {(c,) + p: v for c, tree in variables.items() for p, v in _flatten(tree).items()}
+    plan, unnamed = _cached_plan(model, in_channels)
     out, missing, mismatched = {}, list(unnamed), []
     for path, (name, kind, shape) in plan.items():
         if path not in flat_in:
@@ -490,14 +567,8 @@ def to_torch_state_dict(variables: Mapping[str, Any], model: ResNet, *, bn_count
             a = a if factor is None else a * factor
         out[name] = np.array(_cast(a, dtype), order="C")
     extra = ["/".join(p) for p in flat_in if p not in plan]
-    shapes = [(tuple(flat_in[p].shape), shape) for p, (_, _, shape) in plan.items() if p in flat_in]
-    if (mismatched and not missing and not extra and all(got[1:] == want for got, want in shapes)
-            and len({got[0] for got, _ in shapes}) == 1):
-        n = shapes[0][0][0]  # every variable has one extra leading axis: the seed axis of a multi-seed run
-        raise ValueError(f"to_torch_state_dict: the variables have a leading seed axis of {n} runs (a multi-seed "
-                         f"state), and a state_dict holds one run: take run i first, "
-                         f"run.select(i).state.variables() (or jax.tree.map(lambda a: a[i], variables))")
-    _raise_if(extra, missing, mismatched, "to_torch_state_dict", model, source="resjax")
+    _raise_if(extra, missing, mismatched, "to_torch_state_dict", model, source="resjax",
+              blocks=(_resjax_blocks(flat_in), tuple(model.stage_sizes)))
     for bn in _bn_modules(plan):
         out[f"{bn}.{_NBT}"] = np.asarray(num_batches_tracked, np.int64)
     for copy in _tau_copies(model, plan):
@@ -505,19 +576,80 @@ def to_torch_state_dict(variables: Mapping[str, Any], model: ResNet, *, bn_count
     return _in_torch_order(out, model)
 
 
-def _raise_if(unplaced, missing, mismatched, where, model, source="torch"):
+def _convs(model) -> int:
+    return 2 if model.kind == "basic" else 3
+
+
+def _shown(items: Sequence[str]) -> str:
+    more = len(items) - SHOWN
+    return ", ".join(items[:SHOWN]) + (f", ... ({more} more)" if more > 0 else "")
+
+
+def _raise_if(unplaced, missing, mismatched, where, model, source="torch", blocks=None):
+    """One short ``WeightsMismatchError``: another depth first (``blocks``: the source's and the model's blocks
+    per stage), else each kind's count and first names."""
     if not (unplaced or missing or mismatched):
         return
+    m = _convs(model)
+    what = "tensors" if source == "torch" else "variables"
+    # the model's variables without a source in the order torch lists their names (those named ``(torch '...')``)
+    missing = sorted(missing, key=lambda v: _torch_order(v.split("'")[1], m) if "(torch '" in v else ((2, ()),))
+    if (blocks is not None and len(blocks[0]) == len(blocks[1]) and all(blocks[0]) and blocks[0] != blocks[1]):
+        # the same stages with other block counts: another depth (not a stray name such as 'layer9.0.x')
+        given, want = blocks
+        first = [f"first missing: {missing[0]}" if missing else "nothing missing",
+                 f"first unexpected: {unplaced[0]}" if unplaced else "nothing unexpected"]
+        message = (f"{where}: the {source} weights have {given} blocks per stage (depth {_depth(given, m)}), "
+                   f"this resjax {type(model).__name__} has {want} (depth {_depth(want, m)}): build the model "
+                   f"with stage_sizes={given} (cifar_resnet({_depth(given, m)}, ...) for a CIFAR ResNet); "
+                   f"{'; '.join(first)} ({len(missing)} missing, {len(unplaced)} unexpected, {len(mismatched)} "
+                   "shapes differ: the error's .missing, .unplaced, .mismatched)")
+        raise WeightsMismatchError(message, unplaced, missing, mismatched)
     lines = [f"{where}: the {source} weights do not fit this resjax {type(model).__name__} "
-             f"(depth {2 + sum(model.stage_sizes) * (2 if model.kind == 'basic' else 3)}, norm={model.norm!r}, "
-             f"scaling={model.scaling!r}; see resjax.interop for each peer's settings)"]
+             f"(depth {_depth(model.stage_sizes, m)}, norm={model.norm!r}, scaling={model.scaling!r}; see "
+             "resjax.interop for each peer's settings; the error's .unplaced, .missing, .mismatched list all)"]
     if unplaced:
-        lines.append(f"  {len(unplaced)} {source} tensors with no place in the model: {', '.join(unplaced)}")
+        lines.append(f"  {len(unplaced)} {source} {what} with no place in the model: {_shown(unplaced)}")
     if missing:
-        lines.append(f"  {len(missing)} model variables without a source: {', '.join(missing)}")
+        lines.append(f"  {len(missing)} model variables without a source: {_shown(missing)}")
     if mismatched:
-        lines.append(f"  {len(mismatched)} shape mismatches: {'; '.join(mismatched)}")
-    raise ValueError("\n".join(lines))
+        lines.append(f"  {len(mismatched)} shape mismatches: {'; '.join(mismatched[:SHOWN])}"
+                     + (f"; ... ({len(mismatched) - SHOWN} more)" if len(mismatched) > SHOWN else ""))
+    raise WeightsMismatchError("\n".join(lines), unplaced, missing, mismatched)
+
+
+def _runs_message(n: int, what: str) -> str:
+    return (f"to_torch_state_dict: {what} of {n} runs (a multi-seed state: Trainer.sweep, ImageTrainer.fit of "
+            f"several seeds), and a state_dict holds one run. Take run i first: to_torch_state_dict(run.select(i), "
+            f"model), or run.select(i).state.variables() (of variables alone: jax.tree.map(lambda a: a[i], "
+            f"variables))")
+
+
+def _one_run_variables(variables) -> Mapping:
+    """``variables`` as a mapping of collections: a ``RunState`` of one run or a ``ModelState`` gives its
+    ``variables()``; a ``RunState`` of several runs is refused, naming its run axis."""
+    if hasattr(variables, "select") and hasattr(variables, "num_runs") and hasattr(variables, "state"):  # RunState
+        n = variables.num_runs
+        if n is not None:
+            raise ValueError(_runs_message(n, "a RunState with a leading run axis"))
+        variables = variables.state
+    if not isinstance(variables, Mapping) and callable(getattr(variables, "variables", None)):  # ModelState
+        variables = variables.variables()
+    if not isinstance(variables, Mapping):
+        raise ValueError(f"variables: want flax variables ({{'params': ..., 'batch_stats': ...}}), a RunState or "
+                         f"a ModelState, got {type(variables).__name__}")
+    return variables
+
+
+def _run_axis(flat: dict, layout: dict) -> int | None:
+    """The length of a leading axis that every variable found in the model's layout has on top of its shape
+    there (the run axis of a multi-seed state), or None."""
+    shapes = [(tuple(np.shape(v)), layout[p]) for p, v in flat.items() if p in layout]
+    if shapes and all(len(got) == len(want) + 1 and got[1:] == want for got, want in shapes):
+        lengths = {got[0] for got, _ in shapes}
+        if len(lengths) == 1:
+            return lengths.pop()
+    return None
 
 
 def _to_numpy_tree(tree):
@@ -539,11 +671,13 @@ def _stack_stages(collection: dict, model) -> dict:
 
 
 def _unstack_stages(collection: dict, model) -> dict:
+    """Scanned ``stage{s}/block`` -> unrolled ``stage{s}_{k}``, as many as the leading axis holds."""
     out = dict(collection)
-    for s, size in enumerate(model.stage_sizes):
+    for s in range(len(model.stage_sizes)):
         name = f"stage{s + 1}"
-        if size > 1 and name in out:
+        if isinstance(out.get(name), Mapping) and isinstance(out[name].get("block"), Mapping):
             flat = _flatten(out.pop(name)["block"])
-            for k in range(size - 1):
+            count = min((np.shape(v)[0] for v in flat.values() if np.ndim(v)), default=0)
+            for k in range(count):
                 out[f"{name}_{k}"] = _unflatten({p: v[k] for p, v in flat.items()})
     return out

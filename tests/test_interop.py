@@ -225,25 +225,30 @@ def test_safetensors_files(tmp_path):
     jax.tree_util.tree_map(np.testing.assert_array_equal, a, b)
 
 
-def test_errors_name_every_tensor():
+def test_errors_are_short_and_name_what_does_not_fit():
     meta, sd, _, _, _ = _fixture("fixup")
     model = _model(meta)
     bad = dict(sd)
     bad["layer9.0.conv1.weight"] = np.zeros((1,))
     del bad["fc.bias"], bad["layer2.1.bias1b"]
     bad["layer1.0.conv2.weight"] = np.zeros((16, 16, 1, 1))
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(interop.WeightsMismatchError) as err:
         interop.from_torch_state_dict(model, bad)
     message = str(err.value)
     for name in ("layer9.0.conv1.weight", "head/bias", "'fc.bias'", "stage2_0/bias_act_0", "'layer2.1.bias1b'",
                  "layer1.0.conv2.weight: torch shape (16, 16, 1, 1), expected (16, 16, 3, 3)"):
         assert name in message
-    # the Fixup weights do not fit the tau-ResNet model without BN: Fixup's scalars have no place there
+    assert isinstance(err.value, ValueError)
+    # the Fixup weights do not fit the tau-ResNet model without BN: Fixup's scalars have no place there. The
+    # message counts them and names the first few; the error lists them all
     other = cifar_resnet(20, **REPOSITORY_MODELS["tau_resnet_nobn"])
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(interop.WeightsMismatchError) as err:
         interop.from_torch_state_dict(other, sd)
-    assert "no place in the model: bias1, bias2," in str(err.value) and " layer1.0.scale," in str(err.value)
-    assert "without a source: params/tau (torch 'tau')" in str(err.value)
+    message = str(err.value)
+    assert len(message) < 800, len(message)
+    assert "11 torch tensors with no place in the model: bias1, bias2, layer1.0.scale, ... (8 more)" in message
+    assert "layer3.2.scale" in err.value.unplaced and len(err.value.unplaced) == 11
+    assert "without a source: params/tau (torch 'tau')" in message and err.value.missing == ["params/tau (torch 'tau')"]
     nobn_meta, nobn, _, _, _ = _fixture("tau_resnet_nobn")
     nobn["layer2.1.tau"] = nobn["tau"] + 1
     with pytest.raises(ValueError, match="layer2.1.tau"):
@@ -257,8 +262,9 @@ def test_errors_name_every_tensor():
 
 
 def test_stacked_weights_of_several_runs_are_named_as_a_seed_axis():
-    """A multi-seed state's variables (a leading seed axis on every leaf) get an error that says so and how to
-    take one run; one run of them exports exactly as the single-run variables do."""
+    """A multi-seed state's variables (a leading seed axis on every leaf) get one short error that names the
+    run axis and ``run.select(i)``, whatever the layout (scanned too) and whichever collections are given; one run
+    of them exports exactly as the single-run variables do."""
     meta, sd, _, _, _ = _fixture("fixup")
     model = _model(meta)
     variables = interop.from_torch_state_dict(model, sd)
@@ -267,3 +273,73 @@ def test_stacked_weights_of_several_runs_are_named_as_a_seed_axis():
         interop.to_torch_state_dict(stacked, model)
     one = interop.to_torch_state_dict(jax.tree_util.tree_map(lambda a: a[1], stacked), model)
     assert all(np.array_equal(one[k], v) for k, v in interop.to_torch_state_dict(variables, model).items())
+    # with BatchNorm: the parameters alone, and the scanned layout (whose unrolling would take the seed axis for
+    # the blocks': 37 and more shape mismatches before)
+    bn = cifar_resnet(20, tau=0.3, **REPOSITORY_MODELS["tau_resnet_bn"])
+    for m in (bn, bn.clone(scan=True)):
+        v = m.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)), train=False)
+        for given in (dict(v), {"params": v["params"]}):
+            with pytest.raises(ValueError) as err:
+                interop.to_torch_state_dict(jax.tree_util.tree_map(lambda a: jnp.stack([a, a]), given), m)
+            assert "leading seed axis of 2 runs" in str(err.value) and "run.select(i)" in str(err.value)
+            assert len(str(err.value)) < 400 and not isinstance(err.value, interop.WeightsMismatchError)
+
+
+def test_a_run_state_exports_one_run_and_names_the_run_axis_of_several(tmp_path):
+    """``to_torch_state_dict`` takes a ``RunState`` of one run (``run.select(i)``) and a ``ModelState``, and
+    refuses a ``RunState`` of several runs with a message naming the run axis and ``run.select(i)`` (it was a bare
+    ``TypeError``); anything else is a ``ValueError`` naming ``variables``."""
+    from resjax.train import ModelState, RunState
+
+    meta, sd, _, _, _ = _fixture("tau_resnet_bn")
+    model = _model(meta)
+    variables = interop.from_torch_state_dict(model, sd, dtype=np.float32)  # float32, as jnp.stack below keeps it
+    state = ModelState(step=np.int32(0), params=variables["params"], batch_stats=variables["batch_stats"],
+                       opt_state=())
+    run = RunState(state=state, key=jax.random.key(0), data_seed=np.int32(0), epoch=np.int32(0),
+                   diverged_epoch=np.int32(-1), history={})
+    runs = jax.tree_util.tree_map(lambda a: jnp.stack([a, a * 2 if jnp.issubdtype(a.dtype, jnp.floating) else a]), run)
+    with pytest.raises(ValueError, match=r"RunState with a leading run axis of 2 runs.*to_torch_state_dict\("
+                                         r"run\.select\(i\), model\)"):
+        interop.to_torch_state_dict(runs, model)
+    expected = interop.to_torch_state_dict(variables, model)
+    for given in (run, state, runs.select(0)):
+        got = interop.to_torch_state_dict(given, model)
+        assert list(got) == list(expected) and all(np.array_equal(got[k], v) for k, v in expected.items())
+    doubled = interop.to_torch_state_dict(runs.select(1), model)
+    np.testing.assert_array_equal(doubled["conv1.weight"], 2 * expected["conv1.weight"])
+    with pytest.raises(ValueError, match="variables: want flax variables"):
+        interop.to_torch_state_dict([variables], model)
+
+
+@pytest.mark.parametrize("direction", ["in", "out"])
+def test_weights_of_another_depth_get_one_short_message_naming_both_depths(direction):
+    """ResNet-32 weights into a ResNet-20 (and back; torch and resjax sides): one message under 500 characters
+    with both block counts, both depths, the first missing and the first unexpected key (it was a 5,602-character
+    list of 216 tensors); the error keeps the full lists."""
+    small, big = (cifar_resnet(d, **REPOSITORY_MODELS["tau_resnet_bn"], tau=0.3) for d in (20, 32))
+    x = jnp.zeros((1, 32, 32, 3))
+    for given, model, missing, unexpected in ((big, small, "nothing missing", "first unexpected: layer1.3.conv1"),
+                                              (small, big, "first missing: params/stage1_2/conv_0/kernel (torch "
+                                                           "'layer1.3.conv1.weight')", "nothing unexpected")):
+        v = given.init(jax.random.key(0), x, train=False)
+        with pytest.raises(interop.WeightsMismatchError) as err:
+            if direction == "in":
+                interop.from_torch_state_dict(model, interop.to_torch_state_dict(v, given))
+            else:
+                interop.to_torch_state_dict(v, model)
+                missing = missing.replace("first unexpected", "")
+        message = str(err.value)
+        assert len(message) < 500, (len(message), message)
+        d_given, d_model = (20, 32) if given is small else (32, 20)
+        s_given, s_model = ((3, 3, 3), (5, 5, 5)) if given is small else ((5, 5, 5), (3, 3, 3))
+        assert f"weights have {s_given} blocks per stage (depth {d_given})" in message
+        assert f"has {s_model} (depth {d_model})" in message
+        if direction == "in":
+            assert missing in message and unexpected in message, message
+            # 6 more blocks of 2 convs and 2 BatchNorms: 12 torch tensors each, 10 resjax variables
+            assert len(err.value.missing) == (60 if given is small else 0)
+            assert len(err.value.unplaced) == (0 if given is small else 72)
+        else:
+            first = "first missing: params/stage1_2" if given is small else "first unexpected: params/stage1_2"
+            assert first in message, message

@@ -15,7 +15,7 @@ from resjax import interop
 from resjax.nn.resnet import REPOSITORY_MODELS, cifar_resnet
 from resjax.train import image_train_config, run_config
 from resjax.train.core import Core, with_hyperparams
-from resjax.train.optim import PARAM_GROUP_PRESETS, fixup_param_groups, group_factors, make_optimizer
+from resjax.train.optim import PARAM_GROUP_PRESETS, fixup_param_groups, fixup_recipe, group_factors, make_optimizer
 
 # float64 convolutions: ~20% slower to run here without XLA's optimisation passes (the test run's default)
 pytestmark = pytest.mark.usefixtures("optimized_compiles")
@@ -35,10 +35,10 @@ def _fixtures(name):
 
 def _train_config(name, batch):
     """The peer's recipe from resjax's presets: He et al.'s SGD (momentum 0.9, weight decay 1e-4 on every
-    parameter) at base rate 0.1; tau-ResNet's scalars at lr/10; Fixup's rate times batch/128 with its bias and
-    scale parameters at 0.1 unscaled (``fixup_param_groups``)."""
+    parameter) at base rate 0.1; tau-ResNet's scalars at lr/10; Fixup's recipe (``fixup_recipe``: rate times
+    batch/128 with its bias and scale parameters at 0.1 unscaled, Fixup's schedule)."""
     if name == "fixup":
-        return image_train_config(learning_rate=0.1 * batch / 128, param_groups=fixup_param_groups(batch))
+        return image_train_config(**fixup_recipe(batch))
     return image_train_config(param_groups=("tau_resnet",))
 
 
@@ -103,3 +103,53 @@ def test_the_presets_select_the_peers_groups():
         assert every <= set(names)
         assert slow == peer_slow, (name, sorted(slow ^ peer_slow)[:5])
     assert PARAM_GROUP_PRESETS["fixup"] == fixup_param_groups(128)
+
+
+def _leaves(tree, model):
+    """A parameter tree as the peer's ``{torch name: array}``."""
+    return interop.to_torch_state_dict({"params": tree}, model)
+
+
+@pytest.mark.parametrize("batch", [128, 256, 1024])
+def test_fixup_recipe_steps_at_the_peer_s_rate_of_every_group_at_every_epoch(batch):
+    """Fixup's recipe at ``batch`` (``fixup_recipe``: the ``'fixup'`` schedule and ``fixup_param_groups``) against
+    the rates the Fixup script's own ``adjust_learning_rate`` gives each parameter group at the start of each
+    epoch (``fixup_lr_schedule.json``: the warm-up from 0.1 above batch 128, the milestones). Each epoch's
+    first and last step of resjax's optimiser, from a fresh momentum buffer, moves every parameter as the peer's
+    SGD does, ``p - lr_group(epoch) * (g + 1e-4 p)``, in float64."""
+    with open(DATA / "fixup_lr_schedule.json") as f:
+        peer = json.load(f)
+    expected = peer["batches"][str(batch)]
+    meta, start, steps = _fixtures("fixup")
+    groups = {n: g["group"] for g in json.loads(str(steps["meta"]))["param_groups"] for n in g["names"]}
+    model = cifar_resnet(meta["depth"], **meta["resjax"], **REPOSITORY_MODELS["fixup"])
+    config = image_train_config(**fixup_recipe(batch))
+    steps_per_epoch = 3
+    with jax.enable_x64(True):
+        params = interop.from_torch_state_dict(model, start)["params"]
+        grads = jax.tree_util.tree_map(lambda p: np.cos(np.arange(p.size).reshape(p.shape) + 1.0), params)
+        tx = make_optimizer(config, params, steps_per_epoch)
+        update = jax.jit(tx.update)
+        fresh = tx.init(params)
+        p, g = _leaves(params, model), _leaves(grads, model)
+        for i, epoch in enumerate(peer["meta"]["epochs"]):
+            for step in (epoch * steps_per_epoch, epoch * steps_per_epoch + steps_per_epoch - 1):
+                state = jax.tree_util.tree_map_with_path(  # every step counter (the schedule's too) at `step`
+                    lambda path, x: np.asarray(step, np.int32) if getattr(path[-1], "name", None) == "count" else x,
+                    fresh)
+                moved, _ = update(grads, state, params)
+                got = _leaves(moved, model)
+                for name, group in groups.items():  # the peer's step: p -= lr_group(epoch) * (g + 1e-4 p)
+                    want = -expected[group][i] * (g[name] + 1e-4 * p[name])
+                    np.testing.assert_allclose(got[name], want, rtol=1e-14,
+                                               err_msg=f"batch {batch}, epoch {epoch}, step {step}, {name}")
+
+
+def test_the_fixup_schedule_has_its_own_warm_up_and_refuses_a_second():
+    from resjax.train import make_schedule
+
+    config = image_train_config(**fixup_recipe(256))
+    rate = make_schedule(config, 5)
+    assert [round(float(rate(s)), 6) for s in (0, 4, 5, 45, 50, 499, 500)] == [0.1, 0.1, 0.11, 0.19, 0.2, 0.2, 0.02]
+    with pytest.raises(ValueError, match="warmup_epochs"):
+        make_schedule({**fixup_recipe(256), "warmup_epochs": 1.0}, 5)

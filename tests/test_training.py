@@ -246,11 +246,11 @@ def test_weight_decay_is_an_l2_penalty_on_kernels_only():
 def test_a_non_finite_gradient_entry_freezes_the_run_even_with_a_finite_loss(bad):
     import optax
 
-    from resjax.train.state import TrainState, guarded_step
+    from resjax.train.state import ModelState, guarded_step
 
     params = {"a": jnp.ones((3,)), "b": {"w": jnp.ones((2, 2))}}
     tx = optax.sgd(0.1)
-    state = TrainState(step=jnp.int32(4), params=params, batch_stats={}, opt_state=tx.init(params))
+    state = ModelState(step=jnp.int32(4), params=params, batch_stats={}, opt_state=tx.init(params))
     grads = {"a": jnp.ones((3,)), "b": {"w": jnp.ones((2, 2)).at[1, 0].set(bad)}}  # one entry, in the last leaf
     after, diverged = guarded_step(state, tx, grads, jnp.float32(0.5), {}, jnp.int32(-1), jnp.int32(6))
     assert int(diverged) == 7  # the 1-based epoch of the first bad step

@@ -2,6 +2,7 @@
 
     python tools/make_parity_fixtures.py --tau-resnet PATH --fixup PATH [--out tests/data/parity] [--check]
         [--sgd-steps-only]
+    python tools/make_parity_fixtures.py --fixup PATH --fixup-schedule-only   (no torch needed)
 
 ``--tau-resnet`` / ``--fixup``: a checkout of dayu11/tau-ResNet / hongyi-zhang/Fixup (or their
 ``cifar/models`` folder). The peers' model files are imported from there (``resnet_cifar.py``,
@@ -32,6 +33,12 @@ Writes, under ``--out``:
   with <= 64 values, ``conv1.weight``, ``layer1.0.conv1.weight``, ``fc.*`` and the BN running statistics),
   ``meta`` (JSON: script lines, every parameter group with its names and settings, lr and weight decay per
   group, gradient scaling, loss, batch-size rule, torch version). ``--sgd-steps-only`` writes just these.
+- ``fixup_lr_schedule.json``: every parameter group's learning rate at chosen epochs (the warm-up, around
+  the milestones, the last) of Fixup's CIFAR script at batches 64-1024 on one device, computed by the script's
+  own ``adjust_learning_rate`` (read from the checkout's ``cifar/cifar_train.py`` and run on the param groups
+  its ``optim.SGD`` and ``CosineAnnealingLR`` set up: ``lr`` and ``initial_lr`` base_lr / 10 for ``bias`` and
+  ``scale``, ``base_learning_rate = base_lr * batch / 128`` for the rest). Needs no torch; also written by
+  ``--fixup-schedule-only``.
 - ``torchvision_resnet_layouts.txt`` (when torchvision is installed): ``<model> <state_dict name> <shape>``
   for torchvision's ResNet-18/34/50/101/152, buffers included.
 
@@ -353,6 +360,66 @@ def write_sgd_steps(args, torch) -> None:
               f"lr {meta['lr']}; start {same_start})")
 
 
+FIXUP_SCHEDULE_BATCHES = (64, 128, 256, 512, 1024)
+FIXUP_SCHEDULE_EPOCHS = tuple(range(0, 13)) + (50, 98, 99, 100, 101, 148, 149, 150, 151, 199)
+
+
+def _fixup_adjust_learning_rate(root: str):
+    """The Fixup script's ``adjust_learning_rate`` as a function of (base_learning_rate, optimizer, epoch): its
+    own source (``ast``), run with the script's module-level ``base_learning_rate`` given per call."""
+    import ast
+
+    path = _script_check(root, "fixup")
+    if path is None:
+        raise SystemExit(f"--fixup {root}: cifar/cifar_train.py not found (the schedule is computed by its function)")
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "adjust_learning_rate")
+    code = compile(ast.Module(body=[node], type_ignores=[]), path, "exec")
+
+    def run(base_learning_rate: float, optimizer, epoch: int) -> float:
+        namespace = {"base_learning_rate": base_learning_rate}
+        exec(code, namespace)  # noqa: S102  (the peer's own function, from the checkout)
+        return namespace["adjust_learning_rate"](optimizer, epoch)
+
+    return run, path, node.lineno, node.end_lineno
+
+
+def write_fixup_schedule(args) -> None:
+    """``fixup_lr_schedule.json``: each group's rate per epoch, from the Fixup script's own function."""
+    run, path, first, last = _fixup_adjust_learning_rate(args.fixup)
+
+    class Optimizer:  # what the function reads and writes: param_groups' 'lr' and 'initial_lr'
+        def __init__(self, groups):
+            self.param_groups = groups
+
+    out = {}
+    for batch in FIXUP_SCHEDULE_BATCHES:
+        base = BASE_LR * batch / 128.0  # base_learning_rate = args.base_lr * args.batchsize / 128. (n_gpu = 1)
+        # optim.SGD([bias lr base_lr/10, scale lr base_lr/10, others], lr=base_learning_rate); CosineAnnealingLR
+        # (built whether or not --sgdr) sets initial_lr = lr in every group
+        groups = [{"lr": BASE_LR / 10.0}, {"lr": BASE_LR / 10.0}, {"lr": base}]
+        for g in groups:
+            g["initial_lr"] = g["lr"]
+        optimizer = Optimizer(groups)
+        rows = {"bias": [], "scale": [], "others": [], "returned": []}
+        for epoch in FIXUP_SCHEDULE_EPOCHS:
+            rows["returned"].append(run(base, optimizer, epoch))
+            for label, g in zip(("bias", "scale", "others"), optimizer.param_groups):
+                rows[label].append(g["lr"])
+        out[str(batch)] = {"base_learning_rate": base, **rows}
+    meta = {"script": "cifar/cifar_train.py", "function": f"adjust_learning_rate, lines {first}-{last}",
+            "base_lr": BASE_LR, "n_gpu": 1, "epochs": list(FIXUP_SCHEDULE_EPOCHS),
+            "groups": "bias: names containing 'bias'; scale: names containing 'scale'; others: the rest",
+            "note": "each group's 'lr' after adjust_learning_rate(optimizer, epoch), called at the start of each epoch"}
+    os.makedirs(args.out, exist_ok=True)
+    target = os.path.join(args.out, "fixup_lr_schedule.json")
+    with open(target, "w") as f:
+        json.dump({"meta": meta, "batches": out}, f, indent=1)
+        f.write("\n")
+    print(f"wrote {target} (from {path}, lines {first}-{last})")
+
+
 def write_torchvision_layouts(args, torch) -> None:
     try:
         import torchvision
@@ -499,7 +566,8 @@ def check(args, torch) -> None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tau-resnet", required=True, help="dayu11/tau-ResNet checkout (or its cifar/models)")
+    parser.add_argument("--tau-resnet", help="dayu11/tau-ResNet checkout (or its cifar/models); required but with "
+                                             "--fixup-schedule-only")
     parser.add_argument("--fixup", required=True, help="hongyi-zhang/Fixup checkout (or its cifar/models)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "data", "parity"))
     parser.add_argument("--check", action="store_true", help="also print resjax's agreement (needs jax and resjax)")
@@ -507,7 +575,14 @@ def main(argv=None) -> None:
     parser.add_argument("--sgd-steps-only", action="store_true",
                         help="write only the {name}_sgd_steps.npz files (checked against the existing fixtures)")
     parser.add_argument("--torchvision-depths", type=int, nargs="*", default=[18, 50])
+    parser.add_argument("--fixup-schedule-only", action="store_true",
+                        help="write only fixup_lr_schedule.json (from the Fixup script's own function; no torch)")
     args = parser.parse_args(argv)
+    if args.fixup_schedule_only:
+        write_fixup_schedule(args)
+        return
+    if not args.tau_resnet:
+        parser.error("--tau-resnet is required (but with --fixup-schedule-only)")
     import torch
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
@@ -516,6 +591,7 @@ def main(argv=None) -> None:
     elif not args.no_write:
         write_fixtures(args, torch)
         write_sgd_steps(args, torch)
+        write_fixup_schedule(args)
         write_torchvision_layouts(args, torch)
     if args.check:
         check(args, torch)

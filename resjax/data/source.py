@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
+from resjax._quiet import quiet_import
+
 if TYPE_CHECKING:  # imported where used: importing grain imports JAX
     import grain
 
@@ -94,7 +96,7 @@ class BatchSource:
         with ``part``), made when read; ``len(ds)`` is ``num_batches``. ``epoch`` iterates over it. With
         ``seeds`` (a list), each element is the batches of those seeds stacked (``stacked_epoch``). The other
         arguments are ``epoch``'s."""
-        import grain
+        grain = quiet_import("grain")  # imported when used, leaving no handler on the root logger (resjax._quiet)
 
         stacked = seeds is not None
         seeds = list(seeds) if stacked else [seed]
@@ -158,7 +160,7 @@ class BatchSource:
 
     def _pipeline(self, ds: grain.MapDataset) -> grain.IterDataset:
         """``ds`` (a ``grain.MapDataset``) as a ``grain.IterDataset`` made by this source's threads and workers."""
-        import grain
+        grain = quiet_import("grain")
 
         it = ds.to_iter_dataset(grain.ReadOptions(num_threads=self.threads, prefetch_buffer_size=self.buffer))
         if self.workers:

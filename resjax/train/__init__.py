@@ -8,7 +8,8 @@ same checkpoints.
 
 Exported here: the feeders and their builders (``Trainer``, ``make_train``, ``shard_over_seeds``;
 ``ImageTrainer``, ``make_image_train``, ``seed_axis_mode``), the configs (``run_config``, ``train_config``,
-``image_train_config``, ``check_train_config``), the state (``RunState``, ``TrainState``), the core
+``image_train_config``, ``check_train_config``), the state (``RunState``, ``ModelState``: formerly
+``TrainState``, a name that still imports, with a ``DeprecationWarning``), the core
 (``Core``, ``METRICS``), grids of runs (``grid``, ``fit_grid``, ``Grid``, ``GridResult``: seeds x hyperparameters,
 labelled results), the optimiser and schedule builders, run logs (``RunLog``, ``log_to``: ``metrics.jsonl`` and
 TensorBoard as training goes), independent sweeps one per device (``side_by_side``), checkpoints (``Checkpoints``,
@@ -31,10 +32,15 @@ from resjax.train.optim import make_optimizer
 from resjax.train.preemption import Preempted
 from resjax.train.schedules import make_schedule
 from resjax.train.side_by_side import side_by_side
-from resjax.train.state import RunState, TrainState
+from resjax.train.state import ModelState, RunState
+from resjax.train.state import deprecated_name as _deprecated_name
 
-__all__ = ["METRICS", "CheckpointError", "Checkpoints", "Core", "Grid", "GridResult", "ImageTrainer", "Preempted",
-           "RunLog", "RunState", "TrainState", "Trainer", "check_train_config", "fit_grid", "grid", "image_train_config",
+__all__ = ["METRICS", "CheckpointError", "Checkpoints", "Core", "Grid", "GridResult", "ImageTrainer", "ModelState",
+           "Preempted", "RunLog", "RunState", "Trainer", "check_train_config", "fit_grid", "grid", "image_train_config",
            "initialize_if_needed", "log_to", "make_data_mesh",
            "make_image_train", "make_optimizer", "make_schedule", "make_train", "run_config", "seed_axis_mode",
            "shard_over_seeds", "side_by_side", "train_config"]
+
+
+def __getattr__(name: str):  # the old ``TrainState``: the same class as ``ModelState``, with a DeprecationWarning
+    return _deprecated_name(__name__, name)

@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 
+from resjax._quiet import quiet_import, root_logger_kept
 from resjax.train.distributed import barrier, is_main_process, to_host
 
 if TYPE_CHECKING:
@@ -52,6 +52,12 @@ if TYPE_CHECKING:
 
 __all__ = ["CheckpointError", "Checkpoints", "array_checksums", "check_free_space", "closed_on_error", "describe_model",
            "estimated_size", "latest", "restore", "save"]
+
+
+def _ocp():
+    """``orbax.checkpoint``, imported on first use and without leaving a handler on the root logger
+    (``resjax._quiet``: Orbax's import calls absl's logging, which runs ``logging.basicConfig()``)."""
+    return quiet_import("orbax.checkpoint")
 
 
 def _is_key(x) -> bool:
@@ -157,8 +163,10 @@ class Checkpoints:
         _quiet_closed_loop_noise()  # Orbax's tracebacks after a refused step would bury resjax's message
         self.directory = os.path.abspath(os.fspath(directory))
         self.lock = None  # a training run's DirectoryLock (resjax.train.lock), released by close()
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False)
-        self._manager = ocp.CheckpointManager(self.directory, item_names=("state", "meta"), options=options)
+        ocp = _ocp()
+        with root_logger_kept():
+            options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False)
+            self._manager = ocp.CheckpointManager(self.directory, item_names=("state", "meta"), options=options)
 
     def latest(self) -> int | None:
         """The newest step folder in the directory (saved by Orbax or not), or None."""
@@ -183,9 +191,11 @@ class Checkpoints:
             return
         meta = _json(meta or {})
         meta["integrity"] = {"arrays": array_checksums(state), "meta_sha256": _meta_sha256(meta)}
-        self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_to_savable(state)),
-                                                         meta=ocp.args.JsonSave(meta)), force=True)
-        self._manager.wait_until_finished()
+        ocp = _ocp()
+        with root_logger_kept():
+            self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_to_savable(state)),
+                                                             meta=ocp.args.JsonSave(meta)), force=True)
+            self._manager.wait_until_finished()
 
     def _step(self, step: int | None) -> int:
         step = self.latest() if step is None else int(step)
@@ -202,8 +212,10 @@ class Checkpoints:
             missing = [n for n in ("state", "meta") if not os.path.isdir(os.path.join(folder, n))]
             raise CheckpointError(self.directory, step, f"the step folder has no {' and no '.join(missing)} "
                                   "(an interrupted or damaged save)")
+        ocp = _ocp()
         try:
-            meta = dict(self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
+            with root_logger_kept():
+                meta = dict(self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
         except Exception as e:  # noqa: BLE001  (Orbax and TensorStore raise many types)
             raise CheckpointError(self.directory, step, f"its meta cannot be read ({_describe(e)})") from e
         recorded = (meta.get("integrity") or {}).get("meta_sha256")
@@ -217,9 +229,11 @@ class Checkpoints:
         or saying why the step cannot be read). Checkpoints written without checksums are restored unverified."""
         step = self._step(step)
         meta = self.meta(step)
+        ocp = _ocp()
         try:
-            restored = self._manager.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(_abstract(template))))
+            with root_logger_kept():
+                restored = self._manager.restore(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(_abstract(template))))
         except Exception as e:  # noqa: BLE001
             raise CheckpointError(self.directory, step, f"its state cannot be read ({_describe(e)})") from e
         recorded = (meta.get("integrity") or {}).get("arrays")
@@ -246,14 +260,16 @@ class Checkpoints:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             shutil.move(os.path.join(self.directory, str(step)), target)
         barrier(f"resjax_set_aside_{step}")
-        self._manager.reload()
+        with root_logger_kept():
+            self._manager.reload()
         return target
 
     def close(self) -> None:
         """Close the Orbax checkpoint manager (done on leaving a ``with`` block) and release the directory's
         lock when a training run holds it (``Core.open_checkpoints``)."""
         try:
-            self._manager.close()
+            with root_logger_kept():
+                self._manager.close()
         finally:
             if self.lock is not None:
                 self.lock.release()

@@ -21,7 +21,7 @@ fields:
   loss               the objective by name: 'cross_entropy' (default) | 'mse' (``resjax.train.objective``; a loss of
                      your own is the trainers' ``loss=`` argument)
   label_smoothing    the cross-entropy's label smoothing in [0, 1) (a traced value: ``hparams`` may vary it per run)
-  schedule           'constant' | 'step' | 'cosine' | an optax schedule's name with ``schedule_args``;
+  schedule           'constant' | 'step' | 'cosine' | 'fixup' | an optax schedule's name with ``schedule_args``;
                      ``milestones``, ``decay_factor``, ``warmup_epochs`` (see ``resjax.train.schedules``)
   batch_size, epochs, eval_batch_size (host feeder: evaluation batches)
   eval_every         evaluate after every k-th epoch and after the last (default 1: every epoch); the history's

@@ -59,7 +59,7 @@ from resjax.train.monitor import Progress, progress_bar
 from resjax.train.objective import Objective, make_objective
 from resjax.train.optim import make_optimizer
 from resjax.train.schedules import float_dtype, make_schedule
-from resjax.train.state import RunState, TrainState, guarded_step
+from resjax.train.state import ModelState, RunState, guarded_step
 
 __all__ = ["ADDED", "HPARAMS", "HPARAM_SETTINGS", "METRICS", "RESUME_FREE", "Core", "Progress",
            "check_run_config", "check_targets",
@@ -304,7 +304,7 @@ class Core:
                                     train=False, **self.model_kwargs(hparams))
         params = variables["params"]
         opt_state = with_hyperparams(self.tx.init(params), hparams)
-        state = TrainState(step=jnp.int32(0), params=params, batch_stats=variables.get("batch_stats", {}),
+        state = ModelState(step=jnp.int32(0), params=params, batch_stats=variables.get("batch_stats", {}),
                            opt_state=opt_state)
         history = {name: jnp.full((self.config.train.epochs,), jnp.nan, jnp.float32) for name in self.metric_names}
         return RunState(state, run_key, jnp.asarray(data_seed, jnp.int32), jnp.int32(0), jnp.int32(-1), history)

@@ -54,7 +54,10 @@ Presets (the peers' training rules, parity-tested against their own training ste
                  ``scale`` (the scalar biases and multipliers and the classifier's bias) at lr/10.
                  Fixup's script also multiplies the base rate, and only the base rate, by ``batch/128``:
                  ``fixup_param_groups(batch_size)`` gives that rule's group for another batch size
-                 (``learning_rate = 0.1 * batch / 128`` with it keeps the bias/scale rate at 0.01).
+                 (``learning_rate = 0.1 * batch / 128`` with it keeps the bias/scale rate at 0.01). Above
+                 batch 128 the script also warms up over its first 10 epochs (schedule ``'fixup'``,
+                 ``resjax.train.schedules``); ``fixup_recipe(batch_size)`` gives every setting of the script's
+                 recipe at once: ``image_train_config(**fixup_recipe(256))``.
 
 Your own optimiser: ``make_optimizer(..., optimizer=tx)`` (and ``make_train`` / ``make_image_train``'s
 ``optimizer=``) takes an ``optax.GradientTransformation``, used as the direction and rate together (steps
@@ -82,7 +85,7 @@ import optax
 from resjax.train.schedules import _as_dict, _get, check_schedule, make_schedule
 
 __all__ = ["BUILTIN_OPTIMIZERS", "PARAM_GROUP_PRESETS", "TRACEABLE", "WEIGHT_DECAY_ON", "check_optimizer",
-           "check_param_groups", "fixup_param_groups", "group_factors", "kernel_mask", "make_optimizer",
+           "check_param_groups", "fixup_param_groups", "fixup_recipe", "group_factors", "kernel_mask", "make_optimizer",
            "optax_optimizer", "param_path", "scalar_mask", "traceable"]
 
 #: The optimisers resjax builds itself (PyTorch's exact update rules); every other name is optax's.
@@ -107,6 +110,19 @@ def fixup_param_groups(batch_size: int = 128) -> tuple[dict, ...]:
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch_size: must be an integer >= 1, got {batch_size!r}")
     return (dict(match=r"bias|scale", lr_factor=0.1 * 128 / batch_size),)
+
+
+def fixup_recipe(batch_size: int = 128) -> dict[str, Any]:
+    """The training settings of Fixup's ``cifar/cifar_train.py`` (without mixup) at ``batch_size`` on one device,
+    for ``image_train_config(**fixup_recipe(batch_size))``: SGD with momentum 0.9 and weight decay 1e-4 on every
+    parameter, base rate ``0.1 * batch_size / 128`` with the bias and scale parameters at 0.01
+    (``fixup_param_groups``), and the ``'fixup'`` schedule: divided by 10 at epochs 100 and 150 of 200 and,
+    above batch 128, the script's warm-up (epochs 0-9 from 0.1 up to the base rate, each group scaled alike).
+    Every group's rate equals the script's at every epoch (``tests/test_peer_training.py``)."""
+    groups = fixup_param_groups(batch_size)  # checks batch_size
+    return dict(batch_size=batch_size, learning_rate=0.1 * batch_size / 128, param_groups=groups, schedule="fixup",
+                milestones=(100, 150), decay_factor=0.1, momentum=0.9, weight_decay=1e-4, weight_decay_on="all",
+                epochs=200)
 
 
 #: Named parameter-group rules (see the module docstring).

@@ -4,10 +4,10 @@ Every schedule is a pure function of the optimiser step (an ``optax.Schedule``),
 exactly the learning rates an unstopped one would. Settings read from the config:
 
   learning_rate   the peak (base) learning rate
-  schedule        'constant' | 'step' | 'cosine' | the name of any optax schedule (below)
-  milestones      'step': epochs at which the rate is multiplied by ``decay_factor`` (the CIFAR ResNet
+  schedule        'constant' | 'step' | 'cosine' | 'fixup' | the name of any optax schedule (below)
+  milestones      'step', 'fixup': epochs at which the rate is multiplied by ``decay_factor`` (the CIFAR ResNet
                   recipe: (100, 150) of 200 epochs, He et al. and the tau-ResNet repository)
-  decay_factor    'step': the factor (default 0.1)
+  decay_factor    'step', 'fixup': the factor (default 0.1)
   epochs          'cosine': the rate falls to 0 at the end of ``epochs`` (the whole run, warm-up included)
   warmup_epochs   linear warm-up length in epochs (may be fractional; 0 = none)
 
@@ -18,8 +18,19 @@ the weights and step ``warmup_steps - 1`` is at the full rate; ``warmup_steps`` 
 ``round(warmup_epochs * steps_per_epoch)`` (at least 1 when ``warmup_epochs > 0``). 'cosine' starts its
 half-period after the warm-up and reaches 0 at the run's last step boundary.
 
-Every schedule is ``learning_rate`` times a multiplier of the step (big_vision's convention), so a
-per-seed learning rate (``hparams``) scales the whole schedule. Beyond the three built-ins:
+'fixup' is Fixup's own schedule (hongyi-zhang/Fixup ``cifar/cifar_train.py``, ``adjust_learning_rate``, called
+at the start of every epoch): 'step' and, when ``learning_rate > FIXUP_WARMUP_START`` (0.1: Fixup's base rate
+0.1 times ``batch / 128`` for batches over 128), a warm-up in whole epochs, epoch ``e < FIXUP_WARMUP_EPOCHS``
+(10) at ``0.1 + (learning_rate - 0.1) * e / 10``. The parameter groups' factors scale it as they scale every
+schedule, which is what Fixup's script does to its bias and scale groups (``initial_lr * lr / base`` in the
+warm-up); with ``fixup_param_groups(batch)`` (``resjax.train.optim``; ``fixup_recipe(batch)`` gives every
+setting) each group's rate equals the script's at every epoch (``tests/test_peer_training.py`` against the
+script's own function, ``tools/make_parity_fixtures.py --fixup-schedule-only``). ``warmup_epochs`` must stay
+0 with it (the warm-up is Fixup's).
+
+Every other schedule is ``learning_rate`` times a multiplier of the step (big_vision's convention), so a
+per-seed learning rate (``hparams``) scales the whole schedule ('fixup' too, but its warm-up starts from the
+absolute rate 0.1). Beyond the built-ins:
 
   optax by name   ``schedule='exponential_decay'`` (or ``'linear_schedule'``, ``'cosine_onecycle_schedule'``,
                   ``'piecewise_constant_schedule'``, ``'warmup_cosine_decay_schedule'``, ...) with
@@ -50,7 +61,11 @@ from jax.typing import ArrayLike
 __all__ = ["SCHEDULES", "check_schedule", "float_dtype", "make_schedule", "optax_schedule"]
 
 #: The values of ``train.schedule``.
-SCHEDULES = ("constant", "step", "cosine")
+SCHEDULES = ("constant", "step", "cosine", "fixup")
+#: Fixup's warm-up ('fixup'): while ``learning_rate`` exceeds ``FIXUP_WARMUP_START``, the first
+#: ``FIXUP_WARMUP_EPOCHS`` epochs rise linearly, epoch by epoch, from ``FIXUP_WARMUP_START``.
+FIXUP_WARMUP_START = 0.1
+FIXUP_WARMUP_EPOCHS = 10
 
 
 def _get(config, name, default):
@@ -116,7 +131,11 @@ def check_schedule(config: Any, steps_per_epoch: int) -> None:
     warmup = _get(config, "warmup_epochs", 0.0)
     if warmup is None or not math.isfinite(warmup) or warmup < 0:
         raise ValueError(f"warmup_epochs: must be >= 0, got {warmup!r}")
-    if name == "step":
+    if name == "fixup" and warmup > 0:
+        raise ValueError(f"warmup_epochs: the 'fixup' schedule has Fixup's own warm-up (epochs 0-"
+                         f"{FIXUP_WARMUP_EPOCHS - 1} from {FIXUP_WARMUP_START}); leave warmup_epochs at 0, "
+                         f"got {warmup}")
+    if name in ("step", "fixup"):
         factor = _get(config, "decay_factor", 0.1)
         if factor is None or not math.isfinite(factor) or factor < 0:
             raise ValueError(f"decay_factor: must be >= 0, got {factor!r}")
@@ -162,13 +181,23 @@ def make_schedule(config: Any, steps_per_epoch: int, learning_rate: ArrayLike | 
     elif name == "constant":
         def base(step):
             return jnp.broadcast_to(jnp.asarray(lr, dtype), jnp.shape(step))
-    elif name == "step":
+    elif name in ("step", "fixup"):
         factor = float(_get(config, "decay_factor", 0.1))
         boundaries = [round(m * steps_per_epoch) for m in _get(config, "milestones", ())]
 
-        def base(step):
+        def decayed(rate, step):
             passed = sum((step >= b).astype(jnp.int32) for b in boundaries) if boundaries else jnp.zeros_like(step)
-            return lr * jnp.power(jnp.asarray(factor, dtype), passed.astype(dtype))
+            return rate * jnp.power(jnp.asarray(factor, dtype), passed.astype(dtype))
+
+        if name == "step":
+            def base(step):
+                return decayed(lr, step)
+        else:
+            def base(step):  # Fixup's adjust_learning_rate(optimizer, epoch), epoch = the step's
+                epoch = (step // steps_per_epoch).astype(dtype)
+                start = jnp.asarray(FIXUP_WARMUP_START, dtype)
+                warm = start + (lr - start) * epoch / FIXUP_WARMUP_EPOCHS
+                return decayed(jnp.where((epoch < FIXUP_WARMUP_EPOCHS) & (lr > start), warm, lr), step)
     else:  # cosine
         total = int(_get(config, "epochs", None)) * steps_per_epoch
         span = max(1, total - warmup_steps)

@@ -1,5 +1,11 @@
-"""The run state: ``TrainState`` (parameters, BatchNorm statistics, optimiser state, step) inside
+"""The run state: ``ModelState`` (parameters, BatchNorm statistics, optimiser state, step) inside
 ``RunState`` (plus the run's key, data seed, epoch, divergence and the epoch history), one pytree.
+
+``ModelState`` was called ``TrainState`` before; that is Flax's name (``flax.training.train_state.TrainState``)
+for another class, one that holds ``apply_fn`` and ``tx`` and has ``apply_gradients``. ``TrainState`` still
+imports from here and from ``resjax.train``, as the same class, with a ``DeprecationWarning``. Checkpoints
+written with the old name restore unchanged: Orbax stores the pytree by its keys (the field names), which did
+not change.
 
 ``batch_stats`` is ``{}`` for a model without BatchNorm. The model and the optax transformation are not
 in the state (they are static); the learning rate and weight decay live in the optimiser state
@@ -17,11 +23,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-__all__ = ["RunState", "TrainState", "guarded_step"]
+__all__ = ["ModelState", "RunState", "guarded_step"]
 
 
-class TrainState(flax.struct.PyTreeNode):
-    """One model's training state, a pytree.
+class ModelState(flax.struct.PyTreeNode):
+    """One model's training state, a pytree (formerly ``TrainState``; not Flax's ``TrainState``: no
+    ``apply_fn`` or ``tx``, which resjax keeps outside the state as static parts of the program).
 
     Attributes:
         step: int32, the optimiser steps taken.
@@ -46,7 +53,7 @@ class TrainState(flax.struct.PyTreeNode):
 class RunState(NamedTuple):
     """One run (a leading seed axis on every leaf when several runs are stepped together)."""
 
-    state: TrainState
+    state: ModelState
     key: jax.Array  # typed PRNG key: on-device permutations fold_in(key, epoch); model RNG fold_in(key, step)
     data_seed: jnp.ndarray  # int32: the host data source's seed
     epoch: jnp.ndarray  # epochs completed
@@ -70,14 +77,14 @@ class RunState(NamedTuple):
         return jax.tree_util.tree_map(lambda a: a[i], self)
 
 
-def guarded_step(state: TrainState, tx: optax.GradientTransformation, grads: Any, loss: jax.Array, batch_stats: Any,
-                 diverged_epoch: jax.Array, epoch: jax.Array) -> tuple[TrainState, jnp.ndarray]:
+def guarded_step(state: ModelState, tx: optax.GradientTransformation, grads: Any, loss: jax.Array, batch_stats: Any,
+                 diverged_epoch: jax.Array, epoch: jax.Array) -> tuple[ModelState, jnp.ndarray]:
     """One optimiser step that records divergence instead of raising: when the loss or any gradient entry
     is non-finite, or the run had already diverged, the state is kept as it was (``jnp.where``, so it works
     per seed under ``vmap``), and a first divergence sets ``diverged_epoch`` to ``epoch + 1`` (1-based).
     Returns ``(state, diverged_epoch)``."""
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    new = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+    new = ModelState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
                      batch_stats=batch_stats, opt_state=opt_state)
     # One check over the loss and every gradient entry, concatenated: XLA:CPU then runs it as one kernel instead of
     # a reduction per parameter leaf (which also split the gradients' fusions): a depth-32 MLP step launched 491
@@ -88,3 +95,24 @@ def guarded_step(state: TrainState, tx: optax.GradientTransformation, grads: Any
     frozen = was_diverged | bad
     state = jax.tree_util.tree_map(lambda old, upd: jnp.where(frozen, old, upd), state, new)
     return state, jnp.where(~was_diverged & bad, epoch + 1, diverged_epoch)
+
+
+#: Old names of this module's classes: still importable, with a ``DeprecationWarning`` naming the new one.
+DEPRECATED_NAMES = {"TrainState": "ModelState"}
+
+
+def deprecated_name(module: str, name: str) -> Any:
+    """The object an old name of ``DEPRECATED_NAMES`` stands for, with a ``DeprecationWarning`` (for a module's
+    ``__getattr__``); ``AttributeError`` for any other name, as Python gives."""
+    if name in DEPRECATED_NAMES:
+        import warnings
+
+        new = DEPRECATED_NAMES[name]
+        warnings.warn(f"{module}.{name} is deprecated: it is now {module}.{new} (the same class; Flax's "
+                      f"TrainState is another one)", DeprecationWarning, stacklevel=3)
+        return globals()[new]
+    raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+
+def __getattr__(name: str) -> Any:
+    return deprecated_name(__name__, name)
