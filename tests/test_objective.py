@@ -199,3 +199,18 @@ def test_labels_that_skip_classes_are_named_and_unseen_test_classes_refused():
         from_arrays(X, Y)  # 0..3, all present: no warning
     with pytest.raises(ValueError, match=r"y_test: example 0 has label 3, a class the training split never has"):
         from_arrays(X[:4], np.array([0, 1, 2, 1]), X[:2], np.array([3, 0]), num_classes=4)
+
+
+def test_a_metric_of_your_own_is_in_a_grids_frame_and_label_smoothing_is_an_axis():
+    from resjax.train.grid import fit_grid, grid
+
+    trainer = make_train(config(epochs=2), CLASSES, metrics={"top2_error": top2_error})
+    result = fit_grid(trainer, grid(2, label_smoothing=[0.0, 0.1]))
+    assert len(result.programs) == 1  # a traced axis: one program
+    frame = result.frame()
+    assert {"label_smoothing", "batch_top2_error", "test_top2_error", "train_top2_error"} <= set(frame.columns)
+    assert len(frame) == 8 and frame["test_top2_error"].notna().all()
+    assert "best_test_top2_error" in result.summary().columns
+    alone, hist = make_train(config(epochs=2, label_smoothing=0.1), CLASSES, metrics={"top2_error": top2_error}).fit(1)
+    row = frame.query("seed == 1 and label_smoothing == 0.1 and epoch == 2").iloc[0]
+    assert row["test_top2_error"] == float(hist["test_top2_error"][-1]) and row["train_loss"] == float(hist["train_loss"][-1])
