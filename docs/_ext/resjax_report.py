@@ -88,7 +88,7 @@ class ExperimentReport(SphinxDirective):
         changed = common.changed_settings(module, results.get("config"))
         if changed:
             lines += ["Settings of this run that differ from the seed document's (the default size): "
-                      + ", ".join(f"`{k}` {common._show(v)}" for k, v in changed.items()) + ".", ""]
+                      + ", ".join(f"`{k}` {common.show_value(v)}" for k, v in changed.items()) + ".", ""]
         lines += [f"The committed run took {results['seconds']:.0f} s "
                   "(`docs/report/`, a default run on this project's 2-core CPU).", ""]
         lines += ["| claim | source | seed document | measured | holds |", "|---|---|---|---|---|"]
@@ -119,8 +119,8 @@ class ExperimentReport(SphinxDirective):
         lines = ["| flag | default | committed run | meaning |", "|---|---|---|---|"]
         for key, value in default.items():
             helptext = common.help_for(module, key) or ""
-            used = common._show(ran[key]) if key in ran else "(not in this run)"
-            shown = common._show(value)
+            used = common.show_value(ran[key]) if key in ran else "(not in this run)"
+            shown = common.show_value(value)
             cells = [f"`--{key}`", f"`{shown}`", "same" if used == shown else f"`{used}`", " ".join(helptext.split())]
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         return "\n".join(lines)

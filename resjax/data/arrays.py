@@ -12,13 +12,12 @@ What it accepts and checks (a ``ValueError`` naming the array, and the first bad
 * inputs ``x_*``: ``[N, D]`` feature vectors or ``[N, H, W, C]`` images of any size, ``uint8`` or floating,
   every value finite; ``N >= 1``; the test split has the training split's example shape and kind
   (``uint8`` or float).
-* targets ``y_*``, as many as the split's inputs, either
-  - class labels: ``[N]`` integers in ``0 .. num_classes - 1``, every test label a class of the training split
-    (the checks of ``check_labels``, shared with ``Dataset``); labels that do not start at 0 or skip a class get
-    a warning naming the classes (the model still has ``num_classes`` outputs, some never trained on); or
-  - floating targets of any shape ``[N, ...]`` (regression values, soft labels), every value finite, the same
-    per-example shape in both splits: for an objective of your own or the built-in ``'mse'``
-    (``resjax.train.objective``); a bool array is refused.
+* targets ``y_*``, as many as the split's inputs, either class labels: ``[N]`` integers in
+  ``0 .. num_classes - 1``, every test label a class of the training split (the checks of ``check_labels``,
+  shared with ``Dataset``), where labels that do not start at 0 or skip a class get a warning naming the classes
+  (the model still has ``num_classes`` outputs, some never trained on); or floating targets of any shape
+  ``[N, ...]`` (regression values, soft labels), every value finite, the same per-example shape in both splits,
+  for an objective of your own or the built-in ``'mse'`` (``resjax.train.objective``). A bool array is refused.
 * ``num_classes``: given (at least one more than the largest label) or inferred (the largest label of either
   split, plus one); for floating targets, the model's output width: ``K`` of ``[N, K]`` targets (1 for ``[N]``).
 * normalisation: ``uint8`` inputs are divided by 255 first (as the TFDS sources do). Then
