@@ -95,7 +95,7 @@ def test_site_has_every_page(site):
                  if not m.name.startswith("_")]:
         assert f'id="module-resjax.train.{name}"' in api, name
     assert 'id="resjax.train.ondevice.make_train"' in api
-    signature = api[api.index('id="resjax.train.ondevice.make_train"'):][:6000]
+    signature = api[api.index('id="resjax.train.ondevice.make_train"'):][:12000]
     assert "ConfigDict" in signature and "Trainer" in signature, signature[:2000]
 
 

@@ -190,11 +190,13 @@ class Objective:
             kw["hparams"] = hparams if hparams is not None else {}
         return fn(outputs, targets, **kw)
 
-    def per_example_loss(self, outputs, targets, intermediates=None, hparams=None) -> jax.Array:
+    def per_example_loss(self, outputs: Any, targets: jax.Array, intermediates: Any = None,
+                         hparams: Mapping | None = None) -> jax.Array:
         """The loss of each example, ``(B,)``."""
         return self._call("loss", self.loss, outputs, targets, intermediates, hparams)
 
-    def per_example_metrics(self, outputs, targets, intermediates=None, hparams=None) -> dict:
+    def per_example_metrics(self, outputs: Any, targets: jax.Array, intermediates: Any = None,
+                            hparams: Mapping | None = None) -> dict:
         """Each metric's per-example values, ``name -> (B,)``."""
         return {m: self._call(m, fn, outputs, targets, intermediates, hparams) for m, fn in self.metrics.items()}
 
