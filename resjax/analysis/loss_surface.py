@@ -18,7 +18,7 @@ sizes eta_1 < ... < eta_K (the points ``theta - eta_k g``, what SGD at learning 
   gradient per unit distance moved.
 
 ``params_loss_fn(module, variables, inputs, labels)`` is the loss as a function of the whole ``params``
-tree, in training mode (batch statistics) by default, with ``batch_stats`` updates discarded.
+tree, in the mode ``train`` says (no default; ``True``: batch statistics, ``batch_stats`` updates discarded).
 ``probe_gradient_direction(loss_fn, params, step_sizes)`` returns ``loss0``, ``grad_norm``, ``losses``
 (K,), ``grad_changes`` (K,) and the three summaries ``loss_range``, ``grad_change``,
 ``beta_smoothness``; it is jnp throughout (jit it, vmap it over seeds). On the quadratic
@@ -84,10 +84,10 @@ def _tree_norm(tree) -> jnp.ndarray:
 
 
 def params_loss_fn(module: nn.Module, variables: dict, inputs: ArrayLike, labels: ArrayLike, *,
-                   loss: Callable | None = None, train: bool = True, **apply_kwargs: Any) -> Callable:
+                   train: bool, loss: Callable | None = None, **apply_kwargs: Any) -> Callable:
     """``loss(params)`` of ``module`` on one batch; ``batch_stats`` held fixed (updates discarded).
 
-    ``train=True`` (the default): training mode, batch statistics (``batch_stats`` made mutable, its updates
+    ``train`` (no default): ``True``, training mode, batch statistics (``batch_stats`` made mutable, its updates
     discarded); ``train=False``: the running estimates. ``loss(outputs, labels)`` defaults to the mean softmax
     cross-entropy with integer labels; ``apply_kwargs`` go to ``module.apply``. ``ValueError`` for inputs
     without a batch axis, or a batch of one in training mode.

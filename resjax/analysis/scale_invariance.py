@@ -14,8 +14,8 @@ only on the direction of the layer's weights W, never on their length:
 
 The functions
 -------------
-``weight_loss_fn(module, variables, inputs, labels, path)`` returns ``loss(W)``: the module applied in
-training mode (``train=True``, ``batch_stats`` mutable and the updates discarded, so nothing changes) with
+``weight_loss_fn(module, variables, inputs, labels, path, train=True)`` returns ``loss(W)``: the module applied in
+training mode (``train=True``, which the identities need (no default), ``batch_stats`` mutable and the updates discarded, so nothing changes) with
 the array at ``path`` replaced by W. ``path`` names the weight: ``'blocks_0/linear_0/kernel'`` or
 ``('blocks_0', 'linear_0', 'kernel')``, inside ``'params'`` unless it starts with another collection's name. The
 loss is the mean softmax cross-entropy with integer ``labels`` unless ``loss(outputs, labels)`` is given. It
@@ -137,11 +137,11 @@ def cross_entropy(logits: jax.Array, labels: ArrayLike) -> jnp.ndarray:
 
 
 def weight_loss_fn(module: nn.Module, variables: dict, inputs: ArrayLike, labels: ArrayLike | None,
-                   path: str | Sequence[str], *, loss: Callable | None = None, train: bool = True,
+                   path: str | Sequence[str], *, train: bool, loss: Callable | None = None,
                    **apply_kwargs: Any) -> Callable[[jnp.ndarray], jnp.ndarray]:
     """``loss(W)``: the module's loss with the weight at ``path`` replaced by W; see the module docstring.
 
-    Training mode by default (``train=True``: batch statistics; ``batch_stats`` is made mutable and its
+    ``train`` has no default: ``True`` is training mode (batch statistics; ``batch_stats`` is made mutable and its
     updates discarded, so the running estimates are neither used nor changed); ``train=False`` uses the
     running estimates. ``loss(outputs, labels)`` defaults to ``cross_entropy`` (then ``labels`` is needed);
     ``apply_kwargs`` go to ``module.apply`` (e.g. ``tau=...``). ``ValueError`` for a path that names no array,
