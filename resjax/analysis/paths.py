@@ -449,10 +449,10 @@ def path_expansion(module: nn.Module | BranchStack | list, variables: Any, input
             raise ValueError("path_expansion: inputs (B, in_features) needed: path_expansion(module, variables, "
                              "inputs)")
         inputs = jnp.asarray(inputs)
+        stack = residual_stack_of(module, variables, tau=tau, stage=stage)  # the model's blocks, checked first
         if inputs.ndim != (4 if isinstance(module, ResNet) else 2):
             want = "images (B, H, W, C)" if isinstance(module, ResNet) else "a batch (B, in_features)"
             raise ValueError(f"path_expansion: inputs must be {want}, got shape {inputs.shape}")
-        stack = residual_stack_of(module, variables, tau=tau, stage=stage)
         x0 = stream_input(module, variables, inputs, tau=tau, stage=stage)
     _check(stack, x0[0])
     jacs, xs = jax.vmap(lambda x: block_jacobians(stack, x))(x0)
