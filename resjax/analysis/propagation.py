@@ -151,6 +151,15 @@ def stream_depths(module: nn.Module | Callable[..., Any], variables: dict, input
     ``jax.eval_shape`` of the call first, so a model without them is refused before anything is computed.
     See ``stream_activations`` for the arguments.
     """
+    per_depth, stage, _ = _stream_parts(module, variables, inputs, train=train, block_key=block_key,
+                                        stem_key=stem_key, **apply_kwargs)
+    return per_depth, stage
+
+
+def _stream_parts(module, variables, inputs, *, train, block_key="block_out", stem_key=None, **apply_kwargs):
+    """``stream_depths``'s list and stages, and the stream stacked ``(K + 1, batch, ...)`` when it has one shape
+    (built as the sows give it, so that a one-shape stream is computed as before stages were known), else None.
+    """
     model = applied(module, variables, "stream_activations")
     if jnp.ndim(inputs) < 2:
         raise ValueError(f"inputs: need a batch axis and a feature axis, got shape {_shape_str(inputs)}")
@@ -162,7 +171,9 @@ def stream_depths(module: nn.Module | Callable[..., Any], variables: dict, input
     def run(v, x):
         return model(v, x, train=train, mutable=mutable, **apply_kwargs)[1].get("intermediates", {})
 
-    def depths(inter):
+    raw: list = []  # the stacked stream when it has one shape, built as before stages were known (bit-identical)
+
+    def depths(inter, abstract=False):
         blocks: list = []
         _collect(inter, block_key, blocks)
         if not blocks:
@@ -181,6 +192,10 @@ def stream_depths(module: nn.Module | Callable[..., Any], variables: dict, input
                                  f"{_shape_str(inputs)} are not the stream (its first block gives "
                                  f"{_shape_str(first)}); sow the stream's start: self.sow('intermediates', "
                                  "'stem_out', h)")
+        if not abstract and len(blocks) == 1 and jnp.ndim(blocks[0]) == jnp.ndim(stem) + 1:
+            raw.append(jnp.concatenate([stem[None], blocks[0]], axis=0))  # nn.scan: the stream, stacked as sown
+        elif not abstract and all(jnp.shape(b) == jnp.shape(stem) for b in blocks):
+            raw.append(jnp.concatenate([stem[None], jnp.stack(blocks)], axis=0))
         out = [stem]
         for b in blocks:  # one block, or (nn.scan) a leading axis of blocks
             if jnp.ndim(b) != jnp.ndim(stem) + 1:
@@ -191,14 +206,14 @@ def stream_depths(module: nn.Module | Callable[..., Any], variables: dict, input
                 out.extend(b[i] for i in range(b.shape[0]))
         return out
 
-    depths(jax.eval_shape(run, variables, inputs))  # the sows, checked before anything is computed
+    depths(jax.eval_shape(run, variables, inputs), abstract=True)  # the sows, checked before computing
     per_depth = depths(run(variables, inputs))
     stage, current = [0], 1
     for k in range(1, len(per_depth)):
         if k > 1 and jnp.shape(per_depth[k]) != jnp.shape(per_depth[k - 1]):
             current += 1
         stage.append(current)
-    return per_depth, np.asarray(stage, np.int32)
+    return per_depth, np.asarray(stage, np.int32), (raw[0] if raw else None)
 
 
 def stream_activations(module: nn.Module | Callable[..., Any], variables: dict, inputs: jnp.ndarray, *,
@@ -221,8 +236,8 @@ def stream_activations(module: nn.Module | Callable[..., Any], variables: dict, 
     stacked stages instead: ``[start (1, batch, ...), stage 1 (n_1, batch, ...), stage 2 ...]`` (see
     ``stream_depths``; an MLP gives ``[start, all K blocks]``).
     """
-    per_depth, stage = stream_depths(module, variables, inputs, train=train, block_key=block_key,
-                                     stem_key=stem_key, **apply_kwargs)
+    per_depth, stage, stacked = _stream_parts(module, variables, inputs, train=train, block_key=block_key,
+                                              stem_key=stem_key, **apply_kwargs)
     if by_stage:
         return [jnp.stack([d for d, s in zip(per_depth, stage) if s == i]) for i in range(int(stage[-1]) + 1)]
     for k in range(1, len(per_depth)):
@@ -230,7 +245,7 @@ def stream_activations(module: nn.Module | Callable[..., Any], variables: dict, 
             raise ValueError(f"module: the stream changes shape at block {k}, from {_shape_str(per_depth[0])} to "
                              f"{_shape_str(per_depth[k])} (a new stage), so it cannot be stacked; use "
                              "stream_activations(..., by_stage=True) or variance_through_depth (a stage per depth)")
-    return jnp.stack(per_depth)
+    return stacked
 
 
 def variances_of_stream(stream: jnp.ndarray) -> dict:
@@ -252,9 +267,9 @@ def variance_through_depth(module: nn.Module | Callable[..., Any], variables: di
     1, 2, ... where the stream changes shape; an MLP's blocks are all stage 1), so a convolutional ResNet's
     curve reads per stage (``variance[stage == s]``). ``train``, ``stem_key``: as ``stream_activations``.
     """
-    per_depth, stage = stream_depths(module, variables, inputs, train=train, **apply_kwargs)
-    if int(stage[-1]) <= 1:  # one shape throughout: the stacked stream, as before stages were known
-        return {**variances_of_stream(jnp.stack(per_depth)), "stage": stage}
+    per_depth, stage, stacked = _stream_parts(module, variables, inputs, train=train, **apply_kwargs)
+    if stacked is not None:  # one shape throughout: the stacked stream, as before stages were known
+        return {**variances_of_stream(stacked), "stage": stage}
     curves = [variances_of_stream(d[None]) for d in per_depth]
     return {"variance": jnp.concatenate([c["variance"] for c in curves]),
             "per_unit_variance": jnp.concatenate([c["per_unit_variance"] for c in curves]),
@@ -282,9 +297,9 @@ def branch_variance_ratio(module: nn.Module | Callable[..., Any], variables: dic
     projection) adds nothing that the stream shows: its entry is NaN.
     """
     c = sum_scale(module)
-    per_depth, stage = stream_depths(module, variables, inputs, train=train, **apply_kwargs)
-    if int(stage[-1]) <= 1:
-        return branch_ratio_of_stream(jnp.stack(per_depth), c)
+    per_depth, stage, stacked = _stream_parts(module, variables, inputs, train=train, **apply_kwargs)
+    if stacked is not None:
+        return branch_ratio_of_stream(stacked, c)
     ratios = []
     for before, after in zip(per_depth[:-1], per_depth[1:]):
         if jnp.shape(before) != jnp.shape(after):
