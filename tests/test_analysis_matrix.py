@@ -478,3 +478,20 @@ def test_the_matrix_covers_every_kind_and_analysis():
         body = body[:body.index("\ndef ", 1)] if "\ndef " in body[1:] else body
         missing = [n for n in names if not re.search(rf"A\.{n}\b", body)]
         assert not missing, (test, missing)
+
+
+def test_no_analysis_picks_a_train_mode():
+    """No public analysis defaults ``train`` to a mode: it has no default, or ``None`` (nothing passed, so a
+    model with BatchNorm refuses the call by name: the ``_refused(r"train", ...)`` cells above)."""
+    import inspect
+
+    with_train = {}
+    for name in A.__all__:
+        obj = getattr(A, name)
+        if callable(obj) and not isinstance(obj, type):
+            param = inspect.signature(obj).parameters.get("train")
+            if param is not None:
+                with_train[name] = param.default
+    assert {"block_output_norms", "params_loss_fn", "weight_loss_fn", "gradient_variance"} <= set(with_train)
+    modes = {name: d for name, d in with_train.items() if d is not inspect.Parameter.empty and d is not None}
+    assert not modes, modes

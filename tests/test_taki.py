@@ -112,7 +112,8 @@ def test_analytic_bad_inputs_raise():
     with pytest.raises(ValueError, match="width"):
         T.make_stack(0, 10, kernel_init="fan_in")
     with pytest.raises(ValueError, match="batch_size"):
-        T.gradient_variance(T.make_stack(8, 2, kernel_init="fan_in"), jax.random.key(0), batch_size=1, num_draws=2, train=True)
+        T.gradient_variance(T.make_stack(8, 2, kernel_init="fan_in"), jax.random.key(0), batch_size=1, num_draws=2,
+                            train=True)
 
 
 # ---- measurement: the exact identity on one network, then the experiment's quick mode -------------------

@@ -91,8 +91,8 @@ def params_loss_fn(module: nn.Module, variables: dict, inputs: ArrayLike, labels
     ``module``: any Linen module or ``apply_fn`` (``resjax.analysis.protocol``). ``train`` (no default): ``True``,
     training mode, batch statistics (``batch_stats`` made mutable, its updates
     discarded); ``train=False``: the running estimates. ``loss(outputs, labels)`` defaults to the mean softmax
-    cross-entropy with integer labels; ``apply_kwargs`` go to ``module.apply``. ``train=None``: for a model that takes no
-    ``train`` (a model that does and has BatchNorm refuses it, naming ``train``). ``ValueError`` for inputs
+    cross-entropy with integer labels; ``apply_kwargs`` go to ``module.apply``. ``train=None``: for a model that
+    takes no ``train`` (a model that does and has BatchNorm refuses it, naming ``train``). ``ValueError`` for inputs
     without a batch axis, or a batch of one in training mode.
     """
     if jnp.ndim(inputs) < 2:

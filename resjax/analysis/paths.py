@@ -159,7 +159,8 @@ def _resnet_stage(module: ResNet, stage: Any) -> int:
 
 
 def residual_stack_of(module: nn.Module, variables: dict, *, tau: float | jax.Array | None = None,
-                      block: ResidualBlock | None = None, name: str = "blocks", stage: int | None = None) -> BranchStack:
+                      block: ResidualBlock | None = None, name: str = "blocks",
+                      stage: int | None = None) -> BranchStack:
     """The residual stack of a resjax module, built from its own ``ResidualBlock`` and parameters.
 
     Block k's branch is ``f_k(x) = block(x) - x``: the ``ResidualBlock`` applied to one example with block

@@ -74,7 +74,7 @@ from resjax.nn.mlp import PlainMLP
 __all__ = [
     "KINDS", "branch_ratio_of_stream", "branch_variance_ratio", "doubling_guide", "expected_sq_norm_guide",
     "gradient_scale", "linear_guide", "log2_growth_per_block", "percentile_bands", "product_norms",
-    "random_relu_jacobian", "ratio_guide", "stream_activations", "stream_depths", "sum_scale",
+    "random_relu_jacobian", "ratio_guide", "stream_activations", "sum_scale",
     "variance_through_depth", "variances_of_stream",
 ]
 

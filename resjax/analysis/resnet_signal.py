@@ -20,7 +20,8 @@ back in depth order, blocks l = 1..L (L = ``model.num_blocks`` = sum of the stag
 
 ``train`` has no default (as the models' own calls, it says which BatchNorm statistics are used):
 ``train=True`` runs BatchNorm on the batch's own statistics, as the first training step ("epoch 0") does;
-at initialisation the running estimates are 0 and 1, so ``train=False`` would not normalise at all. The updated ``batch_stats`` are discarded: nothing here changes ``variables``.
+at initialisation the running estimates are 0 and 1, so ``train=False`` would not normalise at all.
+The updated ``batch_stats`` are discarded: nothing here changes ``variables``.
 Pure functions of (model, variables, inputs): jit-able with ``model`` static.
 """
 

@@ -16,7 +16,8 @@ The functions
 -------------
 ``weight_loss_fn(module, variables, inputs, labels, path, train=True)`` returns ``loss(W)``: the module
 applied in training mode (``train=True``, which the identities need; ``train`` has no default), ``batch_stats``
-mutable and the updates discarded (so nothing changes), with the array at ``path`` replaced by W. ``path`` names the weight: ``'blocks_0/linear_0/kernel'`` or
+mutable and the updates discarded (so nothing changes), with the array at ``path`` replaced by W.
+``path`` names the weight: ``'blocks_0/linear_0/kernel'`` or
 ``('blocks_0', 'linear_0', 'kernel')``, inside ``'params'`` unless it starts with another collection's name. The
 loss is the mean softmax cross-entropy with integer ``labels`` unless ``loss(outputs, labels)`` is given. It
 works for any Flax module or ``apply_fn`` (``resjax.analysis.protocol``; ``train=None`` for one that takes no
