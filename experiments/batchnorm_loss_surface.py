@@ -153,7 +153,7 @@ def _probe(config, x, y, model_of):
 
     def probe(run, hparams=None):
         state = run.state
-        loss_fn = ls.params_loss_fn(model_of(), state.variables(), x, y)
+        loss_fn = ls.params_loss_fn(model_of(), state.variables(), x, y, train=True)
         r = ls.probe_gradient_direction(loss_fn, state.params, etas)
         return {k: r[k] for k in ("loss_range", "grad_change", "beta_smoothness", "loss0", "grad_norm")}
 

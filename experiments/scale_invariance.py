@@ -149,7 +149,7 @@ def _values_at(model, paths: tuple):
     def values(variables, x, y, a):
         out = []
         for path in paths:
-            vg = jax.value_and_grad(si.weight_loss_fn(model, variables, x, y, path))
+            vg = jax.value_and_grad(si.weight_loss_fn(model, variables, x, y, path, train=True))
             w = si.get_weight(variables, path)
             (l_w, g_w), (l_aw, g_aw) = vg(w), vg(a * w)
             out.append((l_w, g_w, l_aw, g_aw))

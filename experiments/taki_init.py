@@ -240,7 +240,8 @@ def run(config, out_dir) -> dict:
         module = T.make_stack(config.width, L, kernel_init="fan_in", activation=act, norm=norm)
         qs = [q for _, q in items]
         res = T.gradient_variance(module, key, batch_size=config.batch_size, num_draws=config.num_draws,
-                                  input_variance=config.input_variance, kernel_gains=[math.sqrt(q) for q in qs])
+                                  input_variance=config.input_variance, kernel_gains=[math.sqrt(q) for q in qs],
+                                  train=True)
         for i, (case, q) in enumerate(items):
             log_d = T.mean_over_draws(res["log10_delta_sq"][i])
             rel = log_d - log_d[-1]  # log10 Var[delta_l]/Var[delta_L]

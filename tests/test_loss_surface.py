@@ -39,7 +39,7 @@ def test_probe_on_a_quadratic_matches_the_formulas():
 def test_probe_on_a_network_uses_batch_statistics_and_changes_nothing():
     model = PlainMLP(width=8, depth=2, norm="batch")
     v = model.init(jax.random.key(1), X)
-    f = ls.params_loss_fn(model, v, X, Y)
+    f = ls.params_loss_fn(model, v, X, Y, train=True)
     r = ls.probe_gradient_direction(f, v["params"], [0.01, 0.1])
     logits, _ = model.apply(v, X, train=True, mutable=["batch_stats"])
     expected = float(jnp.mean(jax.nn.logsumexp(logits, -1) - logits[jnp.arange(32), Y]))
@@ -99,7 +99,7 @@ def test_bad_inputs_raise_value_error_naming_the_setting():
     with pytest.raises(ValueError, match="^step_sizes:"):
         ls.probe_gradient_direction(quadratic, THETA, [-0.1, 0.1])
     with pytest.raises(ValueError, match="^inputs:"):
-        ls.params_loss_fn(PlainMLP(width=8, depth=1), {"params": {}}, X[:1], Y[:1])
+        ls.params_loss_fn(PlainMLP(width=8, depth=1), {"params": {}}, X[:1], Y[:1], train=True)
     with pytest.raises(ValueError, match="^threshold:"):
         ls.trains([0.1], [False], threshold=0.0)
     with pytest.raises(ValueError, match="^sigma:"):

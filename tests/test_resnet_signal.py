@@ -41,12 +41,12 @@ def test_norms_equal_a_hand_computation_from_the_sown_intermediates(images):
     def everything(key, x):
         variables = model.init(key, x)
         with jax.default_matmul_precision("highest"):
-            norms = block_output_norms(model, variables, x)
-            logs, logits = block_output_norms(model, variables, x, log10=True, return_output=True)
+            norms = block_output_norms(model, variables, x, train=True)
+            logs, logits = block_output_norms(model, variables, x, train=True, log10=True, return_output=True)
             hand = [jnp.sqrt(jnp.sum(jnp.square(h.reshape(len(x), -1)), axis=1))
                     for h in _sown_in_order(model, variables, x, train=True)]
             direct = model.apply(variables, x, train=True, mutable=["batch_stats"])[0]
-        return norms, logs, logits, jnp.stack(hand), direct, block_outputs(model, variables, x)
+        return norms, logs, logits, jnp.stack(hand), direct, block_outputs(model, variables, x, train=True)
 
     # one compilation for everything (each eager apply would compile the scan again)
     norms, logs, logits, hand, direct, stages = jax.device_get(jax.jit(everything)(jax.random.key(0), images))
@@ -63,7 +63,7 @@ def test_norms_equal_a_hand_computation_from_the_sown_intermediates(images):
 def test_batchnorm_uses_batch_statistics_by_default(images):
     model = cifar_resnet(14, norm="batch")
     variables = model.init(jax.random.key(0), images)
-    train = np.asarray(block_output_norms(model, variables, images))
+    train = np.asarray(block_output_norms(model, variables, images, train=True))
     running = np.asarray(block_output_norms(model, variables, images, train=False))
     assert not np.allclose(train, running)  # running estimates 0/1 at init: no normalisation
     assert np.all(np.isfinite(train))
@@ -75,7 +75,7 @@ def test_tau_zero_blocks_pass_the_stem_through(images):
     model = cifar_resnet(20, norm="none", scaling="tau", scalar_biases=True)
     variables = model.init(jax.random.key(1), images)
     # tau = 0 traced: a concrete tau <= 0 is refused, a traced one cannot be checked by value
-    norms = np.asarray(jax.jit(lambda t: block_output_norms(model, variables, images, tau=t))(0.0))
+    norms = np.asarray(jax.jit(lambda t: block_output_norms(model, variables, images, train=True, tau=t))(0.0))
     _, state = jax.jit(lambda t: model.apply(variables, images, tau=t, mutable=["intermediates"]))(0.0)
     stem = np.asarray(state["intermediates"]["stem"][0], np.float64)
     expect = [np.linalg.norm(stem[:, ::k, ::k].reshape(3, -1), axis=1) for k in (1, 2, 4)]
@@ -87,11 +87,11 @@ def test_log10_norms_do_not_overflow_where_the_squares_would(images):
     log10 norm, past float32's squaring range (|h|^2 > 3.4e38) and up to the entries' own overflow."""
     model = cifar_resnet(14, norm="none", scalar_biases=True)
     variables = model.init(jax.random.key(2), images)
-    base = np.asarray(block_output_norms(model, variables, images, log10=True))
-    big = np.asarray(block_output_norms(model, variables, images * 1e25, log10=True))
+    base = np.asarray(block_output_norms(model, variables, images, train=True, log10=True))
+    big = np.asarray(block_output_norms(model, variables, images * 1e25, train=True, log10=True))
     assert np.all(base + 25 > np.log10(np.finfo(np.float32).max) / 2)  # naive squares would overflow
     np.testing.assert_allclose(big, base + 25, atol=1e-4)
-    huge = np.asarray(block_output_norms(model, variables, images * 1e38, log10=True))
+    huge = np.asarray(block_output_norms(model, variables, images * 1e38, train=True, log10=True))
     assert np.any(np.isposinf(huge)) and not np.any(np.isnan(huge))  # overflowed entries: inf, never nan
 
 
@@ -107,7 +107,7 @@ def test_helpers_refuse_what_they_cannot_read(images):
 
     mlp = tau_resnet("tau", 8, 3, 10)
     with pytest.raises(ValueError, match="model"):
-        block_output_norms(mlp, {}, images)
+        block_output_norms(mlp, {}, images, train=True)
 
 
 def test_curve_statistics_on_exact_curves():

@@ -22,7 +22,7 @@ VARIABLES = PlainMLP(width=16, depth=2, norm="batch").init(jax.random.key(1), X)
 
 @pytest.fixture(scope="module")
 def loss_fn():
-    return jax.jit(si.weight_loss_fn(MODEL, VARIABLES, X, Y, "blocks_1/linear_0/kernel"))
+    return jax.jit(si.weight_loss_fn(MODEL, VARIABLES, X, Y, "blocks_1/linear_0/kernel", train=True))
 
 
 @pytest.mark.parametrize("a", [0.1, 0.7, 3.0, 25.0])
@@ -39,7 +39,7 @@ def test_the_four_identities_hold_to_float32_tolerance(loss_fn, a):
 
 def test_epsilon_breaks_the_invariance_at_small_scale():
     model = PlainMLP(width=16, depth=2, norm="batch")  # epsilon 1e-5
-    f = jax.jit(si.weight_loss_fn(model, VARIABLES, X, Y, ("blocks_0", "linear_0", "kernel")))
+    f = jax.jit(si.weight_loss_fn(model, VARIABLES, X, Y, ("blocks_0", "linear_0", "kernel"), train=True))
     w = si.get_weight(VARIABLES, "blocks_0/linear_0/kernel")
     with jax.default_matmul_precision("highest"):
         small, large = si.scale_identities(f, w, 0.01, 0.1), si.scale_identities(f, w, 10.0, 0.1)
@@ -84,11 +84,11 @@ def test_bad_inputs_raise_value_error_naming_the_setting(loss_fn):
     with pytest.raises(ValueError, match="^weights:"):
         si.scale_identities(loss_fn, jnp.zeros_like(w), 2.0, 0.1)
     with pytest.raises(ValueError, match="^path:"):
-        si.weight_loss_fn(MODEL, VARIABLES, X, Y, "blocks_9/linear_0/kernel")
+        si.weight_loss_fn(MODEL, VARIABLES, X, Y, "blocks_9/linear_0/kernel", train=True)
     with pytest.raises(ValueError, match="^path:"):
         si.get_weight(VARIABLES, "blocks_0/linear_0")
     with pytest.raises(ValueError, match="^inputs:"):
-        si.weight_loss_fn(MODEL, VARIABLES, X[:1], Y[:1], "blocks_0/linear_0/kernel")
+        si.weight_loss_fn(MODEL, VARIABLES, X[:1], Y[:1], "blocks_0/linear_0/kernel", train=True)
     with pytest.raises(ValueError, match="^weight:"):
         si.replace_weight(VARIABLES, "blocks_0/linear_0/kernel", jnp.zeros((3, 3)))
     with pytest.raises(ValueError, match="^weight_decay:"):

@@ -112,7 +112,8 @@ def test_analytic_bad_inputs_raise():
     with pytest.raises(ValueError, match="width"):
         T.make_stack(0, 10, kernel_init="fan_in")
     with pytest.raises(ValueError, match="batch_size"):
-        T.gradient_variance(T.make_stack(8, 2, kernel_init="fan_in"), jax.random.key(0), batch_size=1, num_draws=2)
+        T.gradient_variance(T.make_stack(8, 2, kernel_init="fan_in"), jax.random.key(0), batch_size=1, num_draws=2,
+                            train=True)
 
 
 # ---- measurement: the exact identity on one network, then the experiment's quick mode -------------------
@@ -125,7 +126,7 @@ def test_deltas_are_the_input_gradient_of_the_module():
     g = jax.random.normal(jax.random.key(1), (32, 16))
     v = m.init(jax.random.key(2), x)
     with jax.default_matmul_precision("highest"):
-        out = T.backprop_deltas(m, v, x, g)
+        out = T.backprop_deltas(m, v, x, g, train=True)
         y, vjp = jax.vjp(lambda z: m.apply(v, z, train=True, mutable=["batch_stats"])[0], x)
         np.testing.assert_allclose(out["stream"][-1], y, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(out["delta"][0], vjp(g)[0], rtol=1e-4, atol=1e-5)

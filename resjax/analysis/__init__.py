@@ -14,8 +14,16 @@ no resjax base class; tested in ``tests/test_analysis_protocol.py``):
   ``branch_variance_ratio``): every residual block's output, ``self.sow('intermediates', 'block_out', h)``
   inside block k's own submodule (``blocks_0``, ``blocks_1``, ... or a list ``blocks``: ordered by their
   numeric suffix) or once under ``nn.scan`` (a leading depth axis); and at the top level the stream's
-  start, ``self.sow('intermediates', 'stem_out', h)`` (optional when the inputs themselves are the start).
-  ``path_expansion``'s ``stream_input`` reads the same ``'stem_out'``.
+  start, ``self.sow('intermediates', 'stem_out', h)`` (optional when the inputs themselves are the start;
+  ``'stem'``, what ``resjax.nn.ResNet`` sows, is read too). A stream that changes shape (a convolutional
+  ResNet's stages) is read per stage: ``variance_through_depth`` gives a ``'stage'`` per depth,
+  ``stream_activations(..., by_stage=True)`` one stacked array per stage, ``path_expansion(..., stage=s)``
+  one stage's blocks. ``path_expansion``'s ``stream_input`` reads the same ``'stem_out'``.
+- **No ``train`` default picks a mode.** The analyses that run a model take ``train`` with no default
+  (``block_outputs``, ``block_output_norms``, ``params_loss_fn``, ``weight_loss_fn``, ``gradient_variance``)
+  or with ``None``, which passes nothing (the propagation functions): a model with BatchNorm then refuses
+  the call with a ``ValueError`` naming ``train``. ``tests/test_analysis_matrix.py`` runs every analysis
+  here on every ``build_model`` kind and on a Flax-only model.
 - **Shattered gradients** (``input_gradients``, ``input_gradients_many``): a module or ``apply_fn``
   mapping a ``(1, 1)`` input to one number; no sows.
 - **Path expansion of your own stack**: ``branch_stack([(f_1, params_1), ..., (f_K, params_K)])``, block k

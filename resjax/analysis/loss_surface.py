@@ -18,7 +18,7 @@ sizes eta_1 < ... < eta_K (the points ``theta - eta_k g``, what SGD at learning 
   gradient per unit distance moved.
 
 ``params_loss_fn(module, variables, inputs, labels)`` is the loss as a function of the whole ``params``
-tree, in training mode (batch statistics) by default, with ``batch_stats`` updates discarded.
+tree, in the mode ``train`` says (no default; ``True``: batch statistics, ``batch_stats`` updates discarded).
 ``probe_gradient_direction(loss_fn, params, step_sizes)`` returns ``loss0``, ``grad_norm``, ``losses``
 (K,), ``grad_changes`` (K,) and the three summaries ``loss_range``, ``grad_change``,
 ``beta_smoothness``; it is jnp throughout (jit it, vmap it over seeds). On the quadratic
@@ -73,6 +73,7 @@ import numpy as np
 import optax
 from jax.typing import ArrayLike
 
+from resjax.analysis.protocol import applied
 from resjax.nn.init import get_bias_initializer, get_initializer
 from resjax.nn.norms import make_norm
 
@@ -84,12 +85,14 @@ def _tree_norm(tree) -> jnp.ndarray:
 
 
 def params_loss_fn(module: nn.Module, variables: dict, inputs: ArrayLike, labels: ArrayLike, *,
-                   loss: Callable | None = None, train: bool = True, **apply_kwargs: Any) -> Callable:
+                   train: bool | None, loss: Callable | None = None, **apply_kwargs: Any) -> Callable:
     """``loss(params)`` of ``module`` on one batch; ``batch_stats`` held fixed (updates discarded).
 
-    ``train=True`` (the default): training mode, batch statistics (``batch_stats`` made mutable, its updates
+    ``module``: any Linen module or ``apply_fn`` (``resjax.analysis.protocol``). ``train`` (no default): ``True``,
+    training mode, batch statistics (``batch_stats`` made mutable, its updates
     discarded); ``train=False``: the running estimates. ``loss(outputs, labels)`` defaults to the mean softmax
-    cross-entropy with integer labels; ``apply_kwargs`` go to ``module.apply``. ``ValueError`` for inputs
+    cross-entropy with integer labels; ``apply_kwargs`` go to ``module.apply``. ``train=None``: for a model that
+    takes no ``train`` (a model that does and has BatchNorm refuses it, naming ``train``). ``ValueError`` for inputs
     without a batch axis, or a batch of one in training mode.
     """
     if jnp.ndim(inputs) < 2:
@@ -99,11 +102,13 @@ def params_loss_fn(module: nn.Module, variables: dict, inputs: ArrayLike, labels
                          "mode; need >= 2")
     if loss is None:
         loss = lambda logits, y: optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+    model = applied(module, variables, "params_loss_fn")
+    model.train_kwargs(train)  # a train for a model without one: ValueError now
     rest = {k: v for k, v in variables.items() if k not in ("params", "intermediates")}
     mutable = ["batch_stats"] if "batch_stats" in rest else False
 
     def loss_fn(params):
-        out = module.apply({"params": params, **rest}, inputs, train=train, mutable=mutable, **apply_kwargs)
+        out = model({"params": params, **rest}, inputs, train=train, mutable=mutable, **apply_kwargs)
         return loss(out[0] if mutable else out, labels)
 
     return loss_fn

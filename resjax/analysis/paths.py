@@ -61,6 +61,7 @@ import numpy as np
 from resjax.analysis.protocol import applied
 from resjax.nn.block import ResidualBlock
 from resjax.nn.residual import stack_unrolled
+from resjax.nn.resnet import ResNet
 
 __all__ = [
     "BranchStack", "PathExpansion", "branch_stack", "residual_stack_of", "stream_input", "trajectory", "block_jacobians", "expand_by_length",
@@ -143,8 +144,23 @@ def _block_names(collection: dict, name: str) -> tuple[str, int]:
     return "unrolled", len(ks)
 
 
+def _resnet_stage(module: ResNet, stage: Any) -> int:
+    """``stage`` checked against a ``ResNet``'s stages: an integer 1..N whose stage has blocks after its first."""
+    num = len(module.stage_sizes)
+    if stage is None:
+        raise ValueError(f"stage: a ResNet's stream changes shape from stage to stage, so its path expansion is "
+                         f"one stage's: pass stage=1..{num}")
+    if isinstance(stage, bool) or not isinstance(stage, (int, np.integer)) or not 1 <= stage <= num:
+        raise ValueError(f"stage: must be an integer in 1..{num} (the ResNet's stages), got {stage!r}")
+    if module.stage_sizes[stage - 1] < 2:
+        raise ValueError(f"stage: stage {stage} of the ResNet has {module.stage_sizes[stage - 1]} block, its first "
+                         "(which may change the shape); path expansion needs blocks after it (stage_sizes >= 2)")
+    return int(stage)
+
+
 def residual_stack_of(module: nn.Module, variables: dict, *, tau: float | jax.Array | None = None,
-                      block: ResidualBlock | None = None, name: str = "blocks") -> BranchStack:
+                      block: ResidualBlock | None = None, name: str = "blocks",
+                      stage: int | None = None) -> BranchStack:
     """The residual stack of a resjax module, built from its own ``ResidualBlock`` and parameters.
 
     Block k's branch is ``f_k(x) = block(x) - x``: the ``ResidualBlock`` applied to one example with block
@@ -162,6 +178,10 @@ def residual_stack_of(module: nn.Module, variables: dict, *, tau: float | jax.Ar
             ``block_kwargs()``; it replaces the one rebuilt from ``block_kwargs()``.
         name: the blocks' name in the parameter tree (default ``'blocks'``, as ``ResidualMLP`` and
             ``resjax.nn.stack_blocks`` name them).
+        stage: for a convolutional ``resjax.nn.ResNet`` (required there, refused elsewhere): the stage
+            s = 1..N whose blocks after its first (``stage{s}_0`` ... or scanned ``stage{s}/block``: identity
+            shortcuts, one shape) form the stack; its stream x_0 is the output of the stage's first block
+            (``stream_input(..., stage=s)``). The blocks must be ``x + f(x)``: ``order='pre'``.
 
     Accepted layouts of ``variables['params']``, K >= 1 blocks:
 
@@ -187,6 +207,15 @@ def residual_stack_of(module: nn.Module, variables: dict, *, tau: float | jax.Ar
             0 ... K-1; no blocks found (K = 0); ``module.num_blocks`` differs from the blocks found.
     """
     applied(module, variables, "residual_stack_of")  # an NNX object: say what to pass
+    expected = None
+    if isinstance(module, ResNet):
+        stage = _resnet_stage(module, stage)
+        if block is None:
+            block_cls, kwargs = module._block(stage - 1, 1)  # the stage's identity-shortcut block
+            block = block_cls(**kwargs, parent=None)
+        name, expected = f"stage{stage}", module.stage_sizes[stage - 1] - 1
+    elif stage is not None:
+        raise ValueError(f"stage: only a resjax.nn.ResNet has stages, got {type(module).__name__}")
     if block is None:
         if not hasattr(module, "block_kwargs"):
             raise ValueError(f"path expansion: {type(module).__name__} has no residual blocks; pass a ResidualMLP "
@@ -207,7 +236,7 @@ def residual_stack_of(module: nn.Module, variables: dict, *, tau: float | jax.Ar
     if num == 0:
         raise ValueError(f"path expansion: {type(module).__name__} has no residual blocks (K = 0): no "
                          f"'{name}_<k>' or '{name}/block' parameters")
-    expected = getattr(module, "num_blocks", num)
+    expected = getattr(module, "num_blocks", num) if expected is None else expected
     if expected != num:
         raise ValueError(f"path expansion: module has num_blocks={expected} but its parameters hold {num} blocks")
     thetas = {}
@@ -223,19 +252,27 @@ def residual_stack_of(module: nn.Module, variables: dict, *, tau: float | jax.Ar
 
 
 def stream_input(module: nn.Module | Callable[..., Any], variables: dict, inputs: jnp.ndarray, *,
-                 tau: float | jax.Array | None = None) -> jnp.ndarray:
+                 tau: float | jax.Array | None = None, stage: int | None = None) -> jnp.ndarray:
     """``x_0``, the stream before the first block (a ``ResidualMLP``'s stem output), for a batch of inputs.
 
     Runs ``module`` (a Linen module or an ``apply_fn``, ``resjax.analysis.protocol``) once, in evaluation
     mode (``train=False``) where its ``__call__`` takes ``train``, and reads its sown ``'stem_out'``
     (top level: ``self.sow('intermediates', 'stem_out', h)``): shape ``(B, D)`` for inputs
-    ``(B, in_features)``. ``ValueError`` if the module sows no ``'stem_out'``.
+    ``(B, in_features)``. ``ValueError`` if the module sows no ``'stem_out'``. A convolutional
+    ``resjax.nn.ResNet`` needs ``stage`` (1..N): x_0 of that stage's stack (``residual_stack_of``) is the
+    output of the stage's first block (sown ``stage{s}_first/block_out``), ``(B, H, W, C)``.
     """
     model = applied(module, variables, "stream_input")
     kwargs = {} if tau is None else {"tau": tau}
     train = {"train": False} if model.train_mode == "named" else {}
     variables = {k: v for k, v in variables.items() if k != "intermediates"}
+    if isinstance(module, ResNet):
+        stage = _resnet_stage(module, stage)
+    elif stage is not None:
+        raise ValueError(f"stage: only a resjax.nn.ResNet has stages, got {model.name}")
     _, state = model.apply(variables, inputs, mutable=["intermediates"], **train, **kwargs)
+    if stage is not None:
+        return state["intermediates"][f"stage{stage}_first"]["block_out"][0]
     sown = state.get("intermediates", {}).get("stem_out")
     if sown is None:
         raise ValueError(f"path expansion: {model.name} does not sow 'stem_out'; sow it with "
@@ -380,7 +417,7 @@ class PathExpansion(NamedTuple):
 
 
 def path_expansion(module: nn.Module | BranchStack | list, variables: Any, inputs: jnp.ndarray | None = None, *,
-                   tau: float | jax.Array | None = None) -> PathExpansion:
+                   tau: float | jax.Array | None = None, stage: int | None = None) -> PathExpansion:
     """Dense block Jacobians and the expansion by length of a residual stack at each of a batch of inputs.
 
     Two forms:
@@ -388,7 +425,10 @@ def path_expansion(module: nn.Module | BranchStack | list, variables: Any, input
     - ``path_expansion(module, variables, inputs)``: ``module`` a ``ResidualMLP`` (or ``ResidualStack``)
       with ``order='pre'`` and the stack's blocks named ``blocks`` (``residual_stack_of`` with its
       defaults); ``inputs``: ``(B, in_features)``; ``tau``: the call-time tau of ``scaling='tau'`` models.
-      BatchNorm in evaluation mode (each example on its own);
+      BatchNorm in evaluation mode (each example on its own). A convolutional ``resjax.nn.ResNet``
+      (``order='pre'``): ``inputs`` images ``(B, H, W, C)`` and ``stage`` s (required): the expansion of
+      stage s's blocks after its first, on the stream ``(H_s, W_s, C_s)`` flattened to D (``terms.sum(1)``
+      is the Jacobian of that part of the stage; ``stream`` keeps the image shape: ``(B, K + 1, H_s, W_s, C_s)``);
     - ``path_expansion(stack, x0)``: your own residual stack, a ``BranchStack`` or a list of
       ``(branch_function, params)`` pairs (``branch_stack``), and the stream before its first block for a
       batch, ``x0``: ``(B, D)`` (e.g. ``stream_input(model, variables, inputs)`` of a model that sows
@@ -398,7 +438,7 @@ def path_expansion(module: nn.Module | BranchStack | list, variables: Any, input
     ``(B, K + 1, D)``); memory is about 2 B K D^2 values, for small widths.
     """
     if isinstance(module, (BranchStack, list, tuple)):
-        if inputs is not None or tau is not None:
+        if inputs is not None or tau is not None or stage is not None:
             raise ValueError("path_expansion: a stack of your own takes path_expansion(stack, x0): the stream x0 "
                              "(B, D) before its first block, no inputs and no tau")
         stack = branch_stack(module)
@@ -410,10 +450,11 @@ def path_expansion(module: nn.Module | BranchStack | list, variables: Any, input
             raise ValueError("path_expansion: inputs (B, in_features) needed: path_expansion(module, variables, "
                              "inputs)")
         inputs = jnp.asarray(inputs)
-        if inputs.ndim != 2:
-            raise ValueError(f"path_expansion: inputs must be a batch (B, in_features), got shape {inputs.shape}")
-        stack = residual_stack_of(module, variables, tau=tau)
-        x0 = stream_input(module, variables, inputs, tau=tau)
+        stack = residual_stack_of(module, variables, tau=tau, stage=stage)  # the model's blocks, checked first
+        if inputs.ndim != (4 if isinstance(module, ResNet) else 2):
+            want = "images (B, H, W, C)" if isinstance(module, ResNet) else "a batch (B, in_features)"
+            raise ValueError(f"path_expansion: inputs must be {want}, got shape {inputs.shape}")
+        x0 = stream_input(module, variables, inputs, tau=tau, stage=stage)
     _check(stack, x0[0])
     jacs, xs = jax.vmap(lambda x: block_jacobians(stack, x))(x0)
     return PathExpansion(jax.vmap(expand_by_length)(jacs), jacs, xs)

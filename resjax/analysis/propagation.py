@@ -69,12 +69,13 @@ import numpy as np
 
 from resjax.analysis.protocol import applied
 from resjax.nn.init import get_initializer
+from resjax.nn.mlp import PlainMLP
 
 __all__ = [
     "KINDS", "branch_ratio_of_stream", "branch_variance_ratio", "doubling_guide", "expected_sq_norm_guide",
     "gradient_scale", "linear_guide", "log2_growth_per_block", "percentile_bands", "product_norms",
-    "random_relu_jacobian", "ratio_guide", "stream_activations", "sum_scale", "variance_through_depth",
-    "variances_of_stream",
+    "random_relu_jacobian", "ratio_guide", "stream_activations", "sum_scale",
+    "variance_through_depth", "variances_of_stream",
 ]
 
 #: The products a gradient passes back through: ``J``, ``I + J`` and ``I + J / sqrt(K)``.
@@ -95,62 +96,156 @@ def _check_kind(kind: str) -> None:
 # ---- the stream at every depth -------------------------------------------------------------------
 
 
+_ORDER_SUFFIX = re.compile(r"^(.*?)_(first|\d+)$")
+
+
 def _natural_key(name: str):
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(name))]
+    """Sort key of a sown path's name: numeric suffixes in numeric order (``blocks_2`` before ``blocks_10``), and
+    a stage's ``<name>_first`` before its ``<name>_0`` ... and before ``<name>`` itself (scanned), as resjax's
+    ``ResNet`` names each stage's first block and the rest (``stage1_first``, ``stage1_0`` or ``stage1/block``)."""
+    name = str(name)
+    m = _ORDER_SUFFIX.match(name)
+    base, rank, index = (m.group(1), 1, int(m.group(2))) if m and m.group(2) != "first" else \
+        ((m.group(1), 0, 0) if m else (name, 1, -1))
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", base)], rank, index
 
 
 def _collect(tree, key: str, out: list) -> None:
-    """Every value sown under ``key`` in ``tree``, depth-first, children in natural name order."""
+    """Every value sown under ``key`` in ``tree``, depth-first, children in ``_natural_key`` order."""
     if not isinstance(tree, dict) and not hasattr(tree, "items"):
         return
     for name in sorted(tree.keys(), key=_natural_key):
         value = tree[name]
-        if name == key:
-            out.extend(value if isinstance(value, tuple) else (value,))
+        if name == key and isinstance(value, tuple):  # a sown value (a module of that name is a dict)
+            out.extend(value)
         else:
             _collect(value, key, out)
 
 
+#: The names of the stream's start that ``stem_key=None`` looks for, in this order: ``'stem_out'`` (the
+#: protocol's, ``resjax.nn``'s MLPs) and ``'stem'`` (what ``resjax.nn.ResNet`` sows).
+STEM_KEYS = ("stem_out", "stem")
+
+
+def _sown_stem(inter, stem_key: str | None):
+    """The top-level sown stream start (``stem_key``, or the first of ``STEM_KEYS``), or None."""
+    for key in (STEM_KEYS if stem_key is None else (stem_key,)):
+        value = inter.get(key) if hasattr(inter, "get") else None
+        if isinstance(value, tuple) and value:
+            return value[0]
+    return None
+
+
+def _shape_str(a) -> str:
+    return str(tuple(jnp.shape(a)))
+
+
+def stream_depths(module: nn.Module | Callable[..., Any], variables: dict, inputs: jnp.ndarray, *,
+                  train: bool | None = None, block_key: str = "block_out", stem_key: str | None = None,
+                  **apply_kwargs: Any) -> tuple[list, np.ndarray]:
+    """The stream at depths 0..K as a list of K + 1 arrays ``(batch, ...)`` and the stage of each depth.
+
+    ``stage[0] = 0`` (the stream's start); blocks belong to stages 1, 2, ...: a new stage begins at each
+    block whose output's shape differs from the previous depth's (a convolutional ResNet's stage changes
+    the resolution and the width), so an MLP's blocks are all stage 1. The sows are found and checked on
+    ``jax.eval_shape`` of the call first, so a model without them is refused before anything is computed.
+    See ``stream_activations`` for the arguments.
+    """
+    per_depth, stage, _ = _stream_parts(module, variables, inputs, train=train, block_key=block_key,
+                                        stem_key=stem_key, **apply_kwargs)
+    return per_depth, stage
+
+
+def _stream_parts(module, variables, inputs, *, train, block_key="block_out", stem_key=None, **apply_kwargs):
+    """``stream_depths``'s list and stages, and the stream stacked ``(K + 1, batch, ...)`` when it has one shape
+    (built as the sows give it, so that a one-shape stream is computed as before stages were known), else None.
+    """
+    model = applied(module, variables, "stream_activations")
+    if jnp.ndim(inputs) < 2:
+        raise ValueError(f"inputs: need a batch axis and a feature axis, got shape {_shape_str(inputs)}")
+    if jnp.shape(inputs)[0] < 2:
+        raise ValueError(f"inputs: a batch of {jnp.shape(inputs)[0]} example(s) has no batch variance; need >= 2")
+    mutable = ["intermediates"] + (["batch_stats"] if "batch_stats" in variables else [])
+    variables = {k: v for k, v in variables.items() if k != "intermediates"}
+
+    def run(v, x):
+        return model(v, x, train=train, mutable=mutable, **apply_kwargs)[1].get("intermediates", {})
+
+    raw: list = []  # the stacked stream when it has one shape, built as before stages were known (bit-identical)
+
+    def depths(inter, abstract=False):
+        blocks: list = []
+        _collect(inter, block_key, blocks)
+        if not blocks:
+            raise ValueError(f"module: {model.name} sowed no {block_key!r} intermediates; use "
+                             f"resjax.nn.ResidualBlock (or sow each block's output: self.sow('intermediates', "
+                             f"{block_key!r}, h))")
+        stem = _sown_stem(inter, stem_key)
+        if stem is None:
+            first = blocks[0]
+            if jnp.ndim(first) in (jnp.ndim(inputs), jnp.ndim(inputs) + 1) and \
+                    jnp.shape(first)[-1] == jnp.shape(inputs)[-1]:
+                stem = inputs
+            else:
+                wanted = " or ".join(repr(k) for k in (STEM_KEYS if stem_key is None else (stem_key,)))
+                raise ValueError(f"module: {model.name} sowed no {wanted} (the stream's start) and its inputs "
+                                 f"{_shape_str(inputs)} are not the stream (its first block gives "
+                                 f"{_shape_str(first)}); sow the stream's start: self.sow('intermediates', "
+                                 "'stem_out', h)")
+        if not abstract and len(blocks) == 1 and jnp.ndim(blocks[0]) == jnp.ndim(stem) + 1:
+            raw.append(jnp.concatenate([stem[None], blocks[0]], axis=0))  # nn.scan: the stream, stacked as sown
+        elif not abstract and all(jnp.shape(b) == jnp.shape(stem) for b in blocks):
+            raw.append(jnp.concatenate([stem[None], jnp.stack(blocks)], axis=0))
+        out = [stem]
+        for b in blocks:  # one block, or (nn.scan) a leading axis of blocks
+            if jnp.ndim(b) != jnp.ndim(stem) + 1:
+                out.append(b)
+            elif isinstance(b, jax.ShapeDtypeStruct):
+                out.extend([jax.ShapeDtypeStruct(b.shape[1:], b.dtype)] * b.shape[0])
+            else:
+                out.extend(b[i] for i in range(b.shape[0]))
+        return out
+
+    depths(jax.eval_shape(run, variables, inputs), abstract=True)  # the sows, checked before computing
+    per_depth = depths(run(variables, inputs))
+    stage, current = [0], 1
+    for k in range(1, len(per_depth)):
+        if k > 1 and jnp.shape(per_depth[k]) != jnp.shape(per_depth[k - 1]):
+            current += 1
+        stage.append(current)
+    return per_depth, np.asarray(stage, np.int32), (raw[0] if raw else None)
+
+
 def stream_activations(module: nn.Module | Callable[..., Any], variables: dict, inputs: jnp.ndarray, *,
-                       train: bool | None = None, block_key: str = "block_out", stem_key: str = "stem_out",
-                       **apply_kwargs: Any) -> jnp.ndarray:
+                       train: bool | None = None, block_key: str = "block_out", stem_key: str | None = None,
+                       by_stage: bool = False, **apply_kwargs: Any) -> jnp.ndarray | list:
     """The residual stream at depths 0..K, shape ``(K + 1, batch, width)``; see the module docstring.
 
     ``module``: a Linen module or an ``apply_fn(variables, x, **kwargs)`` with Linen's ``apply``
     conventions (``resjax.analysis.protocol``); NNX objects are refused with a ``TypeError`` saying what
     to pass. ``train`` is passed to a module whose ``__call__`` takes it (BatchNorm: ``True`` uses the
     batch's statistics, as at the first training step; ``False`` the running estimates), and to no other.
-    A resjax model with BatchNorm applied without ``train`` (``None``) raises ``ValueError`` naming
-    ``train``; models without BatchNorm ignore it. Nothing is returned but the activations: the updated
-    ``batch_stats`` are discarded (a pure function).
+    ``train=None`` passes nothing: it is no mode, and a resjax model with BatchNorm applied without
+    ``train`` raises ``ValueError`` naming ``train``; models without BatchNorm ignore it. Nothing is
+    returned but the activations: the updated ``batch_stats`` are discarded (a pure function).
+
+    ``stem_key``: the top-level sow holding the stream's start; ``None`` (default): ``'stem_out'``, else
+    ``'stem'`` (``resjax.nn.ResNet``'s), else the inputs themselves when they have the stream's width.
+    A stream that changes shape (a convolutional ResNet's stages) cannot be stacked: it raises
+    ``ValueError`` naming the block where it changes, unless ``by_stage=True``, which returns a list of
+    stacked stages instead: ``[start (1, batch, ...), stage 1 (n_1, batch, ...), stage 2 ...]`` (see
+    ``stream_depths``; an MLP gives ``[start, all K blocks]``).
     """
-    model = applied(module, variables, "stream_activations")
-    if jnp.ndim(inputs) < 2:
-        raise ValueError(f"inputs: need a batch axis and a feature axis, got shape {tuple(jnp.shape(inputs))}")
-    if jnp.shape(inputs)[0] < 2:
-        raise ValueError(f"inputs: a batch of {jnp.shape(inputs)[0]} example(s) has no batch variance; need >= 2")
-    mutable = ["intermediates"] + (["batch_stats"] if "batch_stats" in variables else [])
-    variables = {k: v for k, v in variables.items() if k != "intermediates"}
-    _, state = model(variables, inputs, train=train, mutable=mutable, **apply_kwargs)
-    inter = state.get("intermediates", {})
-    blocks: list = []
-    _collect(inter, block_key, blocks)
-    if not blocks:
-        raise ValueError(f"module: {model.name} sowed no {block_key!r} intermediates; use resjax.nn.ResidualBlock "
-                         f"(or sow each block's output: self.sow('intermediates', {block_key!r}, h))")
-    stems: list = []
-    _collect({k: v for k, v in inter.items() if k == stem_key}, stem_key, stems)
-    if stems:
-        stem = stems[0]
-    elif jnp.ndim(blocks[0]) in (jnp.ndim(inputs), jnp.ndim(inputs) + 1) and jnp.shape(blocks[0])[-1] == jnp.shape(inputs)[-1]:
-        stem = inputs
-    else:
-        raise ValueError(f"module: sowed no {stem_key!r} and its inputs are not the stream; sow the stream's start")
-    if len(blocks) == 1 and jnp.ndim(blocks[0]) == jnp.ndim(stem) + 1:  # nn.scan: one entry, leading depth axis
-        per_depth = blocks[0]
-    else:
-        per_depth = jnp.stack(blocks)
-    return jnp.concatenate([stem[None], per_depth], axis=0)
+    per_depth, stage, stacked = _stream_parts(module, variables, inputs, train=train, block_key=block_key,
+                                              stem_key=stem_key, **apply_kwargs)
+    if by_stage:
+        return [jnp.stack([d for d, s in zip(per_depth, stage) if s == i]) for i in range(int(stage[-1]) + 1)]
+    for k in range(1, len(per_depth)):
+        if jnp.shape(per_depth[k]) != jnp.shape(per_depth[0]):
+            raise ValueError(f"module: the stream changes shape at block {k}, from {_shape_str(per_depth[0])} to "
+                             f"{_shape_str(per_depth[k])} (a new stage), so it cannot be stacked; use "
+                             "stream_activations(..., by_stage=True) or variance_through_depth (a stage per depth)")
+    return stacked
 
 
 def variances_of_stream(stream: jnp.ndarray) -> dict:
@@ -164,16 +259,28 @@ def variances_of_stream(stream: jnp.ndarray) -> dict:
 
 def variance_through_depth(module: nn.Module | Callable[..., Any], variables: dict, inputs: jnp.ndarray, *,
                            train: bool | None = None, **apply_kwargs: Any) -> dict:
-    """Activation variance after each depth k = 0..K: ``{'variance', 'per_unit_variance'}``, each ``(K + 1,)``.
+    """Activation variance after each depth k = 0..K: ``{'variance', 'per_unit_variance', 'stage'}``, each ``(K + 1,)``.
 
-    ``variance``: over all entries of the ``(batch, width)`` activation; ``per_unit_variance``: each
-    unit's batch variance, averaged over units (udlbook notebook 11.3's printout).
+    ``variance``: over all entries of the ``(batch, ...)`` activation; ``per_unit_variance``: each unit's
+    (each position and channel of an image stream) batch variance, averaged over units (udlbook notebook
+    11.3's printout); ``stage``: the stage of each depth (``stream_depths``: 0 for the stream's start, then
+    1, 2, ... where the stream changes shape; an MLP's blocks are all stage 1), so a convolutional ResNet's
+    curve reads per stage (``variance[stage == s]``). ``train``, ``stem_key``: as ``stream_activations``.
     """
-    return variances_of_stream(stream_activations(module, variables, inputs, train=train, **apply_kwargs))
+    per_depth, stage, stacked = _stream_parts(module, variables, inputs, train=train, **apply_kwargs)
+    if stacked is not None:  # one shape throughout: the stacked stream, as before stages were known
+        return {**variances_of_stream(stacked), "stage": stage}
+    curves = [variances_of_stream(d[None]) for d in per_depth]
+    return {"variance": jnp.concatenate([c["variance"] for c in curves]),
+            "per_unit_variance": jnp.concatenate([c["per_unit_variance"] for c in curves]),
+            "stage": stage}
 
 
 def sum_scale(module: nn.Module) -> float:
     """c in ``h_j = c (h_{j-1} + branch)``: 1/sqrt(2) for ``scaling='rescale'``, else 1 (``order='pre'`` only)."""
+    if isinstance(module, PlainMLP):
+        raise ValueError("skip: PlainMLP's blocks have no skip, so no block adds a branch to a stream; "
+                         "branch_variance_ratio needs residual blocks")
     scaling = getattr(module, "scaling", "none")
     order = getattr(module, "order", "pre")
     if order != "pre":
@@ -185,10 +292,21 @@ def branch_variance_ratio(module: nn.Module | Callable[..., Any], variables: dic
                           train: bool | None = None, **apply_kwargs: Any) -> jnp.ndarray:
     """For block j = 1..K: Var(what block j adds) / Var(h_{j-1}), variances over all entries; ``(K,)``.
 
-    Compare with ``ratio_guide(K)`` = 1/(k + 1), k = j - 1 (BatchNorm at the branch input).
+    Compare with ``ratio_guide(K)`` = 1/(k + 1), k = j - 1 (BatchNorm at the branch input). A block that
+    changes the stream's shape (the first of a convolutional ResNet's later stages, whose shortcut is a
+    projection) adds nothing that the stream shows: its entry is NaN.
     """
     c = sum_scale(module)
-    return branch_ratio_of_stream(stream_activations(module, variables, inputs, train=train, **apply_kwargs), c)
+    per_depth, stage, stacked = _stream_parts(module, variables, inputs, train=train, **apply_kwargs)
+    if stacked is not None:
+        return branch_ratio_of_stream(stacked, c)
+    ratios = []
+    for before, after in zip(per_depth[:-1], per_depth[1:]):
+        if jnp.shape(before) != jnp.shape(after):
+            ratios.append(jnp.full((1,), jnp.nan, jnp.result_type(after)))
+        else:
+            ratios.append(branch_ratio_of_stream(jnp.stack([before, after]), c))
+    return jnp.concatenate(ratios)
 
 
 def branch_ratio_of_stream(stream: jnp.ndarray, c: float = 1.0) -> jnp.ndarray:

@@ -5,7 +5,7 @@ stage s as ``stage{s}_first``, the remaining ones either unrolled (``stage{s}_0`
 or, with ``scan=True``, stacked on a leading axis under ``stage{s}/block``. The functions here put them
 back in depth order, blocks l = 1..L (L = ``model.num_blocks`` = sum of the stage sizes).
 
-- ``block_outputs(model, variables, x, train=True, tau=None)``: one array per stage, the stage's block
+- ``block_outputs(model, variables, x, train=..., tau=None)``: one array per stage, the stage's block
   outputs stacked in order, ``(n_s, B, H_s, W_s, C_s)`` (the shape changes from stage to stage, never
   within one); concatenated over stages they are blocks 1..L.
 - ``block_output_norms(model, variables, x, ...)``: the per-example L2 norm of every block output,
@@ -18,9 +18,10 @@ back in depth order, blocks l = 1..L (L = ``model.num_blocks`` = sum of the stag
 - ``mean_log10_norm(log10_norms)``: log10 of the batch mean of the norms, from per-example log10 norms
   (a log-sum-exp, so it never overflows either).
 
-``train=True`` (the default) runs BatchNorm on the batch's own statistics, as the first training step
-("epoch 0") does; at initialisation the running estimates are 0 and 1, so ``train=False`` would not
-normalise at all. The updated ``batch_stats`` are discarded: nothing here changes ``variables``.
+``train`` has no default (as the models' own calls, it says which BatchNorm statistics are used):
+``train=True`` runs BatchNorm on the batch's own statistics, as the first training step ("epoch 0") does;
+at initialisation the running estimates are 0 and 1, so ``train=False`` would not normalise at all.
+The updated ``batch_stats`` are discarded: nothing here changes ``variables``.
 Pure functions of (model, variables, inputs): jit-able with ``model`` static.
 """
 
@@ -52,7 +53,7 @@ def _stage_outputs(inter: dict, stage: int) -> jnp.ndarray:
     return jnp.concatenate([first_out] + [inter[key]["block_out"][0][None] for _, key in unrolled], axis=0)
 
 
-def block_outputs(model: ResNet, variables: dict, x: jnp.ndarray, *, train: bool = True,
+def block_outputs(model: ResNet, variables: dict, x: jnp.ndarray, *, train: bool,
                   tau: float | jax.Array | None = None,
                   return_output: bool = False) -> list[jnp.ndarray] | tuple[list[jnp.ndarray], jnp.ndarray]:
     """The block outputs of a ``resjax.nn.ResNet``, one stacked array per stage (see the module docstring);
@@ -80,7 +81,7 @@ def _log10_norm(h: jnp.ndarray) -> jnp.ndarray:
     return jnp.where(finite, out, jnp.inf)
 
 
-def block_output_norms(model: ResNet, variables: dict, x: jnp.ndarray, *, train: bool = True,
+def block_output_norms(model: ResNet, variables: dict, x: jnp.ndarray, *, train: bool,
                        tau: float | jax.Array | None = None, log10: bool = False,
                        return_output: bool = False) -> jnp.ndarray | tuple[jnp.ndarray, jnp.ndarray]:
     """Per-example L2 norms ``(L, B)`` of the L block outputs (``log10=True``: their log10); ``inf`` where a

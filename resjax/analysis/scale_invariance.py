@@ -14,12 +14,14 @@ only on the direction of the layer's weights W, never on their length:
 
 The functions
 -------------
-``weight_loss_fn(module, variables, inputs, labels, path)`` returns ``loss(W)``: the module applied in
-training mode (``train=True``, ``batch_stats`` mutable and the updates discarded, so nothing changes) with
-the array at ``path`` replaced by W. ``path`` names the weight: ``'blocks_0/linear_0/kernel'`` or
+``weight_loss_fn(module, variables, inputs, labels, path, train=True)`` returns ``loss(W)``: the module
+applied in training mode (``train=True``, which the identities need; ``train`` has no default), ``batch_stats``
+mutable and the updates discarded (so nothing changes), with the array at ``path`` replaced by W.
+``path`` names the weight: ``'blocks_0/linear_0/kernel'`` or
 ``('blocks_0', 'linear_0', 'kernel')``, inside ``'params'`` unless it starts with another collection's name. The
 loss is the mean softmax cross-entropy with integer ``labels`` unless ``loss(outputs, labels)`` is given. It
-works for any Flax module whose ``__call__`` takes ``train``; the caller chooses a weight whose output goes
+works for any Flax module or ``apply_fn`` (``resjax.analysis.protocol``; ``train=None`` for one that takes no
+``train``); the caller chooses a weight whose output goes
 straight into BatchNorm (for ``resjax.nn.PlainMLP(norm='batch')`` every ``blocks_k/linear_0/kernel``; not the
 stem, whose output goes into a ReLU, nor anything before a residual addition). Whether the identities
 hold is what ``scale_identities`` measures; nothing here assumes them.
@@ -62,6 +64,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.typing import ArrayLike
+
+from resjax.analysis.protocol import applied
 
 if TYPE_CHECKING:
     import flax.linen as nn
@@ -137,16 +141,18 @@ def cross_entropy(logits: jax.Array, labels: ArrayLike) -> jnp.ndarray:
 
 
 def weight_loss_fn(module: nn.Module, variables: dict, inputs: ArrayLike, labels: ArrayLike | None,
-                   path: str | Sequence[str], *, loss: Callable | None = None, train: bool = True,
+                   path: str | Sequence[str], *, train: bool | None, loss: Callable | None = None,
                    **apply_kwargs: Any) -> Callable[[jnp.ndarray], jnp.ndarray]:
     """``loss(W)``: the module's loss with the weight at ``path`` replaced by W; see the module docstring.
 
-    Training mode by default (``train=True``: batch statistics; ``batch_stats`` is made mutable and its
+    ``train`` has no default: ``True`` is training mode (batch statistics; ``batch_stats`` is made mutable and its
     updates discarded, so the running estimates are neither used nor changed); ``train=False`` uses the
     running estimates. ``loss(outputs, labels)`` defaults to ``cross_entropy`` (then ``labels`` is needed);
     ``apply_kwargs`` go to ``module.apply`` (e.g. ``tau=...``). ``ValueError`` for a path that names no array,
     missing labels, or a batch of one in training mode.
     """
+    model = applied(module, variables, "weight_loss_fn")
+    model.train_kwargs(train)  # a train for a model without one: ValueError now
     get_weight(variables, path)  # validates the path
     if train:
         _check_batch(inputs)
@@ -158,7 +164,7 @@ def weight_loss_fn(module: nn.Module, variables: dict, inputs: ArrayLike, labels
     mutable = ["batch_stats"] if "batch_stats" in variables else False
 
     def loss_fn(weight):
-        out = module.apply(replace_weight(variables, path, weight), inputs, train=train, mutable=mutable,
+        out = model(replace_weight(variables, path, weight), inputs, train=train, mutable=mutable,
                            **apply_kwargs)
         outputs = out[0] if mutable else out
         return loss(outputs, labels)

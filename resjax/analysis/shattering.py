@@ -47,6 +47,7 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -106,10 +107,16 @@ def scalar_function(module: nn.Module | Callable[..., Any], variables: dict,
     """``x -> y`` for a module mapping a ``(1, 1)`` input to a single output, as a function of a scalar.
 
     ``module``: a Linen module or an ``apply_fn(variables, x, **kwargs)`` (``resjax.analysis.protocol``);
-    NNX objects are refused with a ``TypeError`` saying what to pass. The returned function raises
-    ``ValueError`` when the module's output is not a single number.
+    NNX objects are refused with a ``TypeError`` saying what to pass. A model that refuses a ``(1, 1)`` input
+    (an image model) raises ``ValueError`` here; the returned function raises ``ValueError`` when the
+    module's output is not a single number.
     """
     model = applied(module, variables, "scalar_function")
+    try:  # the model's own refusal of a (1, 1) input (an image model's), before anything is computed
+        jax.eval_shape(lambda v: model.apply(v, jnp.zeros((1, 1), jnp.float32), **apply_kwargs), variables)
+    except (ValueError, TypeError, flax.errors.FlaxError) as err:  # FlaxError: parameters of another input shape
+        raise ValueError(f"module: input gradients need a model of one number (a (1, 1) input to a single "
+                         f"output); {model.name} refuses a (1, 1) input: {err}") from None
 
     def f(x):
         y = model.apply(variables, jnp.reshape(x, (1, 1)), **apply_kwargs)

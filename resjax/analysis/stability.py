@@ -66,6 +66,9 @@ _RELUS = (nn.relu, jax.nn.relu)
 
 
 def _check_homogeneous(module) -> None:
+    if not isinstance(module, (ResidualMLP, ResidualStack, PlainMLP)):
+        raise ValueError(f"module: {type(module).__name__} is not supported; use resjax.nn.ResidualMLP, ResidualStack "
+                         "or PlainMLP (e.g. from resjax.nn.tau_resnet)")
     if getattr(module, "use_bias", True):
         raise ValueError(f"use_bias: {type(module).__name__} has biases, so its layers are not positively homogeneous; "
                          "log-space tracking needs use_bias=False")
@@ -109,7 +112,8 @@ def log_space_propagation(module: nn.Module, variables: dict, inputs: jnp.ndarra
     """Forward (and backward) norms through every layer, in log space; see the module docstring.
 
     ``inputs``: ``(B, features)``. ``cotangent``: ``(B, num_classes)`` or ``(num_classes,)`` output
-    cotangents v (default: ones / sqrt(num_classes)). ``tau``: a (traced) tau for ``scaling='tau'``
+    cotangents v (default: ones / sqrt(num_classes)); a ``ResidualStack`` (no head) outputs its stream, so
+    its cotangents have the stream's width. ``tau``: a (traced) tau for ``scaling='tau'``
     modules, as at call time. Pure and jit/vmap-able.
     """
     _check_homogeneous(module)
@@ -135,7 +139,8 @@ def log_space_propagation(module: nn.Module, variables: dict, inputs: jnp.ndarra
     (u_k, s_k), (u_in, s_in) = jax.lax.scan(fwd, (u0, s0), stacked)
     log_norm = jnp.concatenate([s_in, s_k[None]], axis=0)
 
-    head = variables["params"]["head"]
+    # A ResidualStack has no head: its output is the stream h_K itself (an identity head, no bias).
+    head = variables["params"].get("head") or {"kernel": jnp.eye(u_k.shape[-1], dtype=u_k.dtype)}
     b = head.get("bias", jnp.zeros(head["kernel"].shape[-1], u_k.dtype))
     out = {
         "log_norm": log_norm,

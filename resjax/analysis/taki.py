@@ -290,14 +290,15 @@ def _block_variables(module: ResidualStack, variables: dict) -> dict:
 
 
 def backprop_deltas(module: ResidualStack, variables: dict, inputs: jnp.ndarray, cotangent: jnp.ndarray,
-                    *, train: bool = True) -> dict:
+                    *, train: bool) -> dict:
     """One ``jax.vjp`` of the stack at ``inputs`` with ``cotangent`` = dE/dx_L.
 
     Returns ``stream`` ``(L + 1, B, D)`` (x_0..x_L), ``delta`` ``(L + 1, B, D)`` (dE/dx_l; delta_L is
     the cotangent) and ``kernel_grad`` ``(L, D, D)`` (dE/dW of each block's first linear layer). The
     blocks are the module's own ``ResidualBlock`` (same fields, same variables), applied in a
     ``lax.scan``; a zero perturbation added to each block's output makes its cotangent dE/dx_l.
-    ``train=True``: BatchNorm uses the batch's statistics (their running-estimate updates are discarded).
+    ``train`` (no default): ``True``, BatchNorm uses the batch's statistics (their running-estimate updates
+    are discarded); ``False``, the running estimates.
     """
     if jnp.ndim(inputs) != 2 or jnp.shape(inputs) != jnp.shape(cotangent):
         raise ValueError(f"inputs: need (batch, width) inputs and a cotangent of the same shape, got "
@@ -347,7 +348,7 @@ def scale_kernels(params: Any, gain: ArrayLike) -> Any:
 
 def gradient_variance(module: ResidualStack, key: jax.Array, *, batch_size: int, num_draws: int,
                       input_variance: float = 1.0, kernel_gains: Sequence[float] | None = None,
-                      train: bool = True) -> dict:
+                      train: bool) -> dict:
     """Per-layer gradient second moments at initialisation over ``num_draws`` draws (vmapped, jitted).
 
     Draw d (``keys = split(key, num_draws)``; ``kp, kx, kg = split(keys[d], 3)``): the network
@@ -361,7 +362,14 @@ def gradient_variance(module: ResidualStack, key: jax.Array, *, batch_size: int,
     kernel after ``init`` (so Var[w] -> gain^2 Var[w]: a sweep over n Var[w] in one compiled program,
     ``lax.map`` over gains, on the same draws); the outputs then have a leading gains axis
     ``(gains, draws, ...)``.
+
+    ``train`` (no default): ``True`` runs BatchNorm on each batch's statistics (the seed's setting),
+    ``False`` on the running estimates (at initialisation: no normalisation). ``module`` must be a
+    ``resjax.nn.ResidualStack`` (``make_stack``): the inputs are the stream (``ValueError`` otherwise).
     """
+    if not isinstance(module, ResidualStack):
+        raise ValueError(f"module: need a resjax.nn.ResidualStack (the input is the stream; see make_stack), got "
+                         f"{type(module).__name__}")
     batch_size = _check_int("batch_size", batch_size, 2)
     num_draws = _check_int("num_draws", num_draws)
     s0 = _check_positive("input_variance", input_variance)
