@@ -64,13 +64,18 @@ from resjax.nn.block import (
     BasicBranch,
     BlockSettings,
     BottleneckBranch,
+    CommonSettings,
     ConvResidualBlock,
+    ConvSettings,
+    MLPSettings,
     PlainLayer,
     ResidualBlock,
     ResNetBlock,
     TakiBlock,
+    moved_settings,
     residual_stack,
     resolve_block,
+    route_to_block,
 )
 from resjax.nn.conv_blocks import (
     DenseBlock,
@@ -90,8 +95,8 @@ from resjax.nn.init import (
 )
 from resjax.nn.mlp import PlainMLP, ResidualMLP, ResidualStack
 from resjax.nn.norms import (
-    BATCHNORM_DEFAULTS, NORMS, RUNNING_VARIANCES, BatchNorm, GroupNorm, UnbiasedBatchNorm, check_norm, is_batch_norm,
-    make_norm, running_variance_of,
+    BATCHNORM_DEFAULTS, NORMS, RUNNING_VARIANCES, BatchNorm, GroupNorm, UnbiasedBatchNorm, check_norm, default_groups,
+    is_batch_norm, make_norm, running_variance_of,
 )
 from resjax.nn.precision import DTYPES, is_float32, layer_dtypes, resolve_dtype
 from resjax.nn.residual import (
@@ -135,16 +140,18 @@ __all__ = [
     "INITIALIZERS", "NORMS", "OPTION_A_INPUTS", "ORDERS", "PARAMETRISED_INITIALIZERS", "REPOSITORY_MODELS",
     "RUNNING_VARIANCES", "SCALINGS", "SHORTCUTS", "TAU_CONVENTIONS",
     # modules (flax.linen)
-    "BasicBranch", "BatchNorm", "BlockSettings", "BottleneckBranch", "ConvBlock", "ConvResidualBlock", "DenseBlock", "DenseLayer",
-    "DenseNet", "GroupNorm", "Hourglass", "PlainLayer", "PlainMLP", "ResNet", "ResNetBlock", "ResidualBlock",
+    "BasicBranch", "BatchNorm", "BlockSettings", "BottleneckBranch", "CommonSettings", "ConvBlock", "ConvResidualBlock",
+    "ConvSettings", "DenseBlock", "DenseLayer", "DenseNet", "GroupNorm", "Hourglass", "MLPSettings", "PlainLayer",
+    "PlainMLP", "ResNet", "ResNetBlock", "ResidualBlock",
     "ResidualMLP", "ResidualStack", "StackedHourglass", "TakiBlock", "TakiResNet", "Transition", "UNet",
     "UnbiasedBatchNorm",
     # functions
     "build_model", "check_call_tau", "check_model_fields", "check_norm", "check_tau_field", "check_tau_value",
-    "cifar_resnet", "close_block", "concat_merge", "conv_kernel_weights", "densenet121", "densenet_bc_cifar",
+    "cifar_resnet", "close_block", "concat_merge", "conv_kernel_weights", "default_groups", "densenet121",
+    "densenet_bc_cifar",
     "fixup_kernel_init", "get_bias_initializer", "get_initializer", "imagenet_resnet", "imagenet_tau",
-    "is_batch_norm", "layer_dtypes", "make_norm", "num_blocks_for", "plain_params_from_residual", "residual_add",
-    "residual_stack", "resolve_block", "resolve_dtype", "resolve_tau", "running_variance_of", "scale_branch", "stack_blocks",
+    "is_batch_norm", "layer_dtypes", "make_norm", "moved_settings", "num_blocks_for", "plain_params_from_residual", "residual_add",
+    "residual_stack", "resolve_block", "resolve_dtype", "resolve_tau", "route_to_block", "running_variance_of", "scale_branch", "stack_blocks",
     "stack_unrolled", "taki_init",
     "taki_resnet", "tau_resnet", "tau_resnet_config", "tau_value", "unstack_scanned",
 ]
@@ -160,6 +167,12 @@ def _families() -> dict[str, Callable[..., nn.Module] | None]:
         "densenet": DenseNet, "densenet121": densenet121, "densenet_bc_cifar": densenet_bc_cifar,
         "unet": UNet, "hourglass": StackedHourglass,
     }
+
+
+def _block_setting_models() -> dict[str, type]:
+    """The kinds whose model takes the settings of one branch kind: kind -> the model class."""
+    return {"plain_mlp": PlainMLP, "residual_mlp": ResidualMLP, "residual_stack": ResidualStack, "resnet": ResNet,
+            "cifar_resnet": ResNet, "imagenet_resnet": ResNet}
 
 
 CLASSIFIERS = ("plain_mlp", "residual_mlp", "tau_resnet", "resnet", "cifar_resnet", "imagenet_resnet", "taki_resnet",
@@ -232,6 +245,11 @@ def build_model(config: Mapping[str, Any] | str | None = None, /, num_classes: i
         del fields["dtype"]
     if num_classes is not None and kind in CLASSIFIERS:
         fields.setdefault("num_classes", num_classes)
+    settings_of = _block_setting_models().get(kind)
+    if settings_of is not None:  # a flat setting of another branch kind goes to the block (which ignores it)
+        moved = {k: fields.pop(k) for k in moved_settings(settings_of, BlockSettings) if k in fields}
+        if moved:
+            fields["block"] = route_to_block(fields.get("block"), moved)
     if kind == "tau_resnet":
         if "variant" not in fields:
             raise ValueError("model.variant: a tau_resnet config needs variant = one of ('tau', 'bn', 'fixup', 'plain')")
