@@ -168,7 +168,7 @@ class DenseBlock(PrecisionRepr, nn.Module):
         h = x
         for k in range(self.num_layers):
             new = DenseLayer(self.growth_rate, self.bottleneck, norm=self.norm, kernel_init=self.kernel_init,
-                             dtype=self.dtype, name=f"layer_{k}")(h, train)
+                             dtype=self.dtype, param_dtype=self.param_dtype, name=f"layer_{k}")(h, train)
             h = concat_merge(h, new, axis=-1)
         return h
 
