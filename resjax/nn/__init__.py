@@ -11,7 +11,9 @@ Every name below is importable from ``resjax.nn`` (``__all__`` lists them):
   (``CLASSIFIERS``: the kinds that take ``num_classes``; ``check_model_fields`` checks a config's fields);
 - blocks: one residual block, ``ResidualBlock`` (``resjax.nn.block``: skip, a branch of kind ``BRANCH_KINDS``
   (``'mlp'``, ``'basic'``, ``'bottleneck'``, ``'conv'``) or of one's own, scale, merge; its settings
-  ``BlockSettings``, which the models take too, with ``block`` for the block itself: ``resolve_block``), and its
+  ``BlockSettings``, by kind ``CommonSettings``, ``MLPSettings`` (the MLPs take these), ``ConvSettings`` (``ResNet``
+  takes these), with ``block`` for the block itself: ``resolve_block``; ``moved_settings`` and ``route_to_block``
+  send another kind's setting to the block), and its
   configurations ``ResNetBlock``, ``TakiBlock``, ``PlainLayer``, ``BasicBranch`` / ``BottleneckBranch``,
   ``ConvResidualBlock``; ``DenseLayer``, ``DenseBlock``, ``Transition``, ``ConvBlock``;
 - the residual contract: ``residual_add`` (the one shape-checked addition), ``concat_merge``; stacks of blocks
@@ -20,15 +22,20 @@ Every name below is importable from ``resjax.nn`` (``__all__`` lists them):
   ``OPTION_A_INPUTS``, ``CIFAR_DEPTHS``, ``IMAGENET_STAGES``, ``TAU_CONVENTIONS``; tau (``resolve_tau``,
   ``check_tau_field``, ``check_tau_value``, ``check_call_tau``); and the pieces every residual block shares,
   for writing new ones (``scale_branch``, ``close_block``, ``fixup_kernel_init``);
-- normalisation: ``make_norm`` (every norm by name, ``NORMS``), ``BatchNorm`` (PyTorch's defaults,
-  ``BATCHNORM_DEFAULTS``), ``GroupNorm``, ``is_batch_norm``, ``check_norm``;
+- normalisation: ``make_norm`` (every norm by name, ``NORMS``, or any flax normalisation class or partial:
+  ``nn.BatchNorm`` is given ``train`` as ``use_running_average``), ``BatchNorm`` (PyTorch's defaults,
+  ``BATCHNORM_DEFAULTS``), ``GroupNorm`` (``default_groups``: the groups fit any channel count), ``is_batch_norm``,
+  ``check_norm``;
 - initialisers: ``get_initializer`` (``INITIALIZERS``, ``PARAMETRISED_INITIALIZERS``), ``taki_init``,
   ``get_bias_initializer`` (``BIAS_INITIALIZERS``); ``conv_kernel_weights`` counts conv weights;
 - mixed precision (``resjax.nn.precision``): the convolutional classifiers and their blocks have a field
   ``dtype`` (``DTYPES``: ``'float32'``, ``'bfloat16'``, ``'float16'``; ``None``, the default, is float32),
   the computation's dtype, with float32 parameters, BatchNorm statistics and logits; ``DTYPE_KINDS`` are the
   ``build_model`` kinds that take it; ``resolve_dtype`` checks a value, ``layer_dtypes`` gives a flax
-  layer's ``dtype``/``param_dtype``.
+  layer's ``dtype``/``param_dtype``. Every model and block has ``param_dtype`` (``None``: float32, flax's), the
+  dtype of all its parameters;
+- Flax's tools: ``Module.tabulate``, ``nn.tabulate``, ``jax.eval_shape`` of ``init``, ``clone`` and ``bind`` work
+  on every kind (pass ``train`` as a Python bool, e.g. ``model.tabulate(key, x, train=False)``).
 
 Conventions shared by every module (written here once: each ``__call__`` docstring refers to them and
 states only what is particular to its module, such as its sows):

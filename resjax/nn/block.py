@@ -22,8 +22,19 @@
 - **merge**: ``close_block``: ``residual_add`` (the one shape-checked addition), the rescale, the activation in the
   post order; sown as ``block_out``.
 
-The block's settings, which parent models take too (``BlockSettings``), are declared once, here; parents pass them to
-every block and also take ``block`` (a class, a ``functools.partial`` or a mapping of settings) for the block itself.
+The block's settings are declared once, here, by branch kind: ``CommonSettings`` (every kind's: order, norm, scaling,
+tau, initialisers, ``dtype``, ``param_dtype``, ...), ``MLPSettings`` (an ``'mlp'`` branch's ``num_layers`` and
+``bias_init``), ``ConvSettings`` (a conv ResNet branch's ``kind``, ``expansion``, ``shortcut``, ``option_a_*``) and
+``BlockSettings`` (all of them, with a ``'conv'`` branch's ``kernel_size``: the block's). Each model takes only its
+kind's (the MLPs ``MLPSettings``, ``ResNet`` ``ConvSettings``) and passes them to every block; it also takes ``block``
+(a class, a ``functools.partial`` or a mapping of settings: Flax's ``block_cls`` idiom, a block already configured),
+whose settings win. Another kind's setting passed to a model (``ResNet(num_layers=2)``, the old spelling, when every
+model carried every kind's) goes to ``block`` with a ``DeprecationWarning`` (``accept_moved_settings``); ``build_model``
+routes such a flat config setting to the block without one.
+
+The helpers that construction calls are ``nn.nowrap``'ed (Flax forbids calling wrapped module methods from
+``__post_init__``), so ``Module.tabulate``, ``nn.tabulate``, ``jax.eval_shape(model.init, ...)``, ``clone`` and
+``bind`` work on every model while settings are still checked at construction.
 The names users know are configurations of this one class: ``ResNetBlock`` (conv defaults), ``TakiBlock``,
 ``PlainLayer``, ``BasicBranch``/``BottleneckBranch`` (a conv branch alone, the lecture's names for its convs) and
 ``ConvResidualBlock(branch)`` (a branch module of one's own under an identity skip).
