@@ -227,6 +227,7 @@ def test_build_model_routes_flat_block_settings_without_warning():
         mlp = build_model({"kind": "residual_mlp", "width": 8, "num_blocks": 2, "option_a_input": "x"})
     assert model.block == {"num_layers": 2} and model.shortcut == "B"
     assert mlp.block == {"option_a_input": "x"}
+    assert hash(model) == hash(model.clone()) and hash(mlp) == hash(mlp.clone())  # still hashable, by content
 
 
 # ---- no import circle; old checkpoints ----

@@ -195,15 +195,24 @@ def moved_settings(model: type, settings: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(settings) if f.name not in own)
 
 
+class SettingsMap(dict):
+    """A mapping of block settings that hashes by content (a dict otherwise), so a model whose ``block`` it is
+    stays hashable, as flax's transforms may need."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(((k, v) for k, v in self.items()), key=repr)))
+
+
 def route_to_block(block: Any, moved: Mapping[str, Any]) -> Any:
     """``block`` with the settings ``moved`` added where it fixes none of its own: ``None`` becomes the mapping
-    ``moved``, a mapping or a ``functools.partial`` gets them under its own, a class becomes a partial."""
+    ``moved`` (a hashable ``SettingsMap``), a mapping or a ``functools.partial`` gets them under its own, a class
+    becomes a partial."""
     if not moved:
         return block
     if block is None:
-        return dict(moved)
+        return SettingsMap(moved)
     if isinstance(block, Mapping):
-        return {**moved, **block}
+        return SettingsMap({**moved, **block})
     if isinstance(block, functools.partial):
         return functools.partial(block.func, *block.args, **{**moved, **block.keywords})
     return functools.partial(block, **moved)
