@@ -142,24 +142,21 @@ from resjax.nn.unet import ConvBlock, UNet
 
 __all__ = [
     # constants: the allowed values of settings, and defaults
-    "BATCHNORM_DEFAULTS", "BIAS_INITIALIZERS", "BLOCK_KINDS", "BRANCH_KINDS", "CIFAR_DEPTHS", "CLASSIFIERS", "DTYPES", "DTYPE_KINDS",
-    "IMAGENET_STAGES",
-    "INITIALIZERS", "NORMS", "OPTION_A_INPUTS", "ORDERS", "PARAMETRISED_INITIALIZERS", "REPOSITORY_MODELS",
-    "RUNNING_VARIANCES", "SCALINGS", "SHORTCUTS", "TAU_CONVENTIONS",
+    "BATCHNORM_DEFAULTS", "BIAS_INITIALIZERS", "BLOCK_KINDS", "BRANCH_KINDS", "CIFAR_DEPTHS", "CLASSIFIERS", "DTYPES",
+    "DTYPE_KINDS", "IMAGENET_STAGES", "INITIALIZERS", "NORMS", "OPTION_A_INPUTS", "ORDERS", "PARAMETRISED_INITIALIZERS",
+    "REPOSITORY_MODELS", "RUNNING_VARIANCES", "SCALINGS", "SHORTCUTS", "TAU_CONVENTIONS",
     # modules (flax.linen)
     "BasicBranch", "BatchNorm", "BlockSettings", "BottleneckBranch", "CommonSettings", "ConvBlock", "ConvResidualBlock",
     "ConvSettings", "DenseBlock", "DenseLayer", "DenseNet", "GroupNorm", "Hourglass", "MLPSettings", "PlainLayer",
-    "PlainMLP", "ResNet", "ResNetBlock", "ResidualBlock",
-    "ResidualMLP", "ResidualStack", "StackedHourglass", "TakiBlock", "TakiResNet", "Transition", "UNet",
-    "UnbiasedBatchNorm",
+    "PlainMLP", "ResNet", "ResNetBlock", "ResidualBlock", "ResidualMLP", "ResidualStack", "StackedHourglass", "TakiBlock",
+    "TakiResNet", "Transition", "UNet", "UnbiasedBatchNorm",
     # functions
     "build_model", "check_call_tau", "check_model_fields", "check_norm", "check_tau_field", "check_tau_value",
     "cifar_resnet", "close_block", "concat_merge", "conv_kernel_weights", "default_groups", "densenet121",
-    "densenet_bc_cifar",
-    "fixup_kernel_init", "get_bias_initializer", "get_initializer", "imagenet_resnet", "imagenet_tau",
-    "is_batch_norm", "layer_dtypes", "make_norm", "moved_settings", "num_blocks_for", "plain_params_from_residual", "residual_add",
-    "residual_stack", "resolve_block", "resolve_dtype", "resolve_tau", "route_to_block", "running_variance_of", "scale_branch", "stack_blocks",
-    "stack_unrolled", "taki_init",
+    "densenet_bc_cifar", "fixup_kernel_init", "get_bias_initializer", "get_initializer", "imagenet_resnet",
+    "imagenet_tau", "is_batch_norm", "layer_dtypes", "make_norm", "moved_settings", "num_blocks_for",
+    "plain_params_from_residual", "residual_add", "residual_stack", "resolve_block", "resolve_dtype", "resolve_tau",
+    "route_to_block", "running_variance_of", "scale_branch", "stack_blocks", "stack_unrolled", "taki_init",
     "taki_resnet", "tau_resnet", "tau_resnet_config", "tau_value", "unstack_scanned",
 ]
 

@@ -230,10 +230,10 @@ def accept_moved_settings(cls: type) -> type:
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # noqa: N807
         extra = {k: kwargs.pop(k) for k in sorted(moved & kwargs.keys())}
         if extra:
-            warnings.warn(f"{cls.__name__}: {', '.join(extra)} {'is a setting' if len(extra) == 1 else 'are settings'}"
-                          f" of another branch kind, not of {cls.__name__}; passing {'it' if len(extra) == 1 else 'them'}"
-                          f" to the model is deprecated: pass block={extra!r} (the block ignores what its kind does "
-                          "not use)", DeprecationWarning, stacklevel=2)
+            what = "is a setting" if len(extra) == 1 else "are settings"
+            warnings.warn(f"{cls.__name__}: {', '.join(extra)} {what} of another branch kind, not of {cls.__name__}; "
+                          f"passing it to the model is deprecated: pass block={extra!r} (the block ignores what its "
+                          "kind does not use)", DeprecationWarning, stacklevel=2)
             kwargs["block"] = route_to_block(kwargs.get("block"), extra)
         init(self, *args, **kwargs)
 

@@ -238,7 +238,8 @@ class ResNet(PrecisionRepr, ConvSettings):
             return tau
         k = self.tau_blocks or self.num_blocks
         init = resolve_tau(self.tau, k) if tau is None else tau
-        t = self.param("tau", lambda _key: jnp.asarray(init, jnp.float32 if self.param_dtype is None else jnp.dtype(self.param_dtype)))
+        dtype = jnp.float32 if self.param_dtype is None else jnp.dtype(self.param_dtype)
+        t = self.param("tau", lambda _key: jnp.asarray(init, dtype))
         return t / self.num_blocks + jax.lax.stop_gradient(t - t / self.num_blocks)
 
     @nn.compact
