@@ -12,13 +12,14 @@ width-to-width layers, as the lecture does: "plain depth 8" has 8 hidden 64-to-6
 ``ResidualStack(width, num_blocks)``: the blocks without stem or head (the input is the stream).
 
 The block settings are an ``'mlp'`` block's (``MLPSettings``: ``num_layers``, ``bias_init``, ``order``, ``norm``,
-``scaling``, ..., ``resjax.nn.block``); a model passes them to every block, and ``block`` replaces the block itself
-(a class, a ``functools.partial`` whose settings win, or a mapping of settings). ``scan=True`` builds the blocks with
-``nn.scan`` (one ``blocks/block`` subtree whose leaves have a leading axis of size K; compile time independent of
-depth; the same outputs for the same parameters, see ``resjax.nn.residual.stack_unrolled``); ``scan=False`` unrolls
-them (``blocks_0`` ...): the plain and the residual networks name their parameters alike. ``bias_init`` also draws the stem's and head's biases (fan-in = the
-layer's input size); ``stem_init``/``head_init`` (``None``: ``kernel_init``) draw the stem and head kernels. The
-models sow their stem's output (``stem_out``) and every block's (``block_out``) into ``'intermediates'``.
+``scaling``, ..., ``resjax.nn.block``); a model passes them to every block, and ``block`` replaces the block itself (a
+class, a ``functools.partial`` whose settings win, or a mapping of settings). ``scan=True`` builds the blocks with
+``nn.scan`` (one ``blocks/block`` subtree whose leaves have a leading axis of size K; compile time independent of depth;
+the same outputs for the same parameters, see ``resjax.nn.residual.stack_unrolled``); ``scan=False`` unrolls them
+(``blocks_0`` ...): the plain and the residual networks name their parameters alike. ``bias_init`` also draws the stem's
+and head's biases (fan-in = the layer's input size); ``stem_init``/``head_init`` (``None``: ``kernel_init``) draw the
+stem and head kernels. The models sow their stem's output (``stem_out``) and every block's (``block_out``) into
+``'intermediates'``.
 """
 
 from __future__ import annotations
