@@ -11,7 +11,9 @@ Every name below is importable from ``resjax.nn`` (``__all__`` lists them):
   (``CLASSIFIERS``: the kinds that take ``num_classes``; ``check_model_fields`` checks a config's fields);
 - blocks: one residual block, ``ResidualBlock`` (``resjax.nn.block``: skip, a branch of kind ``BRANCH_KINDS``
   (``'mlp'``, ``'basic'``, ``'bottleneck'``, ``'conv'``) or of one's own, scale, merge; its settings
-  ``BlockSettings``, which the models take too, with ``block`` for the block itself: ``resolve_block``), and its
+  ``BlockSettings``, by kind ``CommonSettings``, ``MLPSettings`` (the MLPs take these), ``ConvSettings`` (``ResNet``
+  takes these), with ``block`` for the block itself: ``resolve_block``; ``moved_settings`` and ``route_to_block``
+  send another kind's setting to the block), and its
   configurations ``ResNetBlock``, ``TakiBlock``, ``PlainLayer``, ``BasicBranch`` / ``BottleneckBranch``,
   ``ConvResidualBlock``; ``DenseLayer``, ``DenseBlock``, ``Transition``, ``ConvBlock``;
 - the residual contract: ``residual_add`` (the one shape-checked addition), ``concat_merge``; stacks of blocks
@@ -20,15 +22,20 @@ Every name below is importable from ``resjax.nn`` (``__all__`` lists them):
   ``OPTION_A_INPUTS``, ``CIFAR_DEPTHS``, ``IMAGENET_STAGES``, ``TAU_CONVENTIONS``; tau (``resolve_tau``,
   ``check_tau_field``, ``check_tau_value``, ``check_call_tau``); and the pieces every residual block shares,
   for writing new ones (``scale_branch``, ``close_block``, ``fixup_kernel_init``);
-- normalisation: ``make_norm`` (every norm by name, ``NORMS``), ``BatchNorm`` (PyTorch's defaults,
-  ``BATCHNORM_DEFAULTS``), ``GroupNorm``, ``is_batch_norm``, ``check_norm``;
+- normalisation: ``make_norm`` (every norm by name, ``NORMS``, or any flax normalisation class or partial:
+  ``nn.BatchNorm`` is given ``train`` as ``use_running_average``), ``BatchNorm`` (PyTorch's defaults,
+  ``BATCHNORM_DEFAULTS``), ``GroupNorm`` (``default_groups``: the groups fit any channel count), ``is_batch_norm``,
+  ``check_norm``;
 - initialisers: ``get_initializer`` (``INITIALIZERS``, ``PARAMETRISED_INITIALIZERS``), ``taki_init``,
   ``get_bias_initializer`` (``BIAS_INITIALIZERS``); ``conv_kernel_weights`` counts conv weights;
 - mixed precision (``resjax.nn.precision``): the convolutional classifiers and their blocks have a field
   ``dtype`` (``DTYPES``: ``'float32'``, ``'bfloat16'``, ``'float16'``; ``None``, the default, is float32),
   the computation's dtype, with float32 parameters, BatchNorm statistics and logits; ``DTYPE_KINDS`` are the
   ``build_model`` kinds that take it; ``resolve_dtype`` checks a value, ``layer_dtypes`` gives a flax
-  layer's ``dtype``/``param_dtype``.
+  layer's ``dtype``/``param_dtype``. Every model and block has ``param_dtype`` (``None``: float32, flax's), the
+  dtype of all its parameters;
+- Flax's tools: ``Module.tabulate``, ``nn.tabulate``, ``jax.eval_shape`` of ``init``, ``clone`` and ``bind`` work
+  on every kind (pass ``train`` as a Python bool, e.g. ``model.tabulate(key, x, train=False)``).
 
 Conventions shared by every module (written here once: each ``__call__`` docstring refers to them and
 states only what is particular to its module, such as its sows):
@@ -64,13 +71,18 @@ from resjax.nn.block import (
     BasicBranch,
     BlockSettings,
     BottleneckBranch,
+    CommonSettings,
     ConvResidualBlock,
+    ConvSettings,
+    MLPSettings,
     PlainLayer,
     ResidualBlock,
     ResNetBlock,
     TakiBlock,
+    moved_settings,
     residual_stack,
     resolve_block,
+    route_to_block,
 )
 from resjax.nn.conv_blocks import (
     DenseBlock,
@@ -90,8 +102,8 @@ from resjax.nn.init import (
 )
 from resjax.nn.mlp import PlainMLP, ResidualMLP, ResidualStack
 from resjax.nn.norms import (
-    BATCHNORM_DEFAULTS, NORMS, RUNNING_VARIANCES, BatchNorm, GroupNorm, UnbiasedBatchNorm, check_norm, is_batch_norm,
-    make_norm, running_variance_of,
+    BATCHNORM_DEFAULTS, NORMS, RUNNING_VARIANCES, BatchNorm, GroupNorm, UnbiasedBatchNorm, check_norm, default_groups,
+    is_batch_norm, make_norm, running_variance_of,
 )
 from resjax.nn.precision import DTYPES, is_float32, layer_dtypes, resolve_dtype
 from resjax.nn.residual import (
@@ -130,22 +142,21 @@ from resjax.nn.unet import ConvBlock, UNet
 
 __all__ = [
     # constants: the allowed values of settings, and defaults
-    "BATCHNORM_DEFAULTS", "BIAS_INITIALIZERS", "BLOCK_KINDS", "BRANCH_KINDS", "CIFAR_DEPTHS", "CLASSIFIERS", "DTYPES", "DTYPE_KINDS",
-    "IMAGENET_STAGES",
-    "INITIALIZERS", "NORMS", "OPTION_A_INPUTS", "ORDERS", "PARAMETRISED_INITIALIZERS", "REPOSITORY_MODELS",
-    "RUNNING_VARIANCES", "SCALINGS", "SHORTCUTS", "TAU_CONVENTIONS",
+    "BATCHNORM_DEFAULTS", "BIAS_INITIALIZERS", "BLOCK_KINDS", "BRANCH_KINDS", "CIFAR_DEPTHS", "CLASSIFIERS", "DTYPES",
+    "DTYPE_KINDS", "IMAGENET_STAGES", "INITIALIZERS", "NORMS", "OPTION_A_INPUTS", "ORDERS", "PARAMETRISED_INITIALIZERS",
+    "REPOSITORY_MODELS", "RUNNING_VARIANCES", "SCALINGS", "SHORTCUTS", "TAU_CONVENTIONS",
     # modules (flax.linen)
-    "BasicBranch", "BatchNorm", "BlockSettings", "BottleneckBranch", "ConvBlock", "ConvResidualBlock", "DenseBlock", "DenseLayer",
-    "DenseNet", "GroupNorm", "Hourglass", "PlainLayer", "PlainMLP", "ResNet", "ResNetBlock", "ResidualBlock",
-    "ResidualMLP", "ResidualStack", "StackedHourglass", "TakiBlock", "TakiResNet", "Transition", "UNet",
-    "UnbiasedBatchNorm",
+    "BasicBranch", "BatchNorm", "BlockSettings", "BottleneckBranch", "CommonSettings", "ConvBlock", "ConvResidualBlock",
+    "ConvSettings", "DenseBlock", "DenseLayer", "DenseNet", "GroupNorm", "Hourglass", "MLPSettings", "PlainLayer",
+    "PlainMLP", "ResNet", "ResNetBlock", "ResidualBlock", "ResidualMLP", "ResidualStack", "StackedHourglass", "TakiBlock",
+    "TakiResNet", "Transition", "UNet", "UnbiasedBatchNorm",
     # functions
     "build_model", "check_call_tau", "check_model_fields", "check_norm", "check_tau_field", "check_tau_value",
-    "cifar_resnet", "close_block", "concat_merge", "conv_kernel_weights", "densenet121", "densenet_bc_cifar",
-    "fixup_kernel_init", "get_bias_initializer", "get_initializer", "imagenet_resnet", "imagenet_tau",
-    "is_batch_norm", "layer_dtypes", "make_norm", "num_blocks_for", "plain_params_from_residual", "residual_add",
-    "residual_stack", "resolve_block", "resolve_dtype", "resolve_tau", "running_variance_of", "scale_branch", "stack_blocks",
-    "stack_unrolled", "taki_init",
+    "cifar_resnet", "close_block", "concat_merge", "conv_kernel_weights", "default_groups", "densenet121",
+    "densenet_bc_cifar", "fixup_kernel_init", "get_bias_initializer", "get_initializer", "imagenet_resnet",
+    "imagenet_tau", "is_batch_norm", "layer_dtypes", "make_norm", "moved_settings", "num_blocks_for",
+    "plain_params_from_residual", "residual_add", "residual_stack", "resolve_block", "resolve_dtype", "resolve_tau",
+    "route_to_block", "running_variance_of", "scale_branch", "stack_blocks", "stack_unrolled", "taki_init",
     "taki_resnet", "tau_resnet", "tau_resnet_config", "tau_value", "unstack_scanned",
 ]
 
@@ -160,6 +171,12 @@ def _families() -> dict[str, Callable[..., nn.Module] | None]:
         "densenet": DenseNet, "densenet121": densenet121, "densenet_bc_cifar": densenet_bc_cifar,
         "unet": UNet, "hourglass": StackedHourglass,
     }
+
+
+def _block_setting_models() -> dict[str, type]:
+    """The kinds whose model takes the settings of one branch kind: kind -> the model class."""
+    return {"plain_mlp": PlainMLP, "residual_mlp": ResidualMLP, "residual_stack": ResidualStack, "resnet": ResNet,
+            "cifar_resnet": ResNet, "imagenet_resnet": ResNet}
 
 
 CLASSIFIERS = ("plain_mlp", "residual_mlp", "tau_resnet", "resnet", "cifar_resnet", "imagenet_resnet", "taki_resnet",
@@ -232,6 +249,11 @@ def build_model(config: Mapping[str, Any] | str | None = None, /, num_classes: i
         del fields["dtype"]
     if num_classes is not None and kind in CLASSIFIERS:
         fields.setdefault("num_classes", num_classes)
+    settings_of = _block_setting_models().get(kind)
+    if settings_of is not None:  # a flat setting of another branch kind goes to the block (which ignores it)
+        moved = {k: fields.pop(k) for k in moved_settings(settings_of, BlockSettings) if k in fields}
+        if moved:
+            fields["block"] = route_to_block(fields.get("block"), moved)
     if kind == "tau_resnet":
         if "variant" not in fields:
             raise ValueError("model.variant: a tau_resnet config needs variant = one of ('tau', 'bn', 'fixup', 'plain')")

@@ -22,8 +22,19 @@
 - **merge**: ``close_block``: ``residual_add`` (the one shape-checked addition), the rescale, the activation in the
   post order; sown as ``block_out``.
 
-The block's settings, which parent models take too (``BlockSettings``), are declared once, here; parents pass them to
-every block and also take ``block`` (a class, a ``functools.partial`` or a mapping of settings) for the block itself.
+The block's settings are declared once, here, by branch kind: ``CommonSettings`` (every kind's: order, norm, scaling,
+tau, initialisers, ``dtype``, ``param_dtype``, ...), ``MLPSettings`` (an ``'mlp'`` branch's ``num_layers`` and
+``bias_init``), ``ConvSettings`` (a conv ResNet branch's ``kind``, ``expansion``, ``shortcut``, ``option_a_*``) and
+``BlockSettings`` (all of them, with a ``'conv'`` branch's ``kernel_size``: the block's). Each model takes only its
+kind's (the MLPs ``MLPSettings``, ``ResNet`` ``ConvSettings``) and passes them to every block; it also takes ``block``
+(a class, a ``functools.partial`` or a mapping of settings: Flax's ``block_cls`` idiom, a block already configured),
+whose settings win. Another kind's setting passed to a model (``ResNet(num_layers=2)``, the old spelling, when every
+model carried every kind's) goes to ``block`` with a ``DeprecationWarning`` (``accept_moved_settings``); ``build_model``
+routes such a flat config setting to the block without one.
+
+The helpers that construction calls are ``nn.nowrap``'ed (Flax forbids calling wrapped module methods from
+``__post_init__``), so ``Module.tabulate``, ``nn.tabulate``, ``jax.eval_shape(model.init, ...)``, ``clone`` and
+``bind`` work on every model while settings are still checked at construction.
 The names users know are configurations of this one class: ``ResNetBlock`` (conv defaults), ``TakiBlock``,
 ``PlainLayer``, ``BasicBranch``/``BottleneckBranch`` (a conv branch alone, the lecture's names for its convs) and
 ``ConvResidualBlock(branch)`` (a branch module of one's own under an identity skip).
@@ -41,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from typing import Any, Callable, Mapping
 
 import flax.linen as nn
@@ -51,7 +63,7 @@ from resjax.nn.init import get_bias_initializer, get_initializer
 from resjax.nn.norms import check_norm, is_batch_norm, make_norm
 from resjax.nn.precision import PrecisionRepr, layer_dtypes, resolve_dtype
 from resjax.nn.residual import (ORDERS, SCALINGS, check_choice, check_input_width, check_positive, check_tau_field,
-                                close_block, fixup_kernel_init, scale_branch, stack_blocks)
+                                close_block, fixup_kernel_init, scalar_param_dtype, scale_branch, stack_blocks)
 
 BRANCH_KINDS = ("mlp", "basic", "bottleneck", "conv")
 #: The convolutional ResNets' branch kinds (``ResNet(kind=...)``).
@@ -74,20 +86,15 @@ def _check_strides(strides: Any) -> None:
         raise ValueError(f"strides: must be an integer >= 1 or a pair (height, width) of them, got {strides!r}")
 
 
-class BlockSettings(nn.Module):
-    """The settings of a residual block, which its parent models take too (keyword-only).
+class CommonSettings(nn.Module):
+    """The settings every residual block has, whatever its branch (keyword-only); the models take them too.
 
     Attributes:
-        kind: the branch, one of ``BRANCH_KINDS``: ``'mlp'`` (default), ``'basic'``, ``'bottleneck'``, ``'conv'``.
-        num_layers: m, the linear layers of an ``'mlp'`` branch; an integer >= 1. Default 1.
-        kernel_size: the square kernel of a ``'conv'`` branch; an integer >= 1. Default 3.
-        expansion: a bottleneck's inner width is ``features // expansion``; an integer >= 1. Default 4.
         order: ``'pre'`` (default) or ``'post'`` (``ORDERS``).
-        shortcut: ``'A'`` (default; subsample and append zero channels, no parameters) or ``'B'`` (strided 1x1
-            conv, normalised in the post order; in the pre order it reads the pre-activated input), used only by a
-            conv block that changes the shape (``SHORTCUTS``).
-        norm: a name in ``NORMS`` (``'none'``, the default, ``'batch'``, ``'layer'``, ``'group'``, ``'instance'``) or a
-            callable for ``make_norm``.
+        norm: a name in ``NORMS`` (``'none'``, the default, ``'batch'``, ``'layer'``, ``'group'``, ``'instance'``),
+            resjax's ``BatchNorm``/``UnbiasedBatchNorm``/``GroupNorm``, or any flax normalisation class or
+            ``functools.partial`` of one (``nn.BatchNorm``, ``nn.LayerNorm``, ``nn.GroupNorm``, ``nn.RMSNorm``, ...):
+            ``make_norm`` gives a layer with a ``use_running_average`` field the block's ``train`` (see ``make_norm``).
         scaling: the branch scale ``s``, one of ``SCALINGS``: ``'none'`` (default), ``'tau'``, ``'rescale'``,
             ``'skipinit'``, ``'fixup'``.
         tau: with ``scaling='tau'``, the scale when none is passed at call time: a finite number > 0 or a rule of K
@@ -95,42 +102,143 @@ class BlockSettings(nn.Module):
         scalar_biases: Fixup's learned scalar biases: ``True``, ``False`` or ``None`` (default: with Fixup only).
         kernel_init: the layers' kernel initialiser: a ``resjax.nn.init`` name or a function; ``'taki'`` is Taki's
             N(0, 1/(fan_in * num_blocks)). Default ``'he_uniform'``.
-        bias_init: the linear layers' bias initialiser (``'zeros'``, the default, ``'fan_in'``, ``'torch_default'``
-            or a function).
         use_bias: whether the layers may have a bias (see the module docstring). Default ``True``.
         activation: the activation function. Default ``flax.linen.relu``.
-        option_a_norm: ``True``: option A normalises the subsampled input (``shortcut_norm``) before the zero
-            channels (the tau-ResNet repository's BN model). Default ``False``.
-        option_a_input: what option A subsamples: ``'x'`` (default) or ``'conv_input'`` (what the first conv reads:
-            ``x + bias_in_0`` under scalar biases, the Fixup repository's).
         dtype: the computation dtype (``resjax.nn.precision``): ``None`` (default; float32), ``'float32'``,
             ``'bfloat16'`` or ``'float16'``; parameters and BatchNorm's statistics stay float32. A block does not
             cast its input (the network casts it).
+        param_dtype: the dtype of every parameter, as flax's ``param_dtype`` (``resjax.nn.precision``): ``None``
+            (default: float32, flax's default, and the scalar parameters at least the stream's dtype) or one of
+            ``DTYPES``.
     """
 
     _: dataclasses.KW_ONLY
-    kind: str = "mlp"
-    num_layers: int = 1
-    kernel_size: int = 3
-    expansion: int = 4
     order: str = "pre"
-    shortcut: str = "A"
     norm: str | Callable = "none"
     scaling: str = "none"
     tau: float | str = "1/sqrt(K)"
     scalar_biases: bool | None = None
     kernel_init: str | Callable = "he_uniform"
-    bias_init: str | Callable = "zeros"
     use_bias: bool = True
     activation: Callable = nn.relu
-    option_a_norm: bool = False
-    option_a_input: str = "x"
     dtype: Any = None
+    param_dtype: Any = None
 
+    #: The class whose fields ``block_settings`` passes on to the blocks (the settings of this model's kind).
+    _settings = None
+
+    @nn.nowrap
     def block_settings(self) -> dict[str, Any]:
-        """The settings as a dict, to pass to a block."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(BlockSettings)
-                if f.name not in ("parent", "name")}
+        """The settings as a dict, to pass to a block: the fields of this model's kind's settings class
+        (``MLPSettings``, ``ConvSettings``; every field of ``BlockSettings`` for the block itself)."""
+        cls = type(self)._settings or type(self)
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(cls) if f.name not in ("parent", "name")}
+
+
+class MLPSettings(CommonSettings):
+    """The settings of an ``'mlp'`` branch (``CommonSettings`` and these), which the MLPs take.
+
+    Attributes:
+        num_layers: m, the linear layers of the branch; an integer >= 1. Default 1.
+        bias_init: the linear layers' bias initialiser (``'zeros'``, the default, ``'fan_in'``,
+            ``'torch_default'`` or a function).
+    """
+
+    num_layers: int = setting(1)
+    bias_init: str | Callable = setting("zeros")
+
+
+class ConvSettings(CommonSettings):
+    """The settings of a convolutional ResNet's branch (``CommonSettings`` and these), which ``ResNet`` takes.
+
+    Attributes:
+        kind: the branch, one of ``BLOCK_KINDS``: ``'basic'`` (default) or ``'bottleneck'``.
+        expansion: a bottleneck's inner width is ``features // expansion``; an integer >= 1. Default 4.
+        shortcut: ``'A'`` (default; subsample and append zero channels, no parameters) or ``'B'`` (strided 1x1
+            conv, normalised in the post order; in the pre order it reads the pre-activated input), used only by a
+            block that changes the shape (``SHORTCUTS``).
+        option_a_norm: ``True``: option A normalises the subsampled input (``shortcut_norm``) before the zero
+            channels (the tau-ResNet repository's BN model). Default ``False``.
+        option_a_input: what option A subsamples: ``'x'`` (default) or ``'conv_input'`` (what the first conv reads:
+            ``x + bias_in_0`` under scalar biases, the Fixup repository's).
+    """
+
+    kind: str = setting("basic")
+    expansion: int = setting(4)
+    shortcut: str = setting("A")
+    option_a_norm: bool = setting(False)
+    option_a_input: str = setting("x")
+
+
+class BlockSettings(ConvSettings):
+    """Every setting of the one block (``ResidualBlock``): ``CommonSettings``, ``ConvSettings`` and those of the
+    other branch kinds (keyword-only). The models take only their kind's: ``MLPSettings`` (the MLPs),
+    ``ConvSettings`` (``ResNet``).
+
+    Attributes:
+        kind: the branch, one of ``BRANCH_KINDS``: ``'mlp'`` (default), ``'basic'``, ``'bottleneck'``, ``'conv'``.
+        num_layers, bias_init: an ``'mlp'`` branch's (``MLPSettings``).
+        kernel_size: the square kernel of a ``'conv'`` branch; an integer >= 1. Default 3.
+        The others: ``CommonSettings`` and ``ConvSettings``.
+    """
+
+    kind: str = setting("mlp")
+    num_layers: int = setting(1)
+    kernel_size: int = setting(3)
+    bias_init: str | Callable = setting("zeros")
+
+
+def moved_settings(model: type, settings: type) -> tuple[str, ...]:
+    """The block settings a model does not take: ``BlockSettings``'s fields that are not ``model``'s (those of
+    other branch kinds). ``build_model`` routes them to the block; ``accept_moved_settings`` too, with a warning."""
+    own = {f.name for f in dataclasses.fields(model)}
+    return tuple(f.name for f in dataclasses.fields(settings) if f.name not in own)
+
+
+class SettingsMap(dict):
+    """A mapping of block settings that hashes by content (a dict otherwise), so a model whose ``block`` it is
+    stays hashable, as flax's transforms may need."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(((k, v) for k, v in self.items()), key=repr)))
+
+
+def route_to_block(block: Any, moved: Mapping[str, Any]) -> Any:
+    """``block`` with the settings ``moved`` added where it fixes none of its own: ``None`` becomes the mapping
+    ``moved`` (a hashable ``SettingsMap``), a mapping or a ``functools.partial`` gets them under its own, a class
+    becomes a partial."""
+    if not moved:
+        return block
+    if block is None:
+        return SettingsMap(moved)
+    if isinstance(block, Mapping):
+        return SettingsMap({**moved, **block})
+    if isinstance(block, functools.partial):
+        return functools.partial(block.func, *block.args, **{**moved, **block.keywords})
+    return functools.partial(block, **moved)
+
+
+def accept_moved_settings(cls: type) -> type:
+    """Class decorator for a model: the block settings of other branch kinds (``moved_settings``), which the
+    model had as fields before each model carried only its kind's (resjax 0.x, issue #33), keep working for now:
+    they go to the block (``block={...}``, where its kind ignores them, as the model did) with a
+    ``DeprecationWarning`` naming the new spelling."""
+    init = cls.__init__
+    moved = set(moved_settings(cls, BlockSettings))
+
+    @functools.wraps(init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+        extra = {k: kwargs.pop(k) for k in sorted(moved & kwargs.keys())}
+        if extra:
+            what = "is a setting" if len(extra) == 1 else "are settings"
+            warnings.warn(f"{cls.__name__}: {', '.join(extra)} {what} of another branch kind, not of {cls.__name__}; "
+                          f"passing it to the model is deprecated: pass block={extra!r} (the block ignores what its "
+                          "kind does not use)", DeprecationWarning, stacklevel=2)
+            kwargs["block"] = route_to_block(kwargs.get("block"), extra)
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
 
 
 def resolve_block(block: Any, default: Callable[..., nn.Module], kwargs: dict[str, Any]) -> tuple[Callable, dict]:
@@ -180,7 +288,8 @@ class ResidualBlock(PrecisionRepr, BlockSettings):
 
     def __post_init__(self):
         resolve_dtype(self.dtype)
-        check_positive("width" if self.kind == "mlp" else "features", self.features)
+        resolve_dtype(self.param_dtype, "param_dtype")
+        check_positive("features", self.features)
         check_choice("kind", self.kind, BRANCH_KINDS)
         check_choice("order", self.order, ORDERS)
         check_choice("scaling", self.scaling, SCALINGS)
@@ -239,6 +348,7 @@ class ResidualBlock(PrecisionRepr, BlockSettings):
             return f"{base}_pre" if i == 0 else f"{base}_{i - 1}"
         return f"{base}_{i}"
 
+    @nn.nowrap
     def _kernel_init(self, i: int, m: int) -> Callable:
         if self.scaling == "fixup":
             return fixup_kernel_init(self.kernel_init, i, m, self.num_blocks or 1)
@@ -250,10 +360,11 @@ class ResidualBlock(PrecisionRepr, BlockSettings):
         """Fixup's scalar bias (zero at init; at least float32, used in ``h``'s dtype), when the block has them."""
         if not self.uses_scalar_biases:
             return h
-        return h + self.param(name, nn.initializers.zeros, (), jnp.promote_types(h.dtype, jnp.float32)).astype(h.dtype)
+        return h + self.param(name, nn.initializers.zeros, (), scalar_param_dtype(self, h)).astype(h.dtype)
 
     def _norm(self, i: int, h: jax.Array, train: bool | None) -> jax.Array:
-        return make_norm(self.norm, train=train, name=self._slot_name("norm", i), dtype=self.dtype)(h)
+        return make_norm(self.norm, train=train, name=self._slot_name("norm", i), dtype=self.dtype,
+                         param_dtype=self.param_dtype)(h)
 
     def _act(self, i: int, h: jax.Array) -> jax.Array:
         return self.activation(self._scalar_bias(self._slot_name("bias_act", i), h))
@@ -267,11 +378,11 @@ class ResidualBlock(PrecisionRepr, BlockSettings):
             bias_init = "zeros" if self.scaling == "fixup" else self.bias_init
             return nn.Dense(features, use_bias=self.use_bias and not feeds_batch_norm,
                             kernel_init=self._kernel_init(i, m), bias_init=get_bias_initializer(bias_init, h.shape[-1]),
-                            name=self._layer_name(i), **layer_dtypes(self.dtype))(h)
+                            name=self._layer_name(i), **layer_dtypes(self.dtype, self.param_dtype))(h)
         use_bias = self.use_bias and self.norm == "none" and not self.uses_scalar_biases
         return nn.Conv(features, (size, size), strides=strides, padding=[((size - 1) // 2, size // 2)] * 2,
                        use_bias=use_bias, kernel_init=self._kernel_init(i, m), name=self._layer_name(i),
-                       **layer_dtypes(self.dtype))(h)
+                       **layer_dtypes(self.dtype, self.param_dtype))(h)
 
     def _branch(self, x: jax.Array, train: bool | None) -> tuple[jax.Array, jax.Array]:
         """The branch's output and what its first layer reads (option B's, and option A's ``'conv_input'``)."""
@@ -308,13 +419,15 @@ class ResidualBlock(PrecisionRepr, BlockSettings):
                                  f"to {self.features}; use shortcut='B'")
             skip = (first_input if self.option_a_input == "conv_input" else x)[:, ::sh, ::sw, :]
             if self.option_a_norm:
-                skip = make_norm(self.norm, train=train, name="shortcut_norm", dtype=self.dtype)(skip)
+                skip = make_norm(self.norm, train=train, name="shortcut_norm", dtype=self.dtype,
+                                 param_dtype=self.param_dtype)(skip)
             return jnp.pad(skip, ((0, 0), (0, 0), (0, 0), (0, extra)))
         skip = nn.Conv(self.features, (1, 1), strides=self.stride_pair, use_bias=self.norm == "none",
                        kernel_init=get_initializer(self.kernel_init), name="shortcut_conv",
-                       **layer_dtypes(self.dtype))(first_input)
+                       **layer_dtypes(self.dtype, self.param_dtype))(first_input)
         if self.order == "post":
-            skip = make_norm(self.norm, train=train, name="shortcut_norm", dtype=self.dtype)(skip)
+            skip = make_norm(self.norm, train=train, name="shortcut_norm", dtype=self.dtype,
+                             param_dtype=self.param_dtype)(skip)
         return skip
 
     def _check_input_width(self, x: jax.Array) -> None:

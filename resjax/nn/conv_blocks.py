@@ -43,13 +43,20 @@ DEFAULT_KERNEL_INIT = CONV_KERNEL_INIT
 
 def _conv(module: nn.Module, features: int, size: int, name: str, use_bias: bool) -> nn.Conv:
     return nn.Conv(features, (size, size), padding="SAME", use_bias=use_bias,
-                   kernel_init=get_initializer(module.kernel_init), name=name, **layer_dtypes(module.dtype))
+                   kernel_init=get_initializer(module.kernel_init), name=name,
+                   **layer_dtypes(module.dtype, module.param_dtype))
+
+
+def norm_layer(module: nn.Module, name: str, train: bool | None) -> Callable:
+    """``make_norm(module.norm, ...)`` with the module's ``dtype`` and ``param_dtype``, named ``name``."""
+    return make_norm(module.norm, train=train, name=name, dtype=module.dtype, param_dtype=module.param_dtype)
 
 
 def _check(module: nn.Module) -> None:
     check_norm(module.norm)
     get_initializer(module.kernel_init)  # raises on an unknown name
     resolve_dtype(module.dtype)
+    resolve_dtype(module.param_dtype, "param_dtype")
 
 
 class DenseLayer(PrecisionRepr, nn.Module):
@@ -70,6 +77,7 @@ class DenseLayer(PrecisionRepr, nn.Module):
         dtype: the computation dtype (mixed precision, ``resjax.nn.precision``): ``None`` (default; float32),
             ``'float32'``, ``'bfloat16'`` or ``'float16'``. Convolutions and norms' outputs compute in it;
             parameters and BatchNorm's statistics stay float32. The input is not cast (the network casts it).
+        param_dtype: every parameter's dtype, as flax's: ``None`` (default; float32) or one of ``DTYPES``.
     """
 
     growth_rate: int
@@ -79,6 +87,7 @@ class DenseLayer(PrecisionRepr, nn.Module):
     kernel_init: str | Callable = DEFAULT_KERNEL_INIT
     activation: Callable = nn.relu
     dtype: Any = None
+    param_dtype: Any = None
 
     def __post_init__(self):
         check_positive("growth_rate", self.growth_rate)
@@ -101,10 +110,10 @@ class DenseLayer(PrecisionRepr, nn.Module):
             ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out. Nothing is sown.
         """
         bias = self.norm == "none"
-        h = self.activation(make_norm(self.norm, train=train, name="norm_0", dtype=self.dtype)(x))
+        h = self.activation(norm_layer(self, "norm_0", train)(x))
         if self.bottleneck:
             h = _conv(self, self.bottleneck_factor * self.growth_rate, 1, "conv1x1", bias)(h)
-            h = self.activation(make_norm(self.norm, train=train, name="norm_1", dtype=self.dtype)(h))
+            h = self.activation(norm_layer(self, "norm_1", train)(h))
         # the 3x3 conv's output is concatenated, not normalised, so it keeps no bias either way
         # (DenseNet's convention); only with norm='none' is a bias added.
         return _conv(self, self.growth_rate, 3, "conv3x3", bias)(h)
@@ -125,6 +134,7 @@ class DenseBlock(PrecisionRepr, nn.Module):
         dtype: the computation dtype (mixed precision, ``resjax.nn.precision``): ``None`` (default; float32),
             ``'float32'``, ``'bfloat16'`` or ``'float16'``. Convolutions and norms' outputs compute in it;
             parameters and BatchNorm's statistics stay float32. The input is not cast (the network casts it).
+        param_dtype: every parameter's dtype, as flax's: ``None`` (default; float32) or one of ``DTYPES``.
     """
 
     num_layers: int
@@ -133,6 +143,7 @@ class DenseBlock(PrecisionRepr, nn.Module):
     norm: str | Callable = "batch"
     kernel_init: str | Callable = DEFAULT_KERNEL_INIT
     dtype: Any = None
+    param_dtype: Any = None
 
     def __post_init__(self):
         check_positive("num_layers", self.num_layers)
@@ -157,7 +168,7 @@ class DenseBlock(PrecisionRepr, nn.Module):
         h = x
         for k in range(self.num_layers):
             new = DenseLayer(self.growth_rate, self.bottleneck, norm=self.norm, kernel_init=self.kernel_init,
-                             dtype=self.dtype, name=f"layer_{k}")(h, train)
+                             dtype=self.dtype, param_dtype=self.param_dtype, name=f"layer_{k}")(h, train)
             h = concat_merge(h, new, axis=-1)
         return h
 
@@ -176,6 +187,7 @@ class Transition(PrecisionRepr, nn.Module):
         dtype: the computation dtype (mixed precision, ``resjax.nn.precision``): ``None`` (default; float32),
             ``'float32'``, ``'bfloat16'`` or ``'float16'``. Convolutions and norms' outputs compute in it;
             parameters and BatchNorm's statistics stay float32. The input is not cast (the network casts it).
+        param_dtype: every parameter's dtype, as flax's: ``None`` (default; float32) or one of ``DTYPES``.
     """
 
     compression: float = 0.5
@@ -183,6 +195,7 @@ class Transition(PrecisionRepr, nn.Module):
     kernel_init: str | Callable = DEFAULT_KERNEL_INIT
     activation: Callable = nn.relu
     dtype: Any = None
+    param_dtype: Any = None
 
     def __post_init__(self):
         if not 0 < self.compression <= 1:
@@ -205,7 +218,7 @@ class Transition(PrecisionRepr, nn.Module):
             ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out. Nothing is sown.
         """
         out_channels = max(1, int(self.compression * x.shape[-1]))
-        h = self.activation(make_norm(self.norm, train=train, name="norm", dtype=self.dtype)(x))
+        h = self.activation(norm_layer(self, "norm", train)(x))
         h = _conv(self, out_channels, 1, "conv1x1", self.norm == "none")(h)
         return nn.avg_pool(h, (2, 2), strides=(2, 2))
 

@@ -25,9 +25,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from resjax.nn.conv_blocks import DEFAULT_KERNEL_INIT, DenseBlock, Transition, _check
+from resjax.nn.conv_blocks import DEFAULT_KERNEL_INIT, DenseBlock, Transition, _check, norm_layer
 from resjax.nn.init import get_initializer
-from resjax.nn.norms import make_norm
 from resjax.nn.precision import PrecisionRepr, layer_dtypes
 from resjax.nn.residual import check_positive
 
@@ -58,6 +57,7 @@ class DenseNet(PrecisionRepr, nn.Module):
             ``'float32'``, ``'bfloat16'`` or ``'float16'``. The images are cast to it at the stem; convolutions,
             the classifier, activations and pooling compute in it; parameters and BatchNorm's statistics
             (``batch_stats``) stay float32; the logits are returned as float32.
+        param_dtype: every parameter's dtype, as flax's: ``None`` (default; float32) or one of ``DTYPES``.
     """
 
     block_layers: Sequence[int] = (6, 12, 24, 16)
@@ -70,6 +70,7 @@ class DenseNet(PrecisionRepr, nn.Module):
     norm: str | Callable = "batch"
     kernel_init: str | Callable = DEFAULT_KERNEL_INIT
     dtype: Any = None
+    param_dtype: Any = None
 
     def __post_init__(self):
         layers = self.block_layers
@@ -107,13 +108,13 @@ class DenseNet(PrecisionRepr, nn.Module):
         """
         bias = self.norm == "none"
         init = get_initializer(self.kernel_init)
-        dtypes = layer_dtypes(self.dtype)
+        dtypes = layer_dtypes(self.dtype, self.param_dtype)
         if dtypes["dtype"] is not None:
             x = x.astype(dtypes["dtype"])
         if self.stem == "imagenet":
             h = nn.Conv(self.init_features, (7, 7), strides=(2, 2), padding=((3, 3), (3, 3)),
                         use_bias=bias, kernel_init=init, name="stem_conv", **dtypes)(x)
-            h = nn.relu(make_norm(self.norm, train=train, name="stem_norm", dtype=self.dtype)(h))
+            h = nn.relu(norm_layer(self, "stem_norm", train)(h))
             h = nn.max_pool(h, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
         else:
             h = nn.Conv(self.init_features, (3, 3), padding="SAME", use_bias=bias, kernel_init=init,
@@ -121,11 +122,11 @@ class DenseNet(PrecisionRepr, nn.Module):
         last = len(self.block_layers) - 1
         for i, n in enumerate(self.block_layers):
             h = DenseBlock(n, self.growth_rate, self.bottleneck, norm=self.norm, kernel_init=self.kernel_init,
-                           dtype=self.dtype, name=f"block_{i}")(h, train)
+                           dtype=self.dtype, param_dtype=self.param_dtype, name=f"block_{i}")(h, train)
             if i < last:
                 h = Transition(self.compression, norm=self.norm, kernel_init=self.kernel_init,
-                               dtype=self.dtype, name=f"transition_{i}")(h, train)
-        h = nn.relu(make_norm(self.norm, train=train, name="final_norm", dtype=self.dtype)(h))
+                               dtype=self.dtype, param_dtype=self.param_dtype, name=f"transition_{i}")(h, train)
+        h = nn.relu(norm_layer(self, "final_norm", train)(h))
         h = jnp.mean(h, axis=(1, 2))
         logits = nn.Dense(self.num_classes, name="classifier", **dtypes)(h)
         return logits.astype(jnp.promote_types(logits.dtype, jnp.float32))  # half -> float32

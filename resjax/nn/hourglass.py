@@ -20,11 +20,13 @@ the last one is the prediction.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
 
 from resjax.nn.norms import check_norm
+from resjax.nn.precision import PrecisionRepr, layer_dtypes, resolve_dtype
 from resjax.nn.residual import check_positive, residual_add
 from resjax.nn.unet import ConvBlock, check_spatial
 
@@ -34,7 +36,7 @@ def _upsample2(x: jax.Array) -> jax.Array:
     return jax.image.resize(x, (b, 2 * h, 2 * w, c), method="nearest")
 
 
-class Hourglass(nn.Module):
+class Hourglass(PrecisionRepr, nn.Module):
     """One hourglass of ``depth`` levels at constant width ``features``; see the module docstring.
 
     Every field is checked at construction (``ValueError`` naming the setting).
@@ -44,13 +46,16 @@ class Hourglass(nn.Module):
         features: the channels of every ``ConvBlock``; an integer >= 1. Required.
         norm: a name in ``NORMS`` (``'batch'``, the default, ``'none'``, ``'layer'``, ``'group'``, ``'instance'``)
             or a callable for ``make_norm``. Convolutions have a bias only with ``'none'``.
+        param_dtype: every parameter's dtype, as flax's: ``None`` (default; float32) or one of ``DTYPES``.
     """
 
     depth: int
     features: int
     norm: str | Callable = "batch"
+    param_dtype: Any = None
 
     def __post_init__(self):
+        resolve_dtype(self.param_dtype, "param_dtype")
         check_positive("depth", self.depth)
         check_positive("features", self.features)
         check_norm(self.norm)
@@ -78,19 +83,21 @@ class Hourglass(nn.Module):
             when the caller makes it mutable.
         """
         check_spatial(x, self.depth, "depth")
-        block = lambda name: ConvBlock(self.features, num_convs=1, norm=self.norm, name=name)
+        block = lambda name: ConvBlock(self.features, num_convs=1, norm=self.norm, param_dtype=self.param_dtype,
+                                       name=name)
         skip = block("skip_block")(x, train)
         self.sow("intermediates", "skip", skip)
         low = block("down")(nn.max_pool(x, (2, 2), strides=(2, 2)), train)
         if self.depth > 1:
-            low = Hourglass(self.depth - 1, self.features, self.norm, name="inner")(low, train)
+            low = Hourglass(self.depth - 1, self.features, self.norm, param_dtype=self.param_dtype,
+                            name="inner")(low, train)
         else:
             low = block("bottom")(low, train)
         low = block("up")(low, train)
         return residual_add(skip, _upsample2(low))
 
 
-class StackedHourglass(nn.Module):
+class StackedHourglass(PrecisionRepr, nn.Module):
     """``num_stacks`` hourglasses with a heatmap head after each; returns a list of ``(B, H, W, num_heatmaps)``.
 
     Every field is checked at construction (``ValueError`` naming the setting).
@@ -102,6 +109,7 @@ class StackedHourglass(nn.Module):
         num_heatmaps: the heatmaps of each head (its output channels); an integer >= 1. Required.
         norm: a name in ``NORMS`` (``'batch'``, the default, ``'none'``, ``'layer'``, ``'group'``, ``'instance'``)
             or a callable for ``make_norm``. Convolutions have a bias only with ``'none'``.
+        param_dtype: every parameter's dtype, as flax's: ``None`` (default; float32) or one of ``DTYPES``.
     """
 
     num_stacks: int
@@ -109,8 +117,10 @@ class StackedHourglass(nn.Module):
     features: int
     num_heatmaps: int
     norm: str | Callable = "batch"
+    param_dtype: Any = None
 
     def __post_init__(self):
+        resolve_dtype(self.param_dtype, "param_dtype")
         for setting in ("num_stacks", "depth", "features", "num_heatmaps"):
             check_positive(setting, getattr(self, setting))
         check_norm(self.norm)
@@ -138,15 +148,19 @@ class StackedHourglass(nn.Module):
             makes it mutable.
         """
         check_spatial(x, self.depth, "depth")
-        x = ConvBlock(self.features, num_convs=1, norm=self.norm, name="stem")(x, train)
+        pd = layer_dtypes(None, self.param_dtype)["param_dtype"]
+        block = lambda name: ConvBlock(self.features, num_convs=1, norm=self.norm, param_dtype=self.param_dtype,
+                                       name=name)
+        x = block("stem")(x, train)
         heatmaps = []
         for s in range(self.num_stacks):
-            h = Hourglass(self.depth, self.features, self.norm, name=f"hourglass_{s}")(x, train)
-            h = ConvBlock(self.features, num_convs=1, norm=self.norm, name=f"features_{s}")(h, train)
-            heat = nn.Conv(self.num_heatmaps, (1, 1), name=f"heatmap_{s}")(h)
+            h = Hourglass(self.depth, self.features, self.norm, param_dtype=self.param_dtype,
+                          name=f"hourglass_{s}")(x, train)
+            h = block(f"features_{s}")(h, train)
+            heat = nn.Conv(self.num_heatmaps, (1, 1), name=f"heatmap_{s}", param_dtype=pd)(h)
             heatmaps.append(heat)
             if s < self.num_stacks - 1:
-                back = nn.Conv(self.features, (1, 1), name=f"remap_features_{s}")(h)
-                back = back + nn.Conv(self.features, (1, 1), name=f"remap_heatmap_{s}")(heat)
+                back = nn.Conv(self.features, (1, 1), name=f"remap_features_{s}", param_dtype=pd)(h)
+                back = back + nn.Conv(self.features, (1, 1), name=f"remap_heatmap_{s}", param_dtype=pd)(heat)
                 x = residual_add(x, back)
         return heatmaps

@@ -11,36 +11,42 @@ width-to-width layers, as the lecture does: "plain depth 8" has 8 hidden 64-to-6
 
 ``ResidualStack(width, num_blocks)``: the blocks without stem or head (the input is the stream).
 
-The block settings (``order``, ``norm``, ``scaling``, ...) are ``ResidualBlock``'s (``resjax.nn.block``); a model
-passes them to every block, and ``block`` replaces the block itself (a class, a ``functools.partial`` whose settings
-win, or a mapping of settings). ``scan=True`` builds the blocks with ``nn.scan`` (one ``blocks/block`` subtree whose
-leaves have a leading axis of size K; compile time independent of depth; the same outputs for the same parameters,
-see ``resjax.nn.residual.stack_unrolled``); ``scan=False`` unrolls them (``blocks_0`` ...): the plain and the
-residual networks name their parameters alike. ``bias_init`` also draws the stem's and head's biases (fan-in = the
-layer's input size); ``stem_init``/``head_init`` (``None``: ``kernel_init``) draw the stem and head kernels. The
-models sow their stem's output (``stem_out``) and every block's (``block_out``) into ``'intermediates'``.
+The block settings are an ``'mlp'`` block's (``MLPSettings``: ``num_layers``, ``bias_init``, ``order``, ``norm``,
+``scaling``, ..., ``resjax.nn.block``); a model passes them to every block, and ``block`` replaces the block itself (a
+class, a ``functools.partial`` whose settings win, or a mapping of settings). ``scan=True`` builds the blocks with
+``nn.scan`` (one ``blocks/block`` subtree whose leaves have a leading axis of size K; compile time independent of depth;
+the same outputs for the same parameters, see ``resjax.nn.residual.stack_unrolled``); ``scan=False`` unrolls them
+(``blocks_0`` ...): the plain and the residual networks name their parameters alike. ``bias_init`` also draws the stem's
+and head's biases (fan-in = the layer's input size); ``stem_init``/``head_init`` (``None``: ``kernel_init``) draw the
+stem and head kernels. The models sow their stem's output (``stem_out``) and every block's (``block_out``) into
+``'intermediates'``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import flax.linen as nn
 import jax
 
-from resjax.nn.block import BlockSettings, ResidualBlock, resolve_block, setting
+from resjax.nn.block import MLPSettings, ResidualBlock, accept_moved_settings, resolve_block, setting
 from resjax.nn.init import get_bias_initializer, get_initializer
+from resjax.nn.precision import layer_dtypes, resolve_dtype
 from resjax.nn.residual import check_call_tau, check_positive, stack_blocks
 
 
-class _Stack(BlockSettings):
-    """What the MLPs share: the block settings (``BlockSettings``), ``scan`` and ``block``; subclasses give
-    ``width`` and the number of blocks (``stack_size``)."""
+class _Stack(MLPSettings):
+    """What the MLPs share: the settings of an ``'mlp'`` block (``MLPSettings``), ``scan`` and ``block``;
+    subclasses give ``width`` and the number of blocks (``stack_size``)."""
 
     scan: bool = setting(False)
     block: Any = setting(None)
 
+    _settings = MLPSettings
+
     def __post_init__(self):
+        check_positive("width", self.width)
+        resolve_dtype(self.param_dtype, "param_dtype")
         self.block_kwargs()  # validates every block setting before anything is traced
         super().__post_init__()
 
@@ -48,11 +54,13 @@ class _Stack(BlockSettings):
     def stack_size(self) -> int:
         return self.num_blocks
 
+    @nn.nowrap
     def block_kwargs(self) -> dict[str, Any]:
         """The settings of every block (``ResidualBlock``'s fields); raises ``ValueError`` naming a bad one."""
         kwargs = dict(self.block_settings(), features=self.width, num_blocks=self.stack_size)
-        if self.kind != "mlp":
-            raise ValueError(f"kind: an MLP's blocks have kind 'mlp', got {self.kind!r}")
+        fixed = dict(self.block) if isinstance(self.block, Mapping) else getattr(self.block, "keywords", None) or {}
+        if fixed.get("kind", "mlp") != "mlp":
+            raise ValueError(f"kind: an MLP's blocks have kind 'mlp', got {fixed['kind']!r}")
         resolve_block(self.block, ResidualBlock, kwargs)
         return kwargs
 
@@ -96,17 +104,19 @@ class _Classifier(_Stack):
         """
         check_call_tau(self, tau)
         init = get_initializer(self.kernel_init if self.stem_init is None else self.stem_init)
+        dtypes = {"param_dtype": layer_dtypes(None, self.param_dtype)["param_dtype"]}
         h = nn.Dense(self.width, use_bias=self.use_bias, kernel_init=init,
-                     bias_init=get_bias_initializer(self.bias_init, x.shape[-1]), name="stem")(x)
+                     bias_init=get_bias_initializer(self.bias_init, x.shape[-1]), name="stem", **dtypes)(x)
         if self.order == "post":
             h = self.activation(h)
         self.sow("intermediates", "stem_out", h)
         h = self._blocks(h, train, tau)
         head_init = get_initializer("zeros" if self.scaling == "fixup" else self.head_init or self.kernel_init)
         head_bias = get_bias_initializer("zeros" if self.scaling == "fixup" else self.bias_init, h.shape[-1])
-        return nn.Dense(self.num_classes, kernel_init=head_init, bias_init=head_bias, name="head")(h)
+        return nn.Dense(self.num_classes, kernel_init=head_init, bias_init=head_bias, name="head", **dtypes)(h)
 
 
+@accept_moved_settings
 class ResidualMLP(_Classifier):
     """A residual MLP classifier; see the module docstring. Every field is checked at construction
     (``ValueError`` naming the setting).
@@ -119,15 +129,19 @@ class ResidualMLP(_Classifier):
             With ``scaling='fixup'`` the head starts at zero (kernel and bias).
         scan: ``False`` (default): blocks ``blocks_0`` ... unrolled; ``True``: one ``nn.scan``.
         block: the block (a class, a ``functools.partial`` or a mapping of settings); ``None``: ``ResidualBlock``.
-        The block settings (``num_layers``, ``order``, ``norm``, ``scaling``, ``tau``, ``kernel_init``,
-        ``bias_init``, ``use_bias``, ``activation``, ...): ``BlockSettings``, passed to every block; ``use_bias``
-        and ``bias_init`` also apply to the stem, ``bias_init`` to the head.
+        The settings of an ``'mlp'`` block (``MLPSettings``: ``num_layers``, ``bias_init`` and ``CommonSettings``'
+        ``order``, ``norm``, ``scaling``, ``tau``, ``kernel_init``, ``use_bias``, ``activation``, ``param_dtype``,
+        ...), passed to every block; ``use_bias`` and ``bias_init`` also apply to the stem, ``bias_init`` to the
+        head, ``param_dtype`` (``None``: float32) to every parameter. A conv block's settings (``shortcut``,
+        ``option_a_*``, ``expansion``, ``kernel_size``, ``kind``) are not the MLP's: passed to it, they go to the
+        block with a ``DeprecationWarning``.
     """
 
     width: int
     num_blocks: int
 
 
+@accept_moved_settings
 class PlainMLP(_Classifier):
     """A plain (no skip) MLP classifier: stem, ``depth`` hidden layers, linear head; see the module docstring.
     Its fields are ``ResidualMLP``'s with ``depth`` for ``num_blocks`` and ``order='post'`` by default; its
@@ -146,11 +160,13 @@ class PlainMLP(_Classifier):
     def stack_size(self) -> int:
         return self.depth
 
+    @nn.nowrap
     def block_kwargs(self) -> dict[str, Any]:
         """The settings of every hidden layer: ``ResidualBlock(skip=False)``'s."""
         return dict(super().block_kwargs(), skip=False)
 
 
+@accept_moved_settings
 class ResidualStack(_Stack):
     """``num_blocks`` residual blocks applied to the input itself: no stem, no head.
 

@@ -6,7 +6,8 @@
 - ``batch``: ``nn.BatchNorm`` over the batch (and spatial) axes, with running estimates in the
   ``batch_stats`` collection: minibatch statistics when ``train=True``, the running estimates otherwise;
 - ``layer``: ``nn.LayerNorm`` over the features of each example;
-- ``group``: ``nn.GroupNorm`` (``num_groups`` groups of channels per example);
+- ``group``: ``nn.GroupNorm`` (``num_groups`` groups of channels per example; by default the largest divisor
+  of the channels up to 32, ``default_groups``, so any channel count works);
 - ``instance``: ``nn.InstanceNorm`` over the spatial axes of each channel of each example (needs a
   spatial axis, so not for MLPs).
 
@@ -40,6 +41,7 @@ skipped during ``init``, which only needs shapes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any, Callable
@@ -210,7 +212,8 @@ class GroupNorm(nn.GroupNorm):
     """``flax.linen.GroupNorm`` whose group-count error names the setting.
 
     The fields are ``flax.linen.GroupNorm``'s (``num_groups``: the number of channel groups, which must divide
-    the channels; ``epsilon``, ...); ``make_norm('group')`` uses ``num_groups=32`` and ``epsilon=1e-5``.
+    the channels; ``epsilon``, ...); ``make_norm('group')`` uses ``default_groups(channels)`` groups (32 where 32
+    divides the channels) and ``epsilon=1e-5``.
     """
 
     def __call__(self, x: jax.Array, **kwargs: Any) -> jax.Array:
@@ -250,8 +253,48 @@ def _momentum(overrides: dict) -> dict:
     return overrides
 
 
+def default_groups(channels: int, at_most: int = 32) -> int:
+    """``norm='group'``'s number of groups for ``channels`` channels: the largest divisor of ``channels`` that is
+    at most ``at_most`` (32, Wu & He's choice): 32 wherever 32 divides the channels, 16 groups of one channel
+    for a CIFAR ResNet's 16, 24 for 48."""
+    return max(g for g in range(1, min(at_most, channels) + 1) if channels % g == 0)
+
+
+def _norm_class(kind: Callable) -> type | None:
+    """The class behind a callable ``norm`` setting (a class or a ``functools.partial`` of one), or ``None``."""
+    cls = kind.func if isinstance(kind, functools.partial) else kind
+    return cls if isinstance(cls, type) else None
+
+
+def _has_field(cls: type | None, field: str) -> bool:
+    return cls is not None and dataclasses.is_dataclass(cls) and field in {f.name for f in dataclasses.fields(cls)}
+
+
+def _grouped(make: Callable[..., Callable], fixed: dict) -> Callable:
+    """A group norm whose ``num_groups`` (unless ``fixed`` gives it or ``group_size``) fits the channels of the
+    input it is called on (``default_groups``): the layer is made when it sees its input."""
+    if "num_groups" in fixed or "group_size" in fixed:
+        return make()
+    return lambda x, **kwargs: make(num_groups=default_groups(x.shape[-1]))(x, **kwargs)
+
+
+def _mode_from_train(layer: nn.Module, train: bool | None, name: str | None) -> Callable:
+    """``layer`` (a flax layer with a ``use_running_average`` field left unset) called with the mode from
+    ``train``: ``use_running_average = not train``; with ``train=None``, ``init`` uses the running averages (it
+    only needs shapes) and ``apply`` raises ``ValueError`` naming ``train``, as resjax's ``BatchNorm`` does."""
+    if train is not None:
+        return functools.partial(layer, use_running_average=not train)
+
+    def call(x: jax.Array, **kwargs: Any) -> jax.Array:
+        if layer.parent is not None and layer.parent.is_initializing():
+            return layer(x, use_running_average=True, **kwargs)
+        raise ValueError(TRAIN_REQUIRED.format(layer=repr(name)))
+
+    return call
+
+
 def make_norm(kind: str | Callable, *, train: bool | None, name: str | None = None, dtype: Any = None,
-              **overrides: Any) -> Callable:
+              param_dtype: Any = None, **overrides: Any) -> Callable:
     """A normalisation layer of the given kind (or ``kind(name=name, **overrides)`` if it is callable).
 
     Must be called inside a ``@nn.compact`` method: the returned layer is bound to that module.
@@ -261,24 +304,41 @@ def make_norm(kind: str | Callable, *, train: bool | None, name: str | None = No
     which only needs shapes, is allowed and uses the running estimates); the other kinds ignore ``train``.
     ``name``: the layer's name in the parameter tree; ``overrides``: the layer's settings (``momentum`` or
     ``rho`` and ``epsilon`` for BatchNorm, ``num_groups`` for GroupNorm, ``reduction_axes``, ...). Returns a
-    layer called as ``layer(x)`` (for a callable ``kind``, whatever it returns; ``train`` is not passed to it).
+    layer called as ``layer(x)``.
     ``dtype``: the model's computation dtype (``resjax.nn.precision``): ``None`` (the default) leaves the layer
     as it was; otherwise the layer returns ``dtype`` with float32 parameters (``dtype``, ``param_dtype`` set;
     BatchNorm's statistics and running estimates stay float32) and a callable ``kind`` is given ``dtype=``.
+    ``param_dtype``: the model's parameter dtype; ``None`` (the default) leaves the layer's (float32), else the
+    layer (a callable ``kind`` too) is given ``param_dtype=``.
     Unknown names raise ``ValueError`` naming ``norm``. ``running_variance='biased'|'unbiased'`` (BatchNorm):
-    see ``BatchNorm``. A callable ``kind`` that is resjax's ``BatchNorm`` class or a subclass
-    (``UnbiasedBatchNorm``), or a ``functools.partial`` of one that does not fix ``use_running_average``, is
-    treated as ``'batch'``: it is given the mode from ``train`` and ``dtype``'s float32 parameters.
+    see ``BatchNorm``. ``'group'`` takes ``default_groups(channels)`` groups (32 where 32 divides the channels)
+    unless ``num_groups`` or ``group_size`` is given.
+
+    A callable ``kind`` is a flax layer class (resjax's ``BatchNorm``, ``UnbiasedBatchNorm``, ``GroupNorm``, or
+    flax's ``nn.BatchNorm``, ``nn.LayerNorm``, ``nn.GroupNorm``, ``nn.RMSNorm``, ``nn.InstanceNorm``, ...), a
+    ``functools.partial`` of one, or any function that returns a layer. A layer with a ``use_running_average``
+    field that the partial does not fix is given the mode from ``train`` (``use_running_average = not train``:
+    flax's own ``nn.BatchNorm`` works as ``norm``; with ``train=None`` it is refused at ``apply`` as above);
+    resjax's ``BatchNorm`` also gets ``dtype``'s float32 parameters, as ``'batch'``. A ``GroupNorm`` (flax's or
+    resjax's) whose partial fixes neither ``num_groups`` nor ``group_size`` takes ``default_groups`` groups.
+    Other callables get ``name``, ``dtype`` and ``param_dtype`` (those set) and the ``overrides``.
     """
-    resjax_bn = callable(kind) and _resjax_batch_norm(kind) and "use_running_average" not in getattr(
-        kind, "keywords", {})
+    cls = _norm_class(kind) if callable(kind) else None
+    fixed = dict(getattr(kind, "keywords", None) or {})
+    resjax_bn = callable(kind) and _resjax_batch_norm(kind) and "use_running_average" not in fixed
+    precision = layer_dtypes(dtype, param_dtype)
     if dtype is not None:
-        precision = layer_dtypes(dtype)
         overrides = {**(precision if resjax_bn or not callable(kind) else {"dtype": precision["dtype"]}),
                      **overrides}
+    if param_dtype is not None:
+        overrides = {"param_dtype": precision["param_dtype"], **overrides}
     if resjax_bn:
         return kind(use_running_average=None if train is None else not train, name=name, **overrides)
     if callable(kind):
+        if cls is not None and issubclass(cls, nn.GroupNorm):
+            return _grouped(lambda **groups: kind(name=name, **overrides, **groups), {**fixed, **overrides})
+        if _has_field(cls, "use_running_average") and "use_running_average" not in fixed:
+            return _mode_from_train(kind(name=name, **overrides), train, name)
         return kind(name=name, **overrides)
     if kind == "none":
         return _identity
@@ -289,7 +349,8 @@ def make_norm(kind: str | Callable, *, train: bool | None, name: str | None = No
     if kind == "layer":
         return nn.LayerNorm(name=name, **{"epsilon": 1e-5, **overrides})
     if kind == "group":
-        return GroupNorm(name=name, **{"num_groups": 32, "epsilon": 1e-5, **overrides})
+        settings = {"epsilon": 1e-5, **overrides}
+        return _grouped(lambda **groups: GroupNorm(name=name, **settings, **groups), settings)
     if kind == "instance":
         return nn.InstanceNorm(name=name, **{"epsilon": 1e-5, **overrides})
     raise ValueError(f"norm: unknown normalisation {kind!r}; choose one of {NORMS} or pass a callable")

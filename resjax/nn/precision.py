@@ -24,6 +24,13 @@ existed.
 ``'bfloat16'`` (float32's exponent range) needs no loss scaling and is the one to use on TPUs and recent
 GPUs. On a CPU, bfloat16 convolutions are emulated and usually slower than float32.
 
+``param_dtype`` (every model and block, as flax's layers have it): the dtype in which every parameter is
+created and stored, ``None`` (the default) or one of ``DTYPES``. ``None`` keeps flax's float32 (and the
+scalar parameters at least the stream's dtype, as above); ``'bfloat16'`` stores every parameter, the scalar
+ones and the norms' scales and offsets included, in bfloat16 (BatchNorm's running estimates stay float32, as
+flax keeps them). It is independent of ``dtype``: ``dtype='bfloat16', param_dtype='bfloat16'`` is pure
+bfloat16.
+
 A model's ``repr`` (which ``resjax.train`` stores with a checkpoint to recognise the model that made it)
 omits a ``dtype`` that computes in float32, so float32 models describe themselves as they did before the
 field existed.
@@ -77,11 +84,13 @@ def resolve_dtype(value: Any, setting: str = "dtype") -> np.dtype | None:
     return dtype
 
 
-def layer_dtypes(dtype: Any) -> dict[str, Any]:
-    """The keyword arguments that make a flax layer compute in ``dtype`` with float32 parameters:
-    ``{'dtype': resolve_dtype(dtype), 'param_dtype': jnp.float32}`` (``dtype`` ``None``: flax's own
-    defaults, so a float32 model is unchanged). Raises ``ValueError`` naming ``dtype`` for a bad value."""
-    return {"dtype": resolve_dtype(dtype), "param_dtype": jnp.float32}
+def layer_dtypes(dtype: Any, param_dtype: Any = None) -> dict[str, Any]:
+    """The keyword arguments that make a flax layer compute in ``dtype`` with ``param_dtype`` parameters:
+    ``{'dtype': resolve_dtype(dtype), 'param_dtype': resolve_dtype(param_dtype) or jnp.float32}`` (``None``:
+    flax's own defaults, so a float32 model is unchanged). Raises ``ValueError`` naming ``dtype`` or
+    ``param_dtype`` for a bad value."""
+    resolved = resolve_dtype(param_dtype, "param_dtype")
+    return {"dtype": resolve_dtype(dtype), "param_dtype": jnp.float32 if resolved is None else resolved}
 
 
 def is_float32(dtype: Any) -> bool:
@@ -91,12 +100,15 @@ def is_float32(dtype: Any) -> bool:
 
 
 class PrecisionRepr:
-    """Mixin for flax modules with a ``dtype`` field: their ``repr`` leaves out a ``dtype`` that computes in
-    float32 (``None`` or float32), so it equals the ``repr`` they had before the field existed (a checkpoint
-    records it; see the module docstring). Other dtypes are shown."""
+    """Mixin for flax modules with a ``dtype`` field (and ``param_dtype``): their ``repr`` leaves out a ``dtype``
+    that computes in float32 (``None`` or float32) and a ``param_dtype`` of ``None``, so it equals the ``repr``
+    they had before the fields existed (a checkpoint records it; see the module docstring). Other values are
+    shown."""
 
     def __repr__(self) -> str:
         text = super().__repr__()
         if is_float32(getattr(self, "dtype", None)):
             text = re.sub(r"\n    dtype = [^\n]*", "", text, count=1)
+        if getattr(self, "param_dtype", None) is None:
+            text = re.sub(r"\n    param_dtype = None(?=\n)", "", text, count=1)
         return text

@@ -242,8 +242,12 @@ def fixup_kernel_init(kernel_init: str | Callable, layer: int, num_layers: int, 
     return get_initializer(kernel_init, gain=num_blocks ** (-1.0 / (2 * num_layers - 2)))
 
 
-def _param_dtype(h: jax.Array) -> Any:
-    """A parameter's dtype for a stream ``h``: ``h``'s, but at least float32 (mixed precision)."""
+def scalar_param_dtype(module: nn.Module, h: jax.Array) -> Any:
+    """The dtype of a module's scalar parameter (tau, SkipInit, Fixup, scalar biases) on a stream ``h``: the
+    module's ``param_dtype`` when set, else ``h``'s but at least float32 (mixed precision)."""
+    param_dtype = getattr(module, "param_dtype", None)
+    if param_dtype is not None:
+        return jnp.dtype(param_dtype)
     return jnp.promote_types(h.dtype, jnp.float32)
 
 
@@ -263,9 +267,9 @@ def scale_branch(block: nn.Module, h: jax.Array, tau: float | jax.Array | None =
         t = resolve_tau(block.tau, block.num_blocks) if tau is None else tau
         return bias(h) * jnp.asarray(t, h.dtype)
     if block.scaling == "skipinit":
-        h = h * block.param("skipinit_alpha", nn.initializers.zeros, (), _param_dtype(h)).astype(h.dtype)
+        h = h * block.param("skipinit_alpha", nn.initializers.zeros, (), scalar_param_dtype(block, h)).astype(h.dtype)
     elif block.scaling == "fixup":
-        h = h * block.param("fixup_scale", nn.initializers.ones, (), _param_dtype(h)).astype(h.dtype)
+        h = h * block.param("fixup_scale", nn.initializers.ones, (), scalar_param_dtype(block, h)).astype(h.dtype)
     return bias(h)
 
 
@@ -325,12 +329,3 @@ def unstack_scanned(collection: dict, num_blocks: int, name: str = "blocks") -> 
         out[f"{name}_{k}"] = jax.tree_util.tree_map(lambda a: a[k], collection[name]["block"])
     return out
 
-
-def __getattr__(name: str) -> Any:
-    """``ResidualBlock`` and ``residual_stack`` live in ``resjax.nn.block`` (which imports this module); the old
-    imports from here keep working."""
-    if name in ("ResidualBlock", "residual_stack"):
-        from resjax.nn import block
-
-        return getattr(block, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

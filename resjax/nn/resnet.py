@@ -90,12 +90,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from resjax.nn.block import (BLOCK_KINDS, CONV_KERNEL_INIT, OPTION_A_INPUTS, SHORTCUTS, BlockSettings, ResNetBlock,
-                             TakiBlock, resolve_block, setting)
+from resjax.nn.block import (BLOCK_KINDS, CONV_KERNEL_INIT, OPTION_A_INPUTS, SHORTCUTS, ConvSettings, ResNetBlock,
+                             TakiBlock, accept_moved_settings, resolve_block, setting)
 from resjax.nn.init import get_bias_initializer, get_initializer
 from resjax.nn.norms import check_norm, make_norm
 from resjax.nn.precision import PrecisionRepr, layer_dtypes, resolve_dtype
-from resjax.nn.residual import check_call_tau, check_choice, check_positive, resolve_tau, stack_blocks
+from resjax.nn.residual import (check_call_tau, check_choice, check_positive, resolve_tau, scalar_param_dtype,
+                                stack_blocks)
 
 __all__ = ["BLOCK_KINDS", "CIFAR_DEPTHS", "IMAGENET_STAGES", "OPTION_A_INPUTS", "REPOSITORY_MODELS", "SHORTCUTS",
            "TAU_CONVENTIONS", "ResNet", "ResNetBlock", "TakiBlock", "TakiResNet", "cifar_resnet", "imagenet_resnet",
@@ -118,10 +119,11 @@ IMAGENET_STAGES = {
 def _scalar(module: nn.Module, name: str, h: jax.Array, init: Callable = nn.initializers.zeros) -> jax.Array:
     """A scalar parameter, stored in at least float32 (float32 under a half ``dtype``: mixed precision) and used
     in ``h``'s dtype."""
-    return module.param(name, init, (), jnp.promote_types(h.dtype, jnp.float32)).astype(h.dtype)
+    return module.param(name, init, (), scalar_param_dtype(module, h)).astype(h.dtype)
 
 
-class ResNet(PrecisionRepr, BlockSettings):
+@accept_moved_settings
+class ResNet(PrecisionRepr, ConvSettings):
     """A staged convolutional ResNet; see the module docstring. Call as ``model(images, train, tau)``:
     ``tau`` only with ``scaling='tau'`` (else ``ValueError``: it would be ignored); a concrete tau must be
     a finite number > 0 (a traced one cannot be checked by value).
@@ -148,12 +150,15 @@ class ResNet(PrecisionRepr, BlockSettings):
         stem_init: the stem conv's initialiser; ``None`` (default): ``kernel_init``.
         block: the block (a class, a ``functools.partial`` whose settings win, or a mapping of settings);
             ``None`` (default): ``ResNetBlock``.
-        The block settings (``resjax.nn.block.BlockSettings``), passed to every block, with the conv defaults:
+        The settings of a conv block (``resjax.nn.block.ConvSettings``), passed to every block, with the conv
+        defaults:
         ``kind`` ``'basic'`` or ``'bottleneck'`` (``BLOCK_KINDS``), ``order='post'`` (the pre order also changes
         the stem and adds ``final_norm``), ``norm='batch'`` (also the stem's and the pre order's final norm),
         ``kernel_init='he_normal_fan_out'``; ``scaling='fixup'`` also zeroes the classifier; ``dtype``: the images
         are cast to it at the stem and the logits are returned as float32 (``None`` and ``'float32'`` give
-        bit-identical results).
+        bit-identical results); ``param_dtype``: every parameter's dtype (``None``: float32). An MLP block's
+        settings (``num_layers``, ``bias_init``) and Taki's ``kernel_size`` are not the ResNet's: passed to it,
+        they go to the block with a ``DeprecationWarning``.
     """
 
     stage_sizes: Sequence[int]
@@ -172,8 +177,11 @@ class ResNet(PrecisionRepr, BlockSettings):
     norm: str | Callable = setting("batch")
     kernel_init: str | Callable = setting(DEFAULT_KERNEL_INIT)
 
+    _settings = ConvSettings
+
     def __post_init__(self):
         resolve_dtype(self.dtype)
+        resolve_dtype(self.param_dtype, "param_dtype")
         if not self.stage_sizes or len(self.stage_sizes) != len(self.stage_widths):
             raise ValueError(f"stage_sizes: need one size per stage width, got {tuple(self.stage_sizes)} and "
                              f"stage_widths {tuple(self.stage_widths)}")
@@ -215,6 +223,7 @@ class ResNet(PrecisionRepr, BlockSettings):
         ``None``, ``use_scalar_biases``."""
         return self.use_scalar_biases if self.stem_head_biases is None else self.stem_head_biases
 
+    @nn.nowrap
     def _block(self, stage: int, strides: int) -> tuple[Callable[..., nn.Module], dict[str, Any]]:
         """The block of ``stage`` (``block``, default ``ResNetBlock``) and its settings."""
         kwargs = dict(self.block_settings(), features=self.stage_widths[stage], strides=strides,
@@ -229,7 +238,8 @@ class ResNet(PrecisionRepr, BlockSettings):
             return tau
         k = self.tau_blocks or self.num_blocks
         init = resolve_tau(self.tau, k) if tau is None else tau
-        t = self.param("tau", lambda _key: jnp.asarray(init, jnp.float32))
+        dtype = jnp.float32 if self.param_dtype is None else jnp.dtype(self.param_dtype)
+        t = self.param("tau", lambda _key: jnp.asarray(init, dtype))
         return t / self.num_blocks + jax.lax.stop_gradient(t - t / self.num_blocks)
 
     @nn.compact
@@ -264,7 +274,7 @@ class ResNet(PrecisionRepr, BlockSettings):
         tau = self._tau(tau)
         conv_bias = self.norm == "none" and not self.use_scalar_biases
         kernel_init = get_initializer(self.kernel_init if self.stem_init is None else self.stem_init)
-        dtypes = layer_dtypes(self.dtype)
+        dtypes = layer_dtypes(self.dtype, self.param_dtype)
         if dtypes["dtype"] is not None:
             x = x.astype(dtypes["dtype"])
         if self.stem == "cifar":
@@ -274,7 +284,7 @@ class ResNet(PrecisionRepr, BlockSettings):
             h = nn.Conv(self.stem_width, (7, 7), strides=2, padding=[(3, 3)] * 2, use_bias=conv_bias,
                         kernel_init=kernel_init, name="stem_conv", **dtypes)(x)
         if self.order == "post" or self.stem == "imagenet":
-            h = make_norm(self.norm, train=train, name="stem_norm", dtype=self.dtype)(h)
+            h = make_norm(self.norm, train=train, name="stem_norm", dtype=self.dtype, param_dtype=self.param_dtype)(h)
             h = self.activation(self._bias("stem_bias", h))
         if self.stem == "imagenet":
             h = nn.max_pool(h, (3, 3), strides=(2, 2), padding=[(1, 1)] * 2)
@@ -284,7 +294,8 @@ class ResNet(PrecisionRepr, BlockSettings):
             h = block(**first, name=f"stage{s + 1}_first")(h, train, tau)
             h = stack_blocks(*self._block(s, 1), size - 1, h, train, tau, scan=self.scan, name=f"stage{s + 1}")
         if self.order == "pre":
-            h = self.activation(make_norm(self.norm, train=train, name="final_norm", dtype=self.dtype)(h))
+            h = self.activation(make_norm(self.norm, train=train, name="final_norm", dtype=self.dtype,
+                                          param_dtype=self.param_dtype)(h))
         h = jnp.mean(h, axis=(1, 2))
         self.sow("intermediates", "pre_logits", h)
         zero_head = self.scaling == "fixup"
@@ -381,6 +392,7 @@ class TakiResNet(PrecisionRepr, nn.Module):
         dtype: the computation dtype, as ``ResNet``'s: ``None`` (default; float32), ``'float32'``,
             ``'bfloat16'`` or ``'float16'``; parameters and ``batch_stats`` stay float32, the logits are
             float32 (``resjax.nn.precision``).
+        param_dtype: every parameter's dtype, as flax's: ``None`` (default; float32) or one of ``DTYPES``.
     """
 
     num_blocks: int = 100
@@ -393,9 +405,11 @@ class TakiResNet(PrecisionRepr, nn.Module):
     activation: Callable = nn.relu
     dtype: Any = None
     block: Any = None
+    param_dtype: Any = None
 
     def __post_init__(self):
         resolve_dtype(self.dtype)
+        resolve_dtype(self.param_dtype, "param_dtype")
         check_positive("num_blocks", self.num_blocks)
         check_positive("features", self.features)
         check_positive("kernel_size", self.kernel_size)
@@ -404,11 +418,12 @@ class TakiResNet(PrecisionRepr, nn.Module):
         self._block()  # raises on an unknown initialiser
         super().__post_init__()
 
+    @nn.nowrap
     def _block(self) -> tuple[Callable[..., nn.Module], dict[str, Any]]:
         """The block (``block``, default ``TakiBlock``) and its settings."""
         kwargs = dict(features=self.features, kernel_size=self.kernel_size, norm=self.norm,
                       kernel_init=self.kernel_init, num_blocks=self.num_blocks, activation=self.activation,
-                      dtype=self.dtype)
+                      dtype=self.dtype, param_dtype=self.param_dtype)
         return resolve_block(self.block, TakiBlock, kwargs)
 
     @nn.compact
@@ -432,7 +447,7 @@ class TakiResNet(PrecisionRepr, nn.Module):
         """
         if x.ndim != 4:
             raise ValueError(f"images: expected NHWC (4 axes), got shape {tuple(x.shape)}")
-        dtypes = layer_dtypes(self.dtype)
+        dtypes = layer_dtypes(self.dtype, self.param_dtype)
         if dtypes["dtype"] is not None:
             x = x.astype(dtypes["dtype"])
         h = nn.Conv(self.features, (3, 3), padding="SAME", use_bias=False,

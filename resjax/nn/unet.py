@@ -14,15 +14,17 @@ Each skip is sown into ``'intermediates'`` as ``skip_{i}`` (i = 0 at full resolu
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
 
 from resjax.nn.norms import check_norm, make_norm
+from resjax.nn.precision import PrecisionRepr, layer_dtypes, resolve_dtype
 from resjax.nn.residual import check_positive, concat_merge
 
 
-class ConvBlock(nn.Module):
+class ConvBlock(PrecisionRepr, nn.Module):
     """``num_convs`` x (3x3 conv -> norm -> relu) at ``features`` channels, spatial size kept.
 
     Every field is checked at construction (``ValueError`` naming the setting).
@@ -32,13 +34,16 @@ class ConvBlock(nn.Module):
         num_convs: the conv -> norm -> relu layers; an integer >= 1. Default 2.
         norm: a name in ``NORMS`` (``'batch'``, the default, ``'none'``, ``'layer'``, ``'group'``, ``'instance'``)
             or a callable for ``make_norm``. Convolutions have a bias only with ``'none'``.
+        param_dtype: every parameter's dtype, as flax's: ``None`` (default; float32) or one of ``DTYPES``.
     """
 
     features: int
     num_convs: int = 2
     norm: str | Callable = "batch"
+    param_dtype: Any = None
 
     def __post_init__(self):
+        resolve_dtype(self.param_dtype, "param_dtype")
         check_positive("features", self.features)
         check_positive("num_convs", self.num_convs)
         check_norm(self.norm)
@@ -59,8 +64,9 @@ class ConvBlock(nn.Module):
             ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out. Nothing is sown.
         """
         for i in range(self.num_convs):
-            x = nn.Conv(self.features, (3, 3), padding="SAME", use_bias=self.norm == "none", name=f"conv_{i}")(x)
-            x = nn.relu(make_norm(self.norm, train=train, name=f"norm_{i}")(x))
+            x = nn.Conv(self.features, (3, 3), padding="SAME", use_bias=self.norm == "none", name=f"conv_{i}",
+                        param_dtype=layer_dtypes(None, self.param_dtype)["param_dtype"])(x)
+            x = nn.relu(make_norm(self.norm, train=train, name=f"norm_{i}", param_dtype=self.param_dtype)(x))
         return x
 
 
@@ -82,7 +88,7 @@ def check_spatial(x: jax.Array, depth: int, setting: str = "depth") -> None:
         raise ValueError(f"input: spatial size {h}x{w} is not divisible by 2**{setting} = {2 ** depth} ({setting}={depth})")
 
 
-class UNet(nn.Module):
+class UNet(PrecisionRepr, nn.Module):
     """U-Net on NHWC images; see the module docstring. Call as ``unet(x, train)``.
 
     Every field is checked at construction (``ValueError`` naming the setting).
@@ -93,13 +99,16 @@ class UNet(nn.Module):
         out_channels: the final 1x1 conv's output channels; an integer >= 1. Default 1.
         norm: a name in ``NORMS`` (``'batch'``, the default, ``'none'``, ``'layer'``, ``'group'``, ``'instance'``)
             or a callable for ``make_norm``. Convolutions have a bias only with ``'none'``.
+        param_dtype: every parameter's dtype, as flax's: ``None`` (default; float32) or one of ``DTYPES``.
     """
 
     features: Sequence[int] = (64, 128, 256, 512)
     out_channels: int = 1
     norm: str | Callable = "batch"
+    param_dtype: Any = None
 
     def __post_init__(self):
+        resolve_dtype(self.param_dtype, "param_dtype")
         check_features(self.features)
         check_positive("out_channels", self.out_channels)
         check_norm(self.norm)
@@ -132,16 +141,17 @@ class UNet(nn.Module):
             when the caller makes it mutable.
         """
         check_spatial(x, self.depth, "depth")
+        pd = layer_dtypes(None, self.param_dtype)["param_dtype"]
         skips = []
         for i, f in enumerate(self.features[:-1]):
-            x = ConvBlock(f, norm=self.norm, name=f"down_{i}")(x, train)
+            x = ConvBlock(f, norm=self.norm, param_dtype=self.param_dtype, name=f"down_{i}")(x, train)
             self.sow("intermediates", f"skip_{i}", x)
             skips.append(x)
             x = nn.max_pool(x, (2, 2), strides=(2, 2))
-        x = ConvBlock(self.features[-1], norm=self.norm, name="bottleneck")(x, train)
+        x = ConvBlock(self.features[-1], norm=self.norm, param_dtype=self.param_dtype, name="bottleneck")(x, train)
         for i in reversed(range(self.depth)):
             f = self.features[i]
-            x = nn.ConvTranspose(f, (2, 2), strides=(2, 2), name=f"upsample_{i}")(x)
+            x = nn.ConvTranspose(f, (2, 2), strides=(2, 2), name=f"upsample_{i}", param_dtype=pd)(x)
             x = concat_merge(x, skips[i])
-            x = ConvBlock(f, norm=self.norm, name=f"up_{i}")(x, train)
-        return nn.Conv(self.out_channels, (1, 1), name="head")(x)
+            x = ConvBlock(f, norm=self.norm, param_dtype=self.param_dtype, name=f"up_{i}")(x, train)
+        return nn.Conv(self.out_channels, (1, 1), name="head", param_dtype=pd)(x)

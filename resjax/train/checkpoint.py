@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     import flax.linen as nn
 
 __all__ = ["CheckpointError", "Checkpoints", "array_checksums", "check_free_space", "closed_on_error", "describe_model",
-           "estimated_size", "latest", "restore", "save"]
+           "estimated_size", "latest", "restore", "same_model_description", "save"]
 
 
 def _ocp():
@@ -282,8 +282,55 @@ class Checkpoints:
 
 
 def describe_model(model: nn.Module) -> str:
-    """The module's fields as text (its ``repr`` without memory addresses), for comparing checkpoints."""
+    """The module's fields as text (its ``repr`` without memory addresses), for comparing checkpoints
+    (``same_model_description``)."""
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(model))
+
+
+#: Fields a description may lack that mean nothing when at these values (added to the models since).
+_ADDED_DEFAULTS = {"param_dtype": "None"}
+
+
+def _attributes(text: str) -> tuple[str, dict[str, str]]:
+    """A flax module's ``repr``: its class name and its top-level attributes (name -> value text, with the
+    value's own indented lines)."""
+    lines = text.splitlines()
+    attrs: dict[str, str] = {}
+    current = None
+    for line in lines[1:]:
+        match = re.match(r"^    (\w+) = (.*)$", line)
+        if match:
+            current = match.group(1)
+            attrs[current] = match.group(2)
+        elif current is not None and line.startswith("     "):
+            attrs[current] += "\n" + line
+    return (lines[0].rstrip("(") if lines else ""), attrs
+
+
+def same_model_description(saved: str, current: str) -> bool:
+    """Whether a checkpoint's recorded ``describe_model`` text ``saved`` describes the model ``current``
+    describes: equal texts, or the same class and attributes except (1) the block settings of other branch kinds
+    that ``ResNet`` and the MLPs carried before each model took only its kind's (``resjax.nn.moved_settings``:
+    the model ignored them, so their values change nothing) and (2) ``param_dtype = None`` (added since). So a
+    checkpoint written before that change resumes."""
+    if saved == current:
+        return True
+    from resjax.nn import BlockSettings, PlainMLP, ResidualMLP, ResidualStack, ResNet, moved_settings
+
+    name, old = _attributes(saved)
+    name_now, new = _attributes(current)
+    models = {cls.__name__: cls for cls in (ResNet, ResidualMLP, PlainMLP, ResidualStack)}
+    if name != name_now or name not in models:
+        return False
+    dropped = set(moved_settings(models[name], BlockSettings))
+    for key in old.keys() | new.keys():
+        if key not in new and key in dropped:
+            continue
+        if key not in old and new[key] == _ADDED_DEFAULTS.get(key):
+            continue
+        if old.get(key) != new.get(key):
+            return False
+    return True
 
 
 def estimated_size(state: Any) -> int:

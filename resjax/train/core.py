@@ -51,7 +51,7 @@ import optax
 from jax.typing import ArrayLike
 
 from resjax.train.checkpoint import (CheckpointError, Checkpoints, _json, check_free_space, describe_model,
-                                     estimated_size)
+                                     estimated_size, same_model_description)
 from resjax.train.config import check_train_config, is_int
 from resjax.train.distributed import is_main_process, to_host
 from resjax.train.lock import DirectoryLock
@@ -418,11 +418,13 @@ class Core:
             raise ValueError(f"{where}: made with other settings ({', '.join(changed)}); resuming needs the same "
                              "config. Use another directory.")
         model = describe_model(self.model)
-        if "model" in meta and meta["model"] != model:
+        if "model" in meta and not same_model_description(meta["model"], model):
             first = next((f"saved {a.strip()!r}, this run {b.strip()!r}" for a, b in
                           zip(meta["model"].splitlines(), model.splitlines()) if a != b), "the modules differ")
-            raise ValueError(f"{where}: made by another model ({first}); resuming needs the same model. "
-                             "Use another directory.")
+            raise ValueError(f"{where}: made by another model ({first}); resuming needs the same model (a "
+                             "checkpoint of an older resjax whose ResNet or MLP listed other branch kinds' settings "
+                             "is recognised: any difference left is a real one). Use another directory, or start "
+                             "again there (delete it, or --fresh in the experiments).")
         if "objective" in meta and meta["objective"] != self.obj.describe():
             raise ValueError(f"{where}: made with another objective ({meta['objective']}), this run has "
                              f"{self.obj.describe()}; resuming needs the same loss and metrics. Use another directory.")
