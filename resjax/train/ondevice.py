@@ -39,6 +39,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -195,9 +196,20 @@ class Trainer(Core):
         epochs = total if epochs is None else epochs
         if not is_int(epochs) or epochs < 1:
             raise ValueError(f"epochs: must be an integer >= 1, got {epochs!r}")
+        if chunk_epochs is not None and (not is_int(chunk_epochs) or chunk_epochs < 1):
+            raise ValueError(f"chunk_epochs: must be an integer >= 1 or None (chosen from the measured epoch time), "
+                             f"got {chunk_epochs!r}")
         if epochs > total:  # extend: the same runs, made for `epochs` epochs (see Core.with_epochs)
             return self.with_epochs(epochs).sweep(keys, hparams, chunk_epochs, progress, callback, checkpoint_dir,
-                                                  resume, epochs=epochs, log=log)
+                                                  resume, epochs=epochs, log=log, devices=devices, stop=stop)
+        own = stop is None  # the sweep's own handlers (from the main thread), open from here to the end
+        with contextlib.nullcontext(stop) if not own else StopSignals() as stop:
+            return self._sweep(keys, hparams, chunk_epochs, progress, callback, checkpoint_dir, resume, epochs, log,
+                               devices, stop, own)
+
+    def _sweep(self, keys, hparams, chunk_epochs, progress, callback, checkpoint_dir, resume, epochs, log, devices,
+               stop: StopSignals, own: bool) -> tuple[RunState, dict]:
+        """``sweep``'s body, under the stop signals ``stop`` (``own``: opened by this sweep)."""
         keys, _, seeded = seed_handles(keys, None)
         if not seeded:
             keys = keys[None]
@@ -209,10 +221,12 @@ class Trainer(Core):
             keys, hp = jax.tree_util.tree_map(lambda a: jnp.concatenate([a, jnp.repeat(a[-1:], pad, 0)]), (keys, hp))
         keys, hp = shard_over_seeds((keys, hp), devices)
 
-        chunk = epochs if chunk_epochs is None else max(1, min(chunk_epochs, epochs))
+        chunks = _Chunks(epochs, chunk_epochs)
         every = self.config.train.get("checkpoint_every", 0) if checkpoint_dir is not None else 0
         run = self._init_fn(keys, hp)
         ckpt, run, _ = self.open_checkpoints(checkpoint_dir, run, num + pad, resume, hp)
+        if own:
+            stop.saving = ckpt is not None
         done = int(np.max(to_host(run.epoch)))
         with closed_on_error(ckpt):  # the directory's lock is given up if this fails before training
             hooks = self.step_hook is not None or self.epoch_hook is not None
@@ -222,33 +236,61 @@ class Trainer(Core):
             log, progress = resolve_log(log, progress)
             if log is not None:  # a resumed cell's epochs missing from the file are written from its history
                 log.start(done, {k: v[:num] for k, v in self.history(run).items() if k in run.history} if done else None)
-        records, bar = [], progress_bar(epochs, done, progress)
+        records, bar, trained, ready = [], progress_bar(epochs, done, progress), False, set()
+
+        def stopping():  # after a chunk (or, before the first, a compilation): save or say what is lost, and stop
+            if not trained:
+                if own:
+                    stop.hand_on()  # the caller's own handler, if any (nothing of this call to save)
+                latest = ckpt.latest() if ckpt is not None else None
+                raise stop.untrained(ckpt.directory if latest else None, latest or 0, done)
+            if ckpt is None:
+                if own:
+                    stop.hand_on()
+                raise stop.lost(f"epoch {done} of {epochs}", self.checkpoint_step(done))
+            step = self.save(ckpt, run, done, num + pad, hparams=hp)  # saving an epoch already saved does nothing
+            raise stop.stop(ckpt.directory, step, f"epoch {done} of {epochs}")
+
         try:
-            with contextlib.nullcontext(stop) if stop is not None else StopSignals(enabled=ckpt is not None) as stop:
-                while done < epochs:
-                    n = min(chunk, epochs - done, every - done % every if every else epochs)
-                    if not hooks and np.all(to_host(run.diverged_epoch) >= 0):  # nothing left to train
-                        run = self._skip_fn(n)(run)
-                    else:
-                        run, rec = self._chunk_fn(n)(run, hp, jnp.int32(done))
-                        records.append(to_host(rec))
-                    last, done = done, done + n
-                    if ckpt is not None and (done == epochs or (every and done % every == 0)):
-                        self.save(ckpt, run, done, num + pad, hparams=hp)
-                    if bar is not None or callback is not None or log is not None:
-                        history = {k: v[:num] for k, v in self.history(run).items() if k in run.history}
-                        summary = {k: v[:, done - 1] for k, v in history.items()}
-                        if log is not None:
-                            log.write(last, {k: v[:, last:done] for k, v in history.items()})
-                        if bar is not None:
-                            bar.update(done, last, summary)
-                        if callback is not None:
-                            callback(done, summary)
-                    if stop.agree():  # saving an epoch already saved above does nothing
-                        if ckpt is None:  # the caller's handlers (stop=...): nothing to save, the signal's usual end
-                            raise SystemExit(128 + stop.signum)
-                        step = self.save(ckpt, run, done, num + pad, hparams=hp)
-                        raise stop.stop(ckpt.directory, step, f"epoch {done} of {epochs}")
+            if stop.agree():  # during the setup (data checks, the first program's compilation, resuming)
+                stopping()
+            while done < epochs:
+                n = chunks.next(done, every)
+                if not hooks and np.all(to_host(run.diverged_epoch) >= 0):  # nothing left to train
+                    program, args = self._skip_fn(n), (run,)
+                else:
+                    program, args = self._chunk_fn(n), (run, hp, jnp.int32(done))
+                if (program, n) not in ready:  # compiled before it runs, so a signal meanwhile stops before it
+                    ready.add((program, n))
+                    compiled = time.perf_counter()
+                    program.lower(*args).compile()  # the program's own cache: the call below does not compile again
+                    chunks.compiled(time.perf_counter() - compiled)
+                    if stop.agree():
+                        stopping()
+                began = time.perf_counter()
+                out = program(*args)
+                run, rec = (out, None) if len(args) == 1 else out
+                if rec is not None:
+                    records.append(to_host(rec))
+                last, done, trained = done, done + n, True
+                if own:
+                    stop.trained = True
+                if ckpt is not None and (done == epochs or (every and done % every == 0)):
+                    self.save(ckpt, run, done, num + pad, hparams=hp)
+                if bar is not None or callback is not None or log is not None:
+                    history = {k: v[:num] for k, v in self.history(run).items() if k in run.history}
+                    summary = {k: v[:, done - 1] for k, v in history.items()}
+                    if log is not None:
+                        log.write(last, {k: v[:, last:done] for k, v in history.items()})
+                    if bar is not None:
+                        bar.update(done, last, summary)
+                    if callback is not None:
+                        callback(done, summary)
+                else:
+                    jax.block_until_ready(run.epoch)
+                chunks.ran(n, time.perf_counter() - began, epochs - done, every)
+                if stop.agree():
+                    stopping()
         finally:
             if bar is not None:
                 bar.close()
@@ -285,6 +327,57 @@ class Trainer(Core):
             skip = jax.vmap(functools.partial(self.skip_epochs, num_epochs=num_epochs))
             self._programs["skip", num_epochs] = jax.jit(skip, donate_argnums=0)
         return self._programs["skip", num_epochs]
+
+
+#: The on-device feeder's default chunk (``chunk_epochs=None``): about this many seconds of training, measured,
+#: between two reports (progress, ``metrics.jsonl``, checkpoints, a stop signal's chance to act).
+CHUNK_SECONDS = 2.0
+
+
+class _Chunks:
+    """How many epochs each chunk of a sweep runs. ``chunk_epochs`` given: that many, cut at the checkpoints.
+    None: the first chunk is one epoch, timed (the host's share included); the rest are chunks of ``size``
+    epochs, as many as ``CHUNK_SECONDS`` of training at that pace (a divisor of ``checkpoint_every``, and
+    aligned to it), and one-epoch chunks (the program already compiled) before the first aligned one and for
+    the tail; when the whole rest costs less than compiling another program, it is all one-epoch chunks. A run
+    does not depend on its chunking (bit for bit), so the measured times decide nothing but when reports come.
+    With several processes, process 0's choice is taken by all (they must run the same programs)."""
+
+    def __init__(self, epochs: int, chunk_epochs: int | None) -> None:
+        self.epochs, self.fixed = epochs, chunk_epochs
+        self.size: int | None = None  # chosen from the first chunk's time (None: not yet)
+        self.compile_s = 0.0
+        self.epoch_s = float("nan")  # the measured seconds of one epoch (the first chunk's)
+
+    def next(self, done: int, every: int) -> int:
+        """The epochs of the chunk that starts after ``done`` (``every``: the checkpoint period, 0 for none)."""
+        limit = min(self.epochs - done, every - done % every if every else self.epochs)
+        if self.fixed is not None:
+            return min(self.fixed, limit)
+        k = self.size or 1
+        return k if k <= limit and (not every or done % k == 0) else 1
+
+    def compiled(self, seconds: float) -> None:
+        """A chunk program took ``seconds`` to compile."""
+        self.compile_s = max(self.compile_s, seconds)
+
+    def ran(self, epochs: int, seconds: float, left: int, every: int) -> None:
+        """A chunk of ``epochs`` took ``seconds``; ``left`` epochs remain. The first decides ``size``."""
+        if self.size is not None:
+            return
+        self.epoch_s = seconds / epochs
+        if self.fixed is not None:
+            self.size = self.fixed
+            return
+        k = 1 if left * self.epoch_s <= self.compile_s else int(CHUNK_SECONDS / max(self.epoch_s, 1e-9))
+        k = max(1, min(k, left))
+        if every:
+            k = max(d for d in range(1, min(k, every) + 1) if every % d == 0)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            k = int(multihost_utils.broadcast_one_to_all(np.int32(k)))
+        self.size = k
 
 
 def shard_over_seeds(tree: Any, devices: Sequence[jax.Device] | None = None) -> Any:
