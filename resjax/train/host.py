@@ -68,7 +68,7 @@ from resjax.train.core import Core, check_run_config, progress_bar, seed_handles
 from resjax.train.distributed import make_data_mesh, to_host
 from resjax.train.monitor import resolve_log
 from resjax.train.optim import make_optimizer
-from resjax.train.preemption import StopSignals
+from resjax.train.preemption import StopSignals, stops_cleanly
 from resjax.train.state import RunState
 
 if TYPE_CHECKING:
@@ -275,7 +275,9 @@ class ImageTrainer(Core):
                     b = self.config.train.batch_size
                     images, labels = self._place(images, seeded, b), self._place(labels, seeded, b)
                     if not trained[0]:  # compiled before it runs: a signal until now (the data checks, the
-                        self._compile_step(run, images, labels, hp)  # compilation) stops with nothing trained
+                        if stop.agree():  # compilation) stops with nothing trained
+                            raise stopping()
+                        self._compile_step(run, images, labels, hp)
                         if stop.agree():
                             raise stopping()
                     run, (loss, error) = self.step(run, images, labels, hp)
@@ -450,6 +452,7 @@ def _check_divides(name: str, value: int, mesh) -> None:
         raise ValueError(f"{name}: {value} does not split evenly over the {n} devices of the mesh's 'data' axis")
 
 
+@stops_cleanly
 def make_image_train(config: ml_collections.ConfigDict, train_source: Any, test_source: Any = None, *,
                      model: nn.Module | None = None, mesh: Mesh | None = None, optimizer: Any = None,
                      schedule: Callable | None = None, param_groups: Any = None) -> ImageTrainer:

@@ -33,6 +33,7 @@ The previous handlers come back when the call returns.
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import signal
@@ -40,7 +41,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-__all__ = ["SIGNALS", "Preempted", "SignalHandlers", "StopSignals", "resume_command"]
+__all__ = ["SIGNALS", "Preempted", "SignalHandlers", "StopSignals", "resume_command", "stops_cleanly"]
 
 #: The signals ``StopSignals`` handles: SIGTERM (preemption) and SIGINT (Ctrl-C).
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -203,3 +204,20 @@ class StopSignals(SignalHandlers):
                    f"Run the same command again to resume from it:\n  {resume_command()}")
         _say(message)
         return Preempted(self.signum, message, checkpoint_dir, step)
+
+
+def stops_cleanly(build: Callable) -> Callable:
+    """``build`` (a trainer's factory: ``make_train``, ``make_image_train``) under ``StopSignals``: a stop
+    signal during its data checks and tracing waits for it to return, then stops with nothing trained
+    (``StopSignals.untrained``: one line, exit status 130/143; a caller's own handler gets the signal first)."""
+
+    @functools.wraps(build)
+    def wrapper(*args, **kwargs):
+        with StopSignals() as stop:
+            out = build(*args, **kwargs)
+            if stop.agree():
+                stop.hand_on()
+                raise stop.untrained()
+        return out
+
+    return wrapper
