@@ -76,15 +76,21 @@ def test_sigint_or_sigterm_during_the_data_checks_stops_cleanly():
 
 
 class KillOnTrace(nn.Module):
-    """A small MLP that, while ``ARMED``, sends this process ``ARMED[0]`` when it is traced (inside ``fit``:
-    the signal arrives while the run's programs are being built, before any step)."""
+    """A small MLP that, while ``ARMED`` (``[signum, traces to let pass]``), sends this process ``signum`` when
+    it is traced (inside ``fit``: the signal arrives while the run's programs are being built, before any
+    step): at its first trace there (the initialisation's) or, letting one pass, in the first training
+    program's."""
 
     ARMED = []
 
     @nn.compact
     def __call__(self, x, train: bool = False):
         if self.ARMED:
-            os.kill(os.getpid(), self.ARMED.pop())
+            signum, skip = self.ARMED[0]
+            self.ARMED[0][1] -= 1
+            if not skip:
+                self.ARMED.clear()
+                os.kill(os.getpid(), signum)
         return nn.Dense(2)(nn.tanh(nn.Dense(8)(x)))
 
 
@@ -97,17 +103,21 @@ def handlers():
     KillOnTrace.ARMED.clear()
 
 
-# Broken on purpose: the check after setting up removed from Trainer._sweep (the signal is noted and the run trains
-# on until its first chunk ends): the sweep raises "after epoch 1 ... lost" instead, and this test fails.
+# Broken on purpose: the check after setting up removed from Trainer._sweep (the signal is noted and the run goes
+# on to the check after compiling its first program, which compiled for nothing): [on-device-init] fails;
+# the check after compiling a program removed: [on-device-first program] fails (likewise ImageTrainer._fit's).
 @pytest.mark.parametrize("feeder", ["on-device", "host"])
-def test_a_signal_while_fit_builds_its_programs_stops_before_any_step(feeder, handlers, capsys):
+@pytest.mark.parametrize("skip", [0, 1], ids=["init", "first program"])
+def test_a_signal_while_fit_builds_its_programs_stops_before_any_step(feeder, skip, handlers, capsys):
     make = make_train if feeder == "on-device" else make_image_train
     trainer = make(_config(), _data(), model=KillOnTrace())
-    KillOnTrace.ARMED.append(signal.SIGTERM)
+    KillOnTrace.ARMED.append([signal.SIGTERM, skip])
     with pytest.raises(Preempted) as stopped:
         trainer.fit(0)
     assert stopped.value.code == 143 and stopped.value.checkpoint_dir is None
     assert capsys.readouterr().err.splitlines()[-1] == f"resjax: stopped by SIGTERM {NOTHING}"
+    if feeder == "on-device" and skip == 0:  # stopped before building (and compiling) its first training program
+        assert not trainer._programs
 
 
 # Broken on purpose: StopSignals.hand_on calling nothing: the caller's handler is never called; this test fails.
@@ -118,7 +128,7 @@ def test_a_callers_own_handler_gets_a_signal_that_finds_nothing_to_save(handlers
     previous = signal.signal(signal.SIGINT, lambda signum, frame: calls.append(signum))
     try:
         trainer = make_train(_config(), _data(), model=KillOnTrace())
-        KillOnTrace.ARMED.append(signal.SIGINT)
+        KillOnTrace.ARMED.append([signal.SIGINT, 0])
         with pytest.raises(Preempted) as stopped:
             trainer.fit(0)
         assert calls == [signal.SIGINT] and stopped.value.code == 130
@@ -130,7 +140,7 @@ def test_a_resumed_run_signalled_before_its_first_step_stays_saved(tmp_path, han
     config = _config(epochs=4)
     make_train(config, _data(), model=KillOnTrace()).fit(0, epochs=2, checkpoint_dir=tmp_path)
     trainer = make_train(config, _data(), model=KillOnTrace())  # a new trainer traces its programs again
-    KillOnTrace.ARMED.append(signal.SIGINT)
+    KillOnTrace.ARMED.append([signal.SIGINT, 0])
     with pytest.raises(Preempted) as stopped:
         trainer.fit(0, checkpoint_dir=tmp_path)
     err = capsys.readouterr().err
