@@ -31,7 +31,11 @@ step finish; the run is then saved inside its epoch (the checkpoint holds the mi
 epoch's per-minibatch metrics so far), the command that resumes is printed and
 ``resjax.train.preemption.Preempted`` is raised (exit status 143/130). Run again, ``fit`` skips the
 minibatches already trained on and ends bit-identical to an unbroken run. With several processes the
-stop is agreed (``StopSignals.agree``) at the end of the epoch, where every process saves.
+stop is agreed (``StopSignals.agree``) at the end of the epoch, where every process saves. From the first
+second of ``fit`` (``resjax.train.preemption``): a signal before the first step (the data checks of the first
+batch, the step's compilation: it is compiled before it runs) stops at once with "nothing was trained yet";
+without a ``checkpoint_dir`` one after a step stops there, saying the training is lost; either way exit
+status 130/143 and one line, never a traceback.
 
 Divergence: the core's freeze; ``fit`` stops early once every seed has diverged.
 

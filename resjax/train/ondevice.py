@@ -13,13 +13,21 @@ dropped, so every step has the same shape; each epoch draws a fresh permutation 
 vmapped like the keys. After every epoch (every ``config.train.eval_every``-th and the last) the whole
 training and test sets are evaluated (evaluation mode); the metrics are the core's (``resjax.train.core``).
 
-``trainer.sweep(keys, hparams, chunk_epochs=..., checkpoint_dir=...)`` runs the same computation as
-jitted chunks of epochs with a thin host loop between them (progress bar, checkpoints); one chunk is the
-whole run as one program. With ``checkpoint_dir`` the run state is saved every
-``config.train.checkpoint_every`` epochs (chunks are cut there) and at the end, and a sweep started again
-with the same settings and keys resumes from the newest checkpoint, bit-identical to an unbroken run.
-A SIGTERM or SIGINT during such a sweep lets the current chunk finish, saves it and raises
-``resjax.train.preemption.Preempted`` (exit status 143/130); ``checkpoint_every`` bounds the wait.
+``trainer.sweep(keys, hparams, chunk_epochs=..., checkpoint_dir=...)`` (and ``trainer.fit``) runs the same
+computation as jitted chunks of epochs with a thin host loop between them (progress, ``metrics.jsonl``,
+checkpoints, stop signals); the results do not depend on the chunks, bit for bit. By default
+(``chunk_epochs=None``) the first chunk is one epoch, timed, and the rest about ``CHUNK_SECONDS`` (2 s) of
+training each, so progress and ``metrics.jsonl`` come after the first epoch and every few seconds after
+(at most two programs are compiled: one epoch and the chosen chunk; see ``_Chunks``);
+``chunk_epochs=config.train.epochs`` makes the whole run one program. With ``checkpoint_dir`` the run state is
+saved every ``config.train.checkpoint_every`` epochs (chunks are cut there) and at the end, and a sweep
+started again with the same settings and keys resumes from the newest checkpoint, bit-identical to an
+unbroken run. A SIGTERM or SIGINT at any moment of a sweep (from its first second:
+``resjax.train.preemption``) stops it with exit status 143/130 and one line saying what was kept: before the
+first step (the signal during the compilation: each program is compiled before it runs), nothing; after,
+the current chunk finishes and is saved (with ``checkpoint_dir``; ``checkpoint_every`` and the chunk bound
+the wait) or said to be lost (without). On the CPU a convolutional model trains many times slower here than
+on the host feeder (``make_image_train``), measured in ``SlowFeederWarning``, which says so once.
 With more than one device the seeds are sharded across devices (one mesh axis ``'seeds'``; nothing in the
 model names it, so BatchNorm never pools statistics across seeds); when the seeds do not divide evenly,
 the last run is repeated to fill the devices and dropped from the results. Once every run of a sweep has
@@ -160,8 +168,8 @@ class Trainer(Core):
 
         ``keys``: a seed integer (default ``config.train.seed``: one run, no seed axis, as ``ImageTrainer.fit``
         returns it), a list of seed integers or ``(S,)`` PRNG keys (one run each, a leading seed axis).
-        ``hparams``, ``epochs``, ``checkpoint_dir``, ``resume``, ``progress``, ``callback``, ``log``: as
-        ``sweep``'s. Returns ``(run, history)``."""
+        ``hparams``, ``epochs``, ``checkpoint_dir``, ``resume``, ``progress``, ``callback``, ``log``,
+        ``chunk_epochs``: as ``sweep``'s. Returns ``(run, history)``."""
         keys = self.config.train.get("seed", 0) if keys is None else keys
         _, _, seeded = seed_handles(keys, None)
         run, metrics = self.sweep(keys, hparams, chunk_epochs, progress, callback, checkpoint_dir, resume,
@@ -181,12 +189,15 @@ class Trainer(Core):
         arrays (default: the config's). Returns ``(run, metrics)``: the run state with a leading seed axis,
         and ``history(run)`` (numpy, ``(S, epochs)`` per metric, ``(S,)`` for ``diverged_epoch`` and the
         per-run summaries) plus the hooks' records. ``callback(epochs_done, summary)`` or ``progress`` run after
-        each chunk. ``checkpoint_dir``: see the module docstring; ``resume=False`` refuses a directory that
-        already holds checkpoints, and a checkpoint made with other ``hparams`` is refused. ``epochs``: stop
-        once that many epochs are done (default ``config.train.epochs``; the schedule is that of
-        ``config.train.epochs``, so a run stopped early and resumed is the unstopped run); more than
-        ``config.train.epochs`` extends the runs, from their checkpoint in ``checkpoint_dir``, as if they had
-        been made for ``epochs`` epochs (``Core.with_epochs``: exactly so for a constant or step schedule).
+        each chunk. ``chunk_epochs``: epochs per jitted chunk; None (default) chooses from the measured epoch
+        time, about ``CHUNK_SECONDS`` of training a chunk after a first one-epoch chunk (see the module
+        docstring); the results are the same whatever the chunks. ``checkpoint_dir``: see the module docstring;
+        ``resume=False`` refuses a directory that already holds checkpoints, and a checkpoint made with other
+        ``hparams`` is refused. ``epochs``: stop once that many epochs are done (default ``config.train.epochs``;
+        the schedule is that of ``config.train.epochs``, so a run stopped early and resumed is the unstopped
+        run); more than ``config.train.epochs`` extends the runs, from their checkpoint in ``checkpoint_dir``, as
+        if they had been made for ``epochs`` epochs (``Core.with_epochs``: exactly so for a constant or step
+        schedule).
         ``log``: a directory (or ``resjax.train.monitor.RunLog``) for ``metrics.jsonl`` written after every
         chunk (default: the ``monitor.log_to`` block's, if any; the cell is named by the ``progress`` label).
         ``devices``: where the runs are placed, the seeds sharded over them (default: every device; see the
@@ -226,8 +237,7 @@ class Trainer(Core):
         every = self.config.train.get("checkpoint_every", 0) if checkpoint_dir is not None else 0
         run = self._init_fn(keys, hp)
         ckpt, run, _ = self.open_checkpoints(checkpoint_dir, run, num + pad, resume, hp)
-        if own:
-            stop.saving = ckpt is not None
+        stop.saving = stop.saving or ckpt is not None  # (for the message the first signal prints)
         done = int(np.max(to_host(run.epoch)))
         with closed_on_error(ckpt):  # the directory's lock is given up if this fails before training
             hooks = self.step_hook is not None or self.epoch_hook is not None
@@ -254,7 +264,7 @@ class Trainer(Core):
             raise stop.stop(ckpt.directory, step, f"epoch {done} of {epochs}")
 
         try:
-            if stop.agree():  # during the setup (data checks, the first program's compilation, resuming)
+            if stop.agree():  # during the setup (the initialisation's compilation, resuming)
                 stopping()
             while done < epochs:
                 n = chunks.next(done, every)
@@ -278,8 +288,7 @@ class Trainer(Core):
                 if rec is not None:
                     records.append(to_host(rec))
                 last, done, trained = done, done + n, True
-                if own:
-                    stop.trained = True
+                stop.trained = True
                 if ckpt is not None and (done == epochs or (every and done % every == 0)):
                     self.save(ckpt, run, done, num + pad, hparams=hp)
                 if bar is not None or callback is not None or log is not None:

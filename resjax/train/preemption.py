@@ -166,7 +166,8 @@ class StopSignals(SignalHandlers):
                        f"stays saved in {checkpoint_dir} (epoch {epoch}, step {step}). Run the same command again to "
                        f"resume from it:\n  {resume_command()}")
         else:
-            message = f"resjax: stopped by {name} before training started: nothing was trained yet, so nothing was saved."
+            message = (f"resjax: stopped by {name} before training started: nothing was trained yet, so nothing was "
+                       "saved.")
         _say(message)
         return Preempted(self.signum, message, None if checkpoint_dir is None else str(checkpoint_dir), step)
 
