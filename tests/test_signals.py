@@ -253,3 +253,31 @@ def test_a_convolutional_model_on_the_cpu_is_named_slow_once_with_the_fix():
         warnings.simplefilter("always")
         mlp.fit(0)
     assert not [w for w in caught if issubclass(w.category, SlowFeederWarning)]
+
+
+class SignalOnClose:
+    """A ``metrics.jsonl`` log (``RunLog``) that sends this process SIGTERM when the call closes it: after the
+    trainer's last look at the stop flag, as the call ends."""
+
+    def __new__(cls, directory):
+        from resjax.train.monitor import RunLog
+
+        class Log(RunLog):
+            def close(self):
+                super().close()
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        return Log(directory)
+
+
+# Broken on purpose: StopSignals.__exit__ only restoring the handlers (the signal, noted after the last check, was
+# dropped and the call returned as if none had come: the experiments' reproduce test caught it first); fails.
+@pytest.mark.parametrize("feeder", ["on-device", "host"])
+def test_a_signal_as_the_call_ends_is_not_swallowed(feeder, handlers, tmp_path, capsys):
+    make = make_train if feeder == "on-device" else make_image_train
+    trainer = make(_config(epochs=1), _data())
+    with pytest.raises(Preempted) as stopped:
+        trainer.fit(0, log=SignalOnClose(tmp_path / "log"), checkpoint_dir=tmp_path / "ckpt")
+    assert stopped.value.code == 143
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"resjax: stopped by SIGTERM as the call ended: its training is complete and saved in {tmp_path / 'ckpt'}.")

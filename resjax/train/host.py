@@ -250,6 +250,7 @@ class ImageTrainer(Core):
                 logged = ("train_loss", "batch_error", "lr", "test_loss", "test_error")
                 log.start(done, {k: v for k, v in self.history(run).items() if k in logged} if done else None)
         stop.saving = ckpt is not None
+        stop.saved_in = None if ckpt is None else str(ckpt.directory)
         bar = progress_bar(epochs, done, progress)
         end_epoch, lr = self._compiled("end_epoch", seeded), self._compiled("lr", seeded)
         trained = [0]  # steps of this call; before the first, a stop signal stops at once with nothing to save

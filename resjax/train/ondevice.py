@@ -238,6 +238,8 @@ class Trainer(Core):
         run = self._init_fn(keys, hp)
         ckpt, run, _ = self.open_checkpoints(checkpoint_dir, run, num + pad, resume, hp)
         stop.saving = stop.saving or ckpt is not None  # (for the message the first signal prints)
+        if own and ckpt is not None:
+            stop.saved_in = str(ckpt.directory)
         done = int(np.max(to_host(run.epoch)))
         with closed_on_error(ckpt):  # the directory's lock is given up if this fails before training
             hooks = self.step_hook is not None or self.epoch_hook is not None

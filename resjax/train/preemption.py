@@ -122,6 +122,18 @@ class StopSignals(SignalHandlers):
         super().__init__(enabled)
         self.trained = False
         self.saving = False
+        self.saved_in: str | None = None  # the checkpoint directory the trainer saves into (for ``ended``)
+        self.handled = False  # a Preempted for the signal has been made (stop, untrained, lost, ended)
+
+    def __exit__(self, exc_type, *exc: object) -> None:
+        """Restore the previous handlers; a signal that came after the trainer's last look at it (the call
+        returning) is not swallowed: the caller's own handler gets it, else ``Preempted`` is raised here."""
+        callers = self.callers_handler(self.signum) if self.signum is not None else None
+        super().__exit__(exc_type, *exc)
+        if exc_type is None and self.enabled and self.signum is not None and not self.handled:
+            if callers is not None:
+                callers(self.signum, None)
+            raise (self.ended() if self.trained else self.untrained())
 
     @property
     def requested(self) -> bool:
@@ -169,7 +181,18 @@ class StopSignals(SignalHandlers):
             message = (f"resjax: stopped by {name} before training started: nothing was trained yet, so nothing was "
                        "saved.")
         _say(message)
+        self.handled = True
         return Preempted(self.signum, message, None if checkpoint_dir is None else str(checkpoint_dir), step)
+
+    def ended(self) -> Preempted:
+        """The ``Preempted`` to raise when the signal came as the call ended, its training done (also printed)."""
+        name = signal.Signals(self.signum).name
+        kept = (f"and saved in {self.saved_in}" if self.saved_in is not None else "and saved" if self.saving
+                else "but not saved (no checkpoint_dir): its results are lost")
+        message = f"resjax: stopped by {name} as the call ended: its training is complete {kept}."
+        _say(message)
+        self.handled = True
+        return Preempted(self.signum, message, self.saved_in, 0)
 
     def lost(self, where: str, step: int) -> Preempted:
         """The ``Preempted`` to raise when a run without a checkpoint directory stops after ``where`` (also
@@ -178,6 +201,7 @@ class StopSignals(SignalHandlers):
         message = (f"resjax: stopped by {name} after {where}; nothing was saved (no checkpoint_dir), so the training "
                    "of this call is lost (pass checkpoint_dir= to keep it).")
         _say(message)
+        self.handled = True
         return Preempted(self.signum, message, None, step)
 
     def agree(self) -> bool:
@@ -204,6 +228,7 @@ class StopSignals(SignalHandlers):
         message = (f"resjax: stopped by {name} after {where}; the run is saved in {checkpoint_dir} (step {step}). "
                    f"Run the same command again to resume from it:\n  {resume_command()}")
         _say(message)
+        self.handled = True
         return Preempted(self.signum, message, checkpoint_dir, step)
 
 
