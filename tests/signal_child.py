@@ -3,7 +3,7 @@ JAX once, then forks TRIALS children; each builds a trainer and calls ``fit``, a
 of SIGNALS (names, comma-separated, taken in turn) at a random moment of PHASE:
 
 - ``compile``: the on-device ``fit`` of a deep unscanned MLP, between the model's first trace (its marker,
-  ``tracing``, printed from inside ``fit``) and about a second later: the tracing, lowering and XLA
+  ``tracing``, printed from inside ``make_train`` and ``fit``) and 0.8 s later: the tracing, lowering and XLA
   compilation of the run's first programs (nothing can have trained: the signal is always before the first
   step). The children do not share a compilation cache, so every one compiles.
 - ``checks``: the host feeder's ``fit``, while the training source checks its first batch (its marker,
@@ -30,7 +30,7 @@ from resjax.train import make_image_train, make_train, run_config, train_config
 class Deep(nn.Module):
     """Many unscanned layers: a compilation long enough to send a signal into."""
 
-    depth: int = 4
+    depth: int = 3
     num_classes: int = 2
 
     @nn.compact
@@ -90,7 +90,7 @@ def trial(phase: str, signum: int, delay: float) -> dict:
 def main() -> None:
     phase, trials = sys.argv[1], int(sys.argv[2])
     signums = [getattr(signal, name) for name in sys.argv[3].split(",")]  # taken in turn
-    spread = 1.0 if phase == "compile" else 0.3
+    spread = 0.8 if phase == "compile" else 0.3
     rng = random.Random(0)
     for i in range(trials):
         signum = signums[i % len(signums)]
