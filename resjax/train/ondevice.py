@@ -15,10 +15,11 @@ training and test sets are evaluated (evaluation mode); the metrics are the core
 
 ``trainer.sweep(keys, hparams, chunk_epochs=..., checkpoint_dir=...)`` (and ``trainer.fit``) runs the same
 computation as jitted chunks of epochs with a thin host loop between them (progress, ``metrics.jsonl``,
-checkpoints, stop signals); the results do not depend on the chunks, bit for bit. By default
-(``chunk_epochs=None``) the first chunk is one epoch, timed, and the rest about ``CHUNK_SECONDS`` (2 s) of
-training each, so progress and ``metrics.jsonl`` come after the first epoch and every few seconds after
-(at most two programs are compiled: one epoch and the chosen chunk; see ``_Chunks``);
+checkpoints, stop signals). By default (``chunk_epochs=None``) the first chunk is two epochs, timed, and
+the rest about ``CHUNK_SECONDS`` (2 s) of training each, so progress and ``metrics.jsonl`` come after the
+second epoch and every few seconds after (usually two programs are compiled, two epochs and the chosen
+chunk; see ``_Chunks``); the results equal one chunk's bit for bit (chunks of one epoch, which
+``chunk_epochs=1`` asks for, can differ in the last bit: XLA compiles a one-trip loop differently).
 ``chunk_epochs=config.train.epochs`` makes the whole run one program. With ``checkpoint_dir`` the run state is
 saved every ``config.train.checkpoint_every`` epochs (chunks are cut there) and at the end, and a sweep
 started again with the same settings and keys resumes from the newest checkpoint, bit-identical to an
@@ -190,8 +191,8 @@ class Trainer(Core):
         and ``history(run)`` (numpy, ``(S, epochs)`` per metric, ``(S,)`` for ``diverged_epoch`` and the
         per-run summaries) plus the hooks' records. ``callback(epochs_done, summary)`` or ``progress`` run after
         each chunk. ``chunk_epochs``: epochs per jitted chunk; None (default) chooses from the measured epoch
-        time, about ``CHUNK_SECONDS`` of training a chunk after a first one-epoch chunk (see the module
-        docstring); the results are the same whatever the chunks. ``checkpoint_dir``: see the module docstring;
+        time, about ``CHUNK_SECONDS`` of training a chunk after a first two-epoch chunk (see the module
+        docstring); the results equal one chunk's. ``checkpoint_dir``: see the module docstring;
         ``resume=False`` refuses a directory that already holds checkpoints, and a checkpoint made with other
         ``hparams`` is refused. ``epochs``: stop once that many epochs are done (default ``config.train.epochs``;
         the schedule is that of ``config.train.epochs``, so a run stopped early and resumed is the unstopped
@@ -304,7 +305,7 @@ class Trainer(Core):
                         callback(done, summary)
                 else:
                     jax.block_until_ready(run.epoch)
-                chunks.ran(n, time.perf_counter() - began, epochs - done, every)
+                chunks.ran(n, time.perf_counter() - began, epochs - done)
                 if convolutions and len(args) > 1:
                     convolutions = False  # said once per sweep (and, as a warning, once per process)
                     warnings.warn(SlowFeederWarning.text(chunks.epoch_s), SlowFeederWarning, stacklevel=1)
@@ -381,12 +382,14 @@ CHUNK_SECONDS = 2.0
 
 class _Chunks:
     """How many epochs each chunk of a sweep runs. ``chunk_epochs`` given: that many, cut at the checkpoints.
-    None: the first chunk is one epoch, timed (the host's share included); the rest are chunks of ``size``
-    epochs, as many as ``CHUNK_SECONDS`` of training at that pace (a divisor of ``checkpoint_every``, and
-    aligned to it), and one-epoch chunks (the program already compiled) before the first aligned one and for
-    the tail; when the whole rest costs less than compiling another program, it is all one-epoch chunks. A run
-    does not depend on its chunking (bit for bit), so the measured times decide nothing but when reports come.
-    With several processes, process 0's choice is taken by all (they must run the same programs)."""
+    None: chunks of at least two epochs (a one-epoch scan, compiled by XLA as a one-trip loop, can differ
+    from a longer one in the last bit: measured 6e-8 on a BatchNorm MLP; two epochs and more agree bit
+    for bit) unless a stretch between checkpoints is one epoch long. The first chunk is two epochs (three when
+    exactly three are left before a cut), timed (the host's share included); the rest are chunks of ``size``
+    epochs, as many as ``CHUNK_SECONDS`` of training at that pace, with chunks of two (or three, for an odd
+    rest) before a cut too near for one; when the whole rest costs less than compiling another program, ``size``
+    is two (the program already compiled). With several processes, process 0's choice is taken by all (they must
+    run the same programs)."""
 
     def __init__(self, epochs: int, chunk_epochs: int | None) -> None:
         self.epochs, self.fixed = epochs, chunk_epochs
@@ -396,17 +399,19 @@ class _Chunks:
 
     def next(self, done: int, every: int) -> int:
         """The epochs of the chunk that starts after ``done`` (``every``: the checkpoint period, 0 for none)."""
-        limit = min(self.epochs - done, every - done % every if every else self.epochs)
+        limit = min(self.epochs - done, every - done % every if every else self.epochs)  # epochs to the next cut
         if self.fixed is not None:
             return min(self.fixed, limit)
-        k = self.size or 1
-        return k if k <= limit and (not every or done % k == 0) else 1
+        k = self.size or 2
+        if limit == k or limit >= k + 2:
+            return k
+        return limit if limit <= 3 else 2  # leaves at least two epochs before the cut
 
     def compiled(self, seconds: float) -> None:
         """A chunk program took ``seconds`` to compile."""
         self.compile_s = max(self.compile_s, seconds)
 
-    def ran(self, epochs: int, seconds: float, left: int, every: int) -> None:
+    def ran(self, epochs: int, seconds: float, left: int) -> None:
         """A chunk of ``epochs`` took ``seconds``; ``left`` epochs remain. The first decides ``size``."""
         if self.size is not None:
             return
@@ -414,10 +419,8 @@ class _Chunks:
         if self.fixed is not None:
             self.size = self.fixed
             return
-        k = 1 if left * self.epoch_s <= self.compile_s else int(CHUNK_SECONDS / max(self.epoch_s, 1e-9))
-        k = max(1, min(k, left))
-        if every:
-            k = max(d for d in range(1, min(k, every) + 1) if every % d == 0)
+        k = 2 if left * self.epoch_s <= self.compile_s else int(CHUNK_SECONDS / max(self.epoch_s, 1e-9))
+        k = max(2, min(k, left))
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
 
