@@ -31,7 +31,11 @@ step finish; the run is then saved inside its epoch (the checkpoint holds the mi
 epoch's per-minibatch metrics so far), the command that resumes is printed and
 ``resjax.train.preemption.Preempted`` is raised (exit status 143/130). Run again, ``fit`` skips the
 minibatches already trained on and ends bit-identical to an unbroken run. With several processes the
-stop is agreed (``StopSignals.agree``) at the end of the epoch, where every process saves.
+stop is agreed (``StopSignals.agree``) at the end of the epoch, where every process saves. From the first
+second of ``fit`` (``resjax.train.preemption``): a signal before the first step (the data checks of the first
+batch, the step's compilation: it is compiled before it runs) stops at once with "nothing was trained yet";
+without a ``checkpoint_dir`` one after a step stops there, saying the training is lost; either way exit
+status 130/143 and one line, never a traceback.
 
 Divergence: the core's freeze; ``fit`` stops early once every seed has diverged.
 
@@ -69,7 +73,7 @@ from resjax.train.distributed import make_data_mesh, to_host
 from resjax.train.monitor import resolve_log
 from resjax.train.objective import make_objective
 from resjax.train.optim import make_optimizer
-from resjax.train.preemption import StopSignals
+from resjax.train.preemption import StopSignals, stops_cleanly
 from resjax.train.state import RunState
 
 if TYPE_CHECKING:
@@ -234,6 +238,12 @@ class ImageTrainer(Core):
             return self.with_epochs(epochs).fit(keys_or_state, hparams=hparams, epochs=epochs,
                                                 checkpoint_dir=checkpoint_dir, resume=resume, progress=progress,
                                                 callback=callback, log=log)
+        with StopSignals() as stop:  # from here to the end (resjax.train.preemption: from the first second)
+            return self._fit(keys_or_state, hparams, epochs, checkpoint_dir, resume, progress, callback, log, stop)
+
+    def _fit(self, keys_or_state, hparams, epochs, checkpoint_dir, resume, progress, callback, log,
+             stop: StopSignals) -> tuple[RunState, dict]:
+        """``fit``'s body, under its open stop signals ``stop``."""
         run = keys_or_state if isinstance(keys_or_state, RunState) else self.init(keys_or_state, hparams=hparams)
         run = self.extend_history(run)
         hp = self.run_hparams(run, hparams)
@@ -249,50 +259,74 @@ class ImageTrainer(Core):
             if log is not None:  # a resumed run's epochs missing from the file are written from its history
                 logged = [m for m in self.metric_names if not m.startswith("train_") or m == "train_loss"]
                 log.start(done, {k: v for k, v in self.history(run).items() if k in logged} if done else None)
+        stop.saving = ckpt is not None
+        stop.saved_in = None if ckpt is None else str(ckpt.directory)
         bar = progress_bar(epochs, done, progress)
         end_epoch, lr = self._compiled("end_epoch", seeded), self._compiled("lr", seeded)
+        trained = [0]  # steps of this call; before the first, a stop signal stops at once with nothing to save
+
+        def stopping(batch: int = 0):  # save (or say what is lost) and stop, `batch` minibatches into epoch done + 1
+            if not trained[0]:
+                stop.hand_on()  # the caller's own handler, if any (nothing of this call to save)
+                latest = ckpt.latest() if ckpt is not None else None
+                return stop.untrained(ckpt.directory if latest else None, latest or 0, done)
+            where = (f"step {batch} of {self.steps_per_epoch} in epoch {done + 1}" if batch
+                     else f"epoch {done} of {epochs}")
+            if ckpt is None:
+                stop.hand_on()
+                return stop.lost(where, self.checkpoint_step(done, batch))
+            step = self.save(ckpt, run, done, num_seeds, batch=batch, hparams=hp,
+                             partial=_pack_partial(losses, batch_metrics) if batch else None)
+            return stop.stop(ckpt.directory, step, where)
+
         try:
-            with StopSignals(enabled=ckpt is not None) as stop:
-                while done < epochs and not np.all(to_host(run.diverged_epoch) >= 0):
-                    losses, batch_metrics = _unpack_partial(partial, self.obj.metrics) if skip else ([], [])
-                    for i, (images, labels) in enumerate(self._batches(done, data_seeds, seeded)):
-                        if i < skip:  # resumed inside this epoch: these minibatches were trained on
-                            continue
-                        b = self.config.train.batch_size
-                        run, (loss, batch) = self.step(run, self._place(images, seeded, b),
-                                                       self._place(labels, seeded, b), hp)
-                        losses.append(loss)
-                        batch_metrics.append(batch)
-                        # at the last one, finish the epoch; several processes agree on stopping at epoch ends only
-                        if stop.requested and i + 1 < self.steps_per_epoch and jax.process_count() == 1:
-                            step = self.save(ckpt, run, done, num_seeds, batch=i + 1,
-                                             partial=_pack_partial(losses, batch_metrics), hparams=hp)
-                            raise stop.stop(ckpt.directory, step, f"step {i + 1} of {self.steps_per_epoch} in epoch {done + 1}")
-                    skip = 0
-                    if not losses:
-                        raise ValueError("batch_size: the training source yielded no full batch")
-                    metrics = {"train_loss": jnp.mean(jnp.stack(losses), 0), "lr": lr(run),
-                               **{f"batch_{m}": jnp.mean(jnp.stack([bm[m] for bm in batch_metrics]), 0)
-                                  for m in self.obj.metrics}}
-                    if self.test_source is not None and self.evaluated(done + 1):
-                        metrics.update({f"test_{m}": v for m, v in self.evaluate(run, hparams=hp).items()})
-                    run = end_epoch(run, metrics)
-                    done += 1
-                    if ckpt is not None and every and done % every == 0:
-                        self.save(ckpt, run, done, num_seeds, hparams=hp)
-                    if bar is not None or callback is not None or log is not None:
-                        summary = to_host(metrics)
-                        for m in ("test_loss", *(f"test_{m}" for m in self.obj.metrics)):
-                            summary.setdefault(m, np.full(np.shape(summary["train_loss"]), np.nan))
-                        if log is not None:
-                            log.write(done - 1, summary)
-                        if bar is not None:
-                            bar.update(done, done - 1, summary)
-                        if callback is not None:
-                            callback(done, summary)
-                    if stop.agree():  # saving an epoch already saved above does nothing
-                        step = self.save(ckpt, run, done, num_seeds, hparams=hp)
-                        raise stop.stop(ckpt.directory, step, f"epoch {done} of {epochs}")
+            if stop.agree():  # during the setup (resuming, the first programs' compilation)
+                raise stopping()
+            while done < epochs and not np.all(to_host(run.diverged_epoch) >= 0):
+                losses, batch_metrics = _unpack_partial(partial, self.obj.metrics) if skip else ([], [])
+                for i, (images, labels) in enumerate(self._batches(done, data_seeds, seeded)):
+                    if i < skip:  # resumed inside this epoch: these minibatches were trained on
+                        continue
+                    b = self.config.train.batch_size
+                    images, labels = self._place(images, seeded, b), self._place(labels, seeded, b)
+                    if not trained[0]:  # compiled before it runs: a signal until now (the data checks, the
+                        if stop.agree():  # compilation) stops with nothing trained
+                            raise stopping()
+                        self._compile_step(run, images, labels, hp)
+                        if stop.agree():
+                            raise stopping()
+                    run, (loss, batch) = self.step(run, images, labels, hp)
+                    trained[0] += 1
+                    stop.trained = True
+                    losses.append(loss)
+                    batch_metrics.append(batch)
+                    # at the last one, finish the epoch; several processes agree on stopping at epoch ends only
+                    if stop.requested and i + 1 < self.steps_per_epoch and jax.process_count() == 1:
+                        raise stopping(i + 1)
+                skip = 0
+                if not losses:
+                    raise ValueError("batch_size: the training source yielded no full batch")
+                metrics = {"train_loss": jnp.mean(jnp.stack(losses), 0), "lr": lr(run),
+                           **{f"batch_{m}": jnp.mean(jnp.stack([bm[m] for bm in batch_metrics]), 0)
+                              for m in self.obj.metrics}}
+                if self.test_source is not None and self.evaluated(done + 1):
+                    metrics.update({f"test_{m}": v for m, v in self.evaluate(run, hparams=hp).items()})
+                run = end_epoch(run, metrics)
+                done += 1
+                if ckpt is not None and every and done % every == 0:
+                    self.save(ckpt, run, done, num_seeds, hparams=hp)
+                if bar is not None or callback is not None or log is not None:
+                    summary = to_host(metrics)
+                    for m in ("test_loss", *(f"test_{m}" for m in self.obj.metrics)):
+                        summary.setdefault(m, np.full(np.shape(summary["train_loss"]), np.nan))
+                    if log is not None:
+                        log.write(done - 1, summary)
+                    if bar is not None:
+                        bar.update(done, done - 1, summary)
+                    if callback is not None:
+                        callback(done, summary)
+                if stop.agree():  # saving an epoch already saved above does nothing
+                    raise stopping()
             if ckpt is not None and ckpt.latest() != self.checkpoint_step(done):
                 self.save(ckpt, run, done, num_seeds, hparams=hp)
         finally:
@@ -303,6 +337,16 @@ class ImageTrainer(Core):
             if ckpt is not None:
                 ckpt.close()
         return run, self.history(run)
+
+    def _compile_step(self, run: RunState, images: jax.Array, labels: jax.Array, hparams: dict | None) -> None:
+        """Compile the step ``step(run, images, labels, hparams)`` calls (into the jitted function's own cache,
+        so that call does not compile again) without running it: the single-seed program when the seeds are
+        stepped one by one (``seed_axis='loop'``)."""
+        args = (run, images, labels, self._call_hparams(hparams))
+        seeded = _seeded(run)
+        if seeded and seed_axis_mode(self.config) == "loop":
+            args, seeded = tuple(_take(a, 0) for a in args), False
+        self._compiled("step", seeded).lower(*args).compile()
 
     def _batches(self, epoch: int, data_seeds: list, seeded: bool):
         """The epoch's batches; with a mesh, this process's block of each (see ``_blocks``)."""
@@ -439,6 +483,7 @@ def _check_divides(name: str, value: int, mesh) -> None:
         raise ValueError(f"{name}: {value} does not split evenly over the {n} devices of the mesh's 'data' axis")
 
 
+@stops_cleanly
 def make_image_train(config: ml_collections.ConfigDict, train_source: Any, test_source: Any = None, *,
                      model: nn.Module | None = None, mesh: Mesh | None = None, optimizer: Any = None,
                      schedule: Callable | None = None, param_groups: Any = None, loss: str | Callable | None = None,

@@ -15,31 +15,61 @@ Handlers are only installed from the main thread (Python allows no other); elsew
 signal, and the trainers ``agree`` at the end of every epoch (a sweep: every chunk): if any process has
 been signalled, all of them save that step and stop with its signal, so no process is left waiting in a
 collective for one that stopped (schedulers signal every process of a job, but not at the same step).
+
+From the first second. ``fit`` and ``sweep`` open ``StopSignals`` first thing, with or without a
+``checkpoint_dir``, so a signal during the data checks, the compilation (XLA checks for signals while it
+compiles: a ``KeyboardInterrupt`` raised there crashed the process with a segmentation fault, or was
+swallowed by a garbage-collection callback and the run trained on) or the training only sets the flag.
+The trainer looks at it where stopping is safe: after setting up, after each compilation (programs are
+compiled before they run, so a signal during the first compilation stops before any step) and after each
+step (host feeder) or chunk (on-device feeder). Before the first step of the call it raises ``Preempted``
+at once with one line, ``resjax: stopped by SIGINT before training started: nothing was trained yet, so
+nothing was saved.`` (or, resumed, that the checkpoint stays as it was); after, with a ``checkpoint_dir``,
+it saves and says how to resume; without one it says that the epochs trained are lost. Either way the
+exit status is 130 (SIGINT) or 143 (SIGTERM), never a traceback. A caller that installed handlers of its
+own (the experiments' entry points) gets the signal handed on wherever the call has nothing to save.
+The previous handlers come back when the call returns.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import signal
 import sys
 import threading
+from collections.abc import Callable
 
-__all__ = ["SIGNALS", "Preempted", "SignalHandlers", "StopSignals", "resume_command"]
+__all__ = ["SIGNALS", "Preempted", "SignalHandlers", "StopSignals", "resume_command", "stops_cleanly"]
 
 #: The signals ``StopSignals`` handles: SIGTERM (preemption) and SIGINT (Ctrl-C).
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Preempted(SystemExit):
-    """Raised after a stop signal once the run is checkpointed; ``code`` is 128 + the signal number."""
+    """Raised after a stop signal once the run is checkpointed (or, before the first step or without a
+    ``checkpoint_dir``, with nothing to save: ``checkpoint_dir`` None unless a resumed run stays saved there);
+    ``code`` is 128 + the signal number."""
 
-    def __init__(self, signum: int, message: str, checkpoint_dir: str, step: int) -> None:
+    def __init__(self, signum: int, message: str, checkpoint_dir: str | None, step: int) -> None:
         super().__init__(128 + signum)
         self.signum, self.message, self.checkpoint_dir, self.step = signum, message, checkpoint_dir, step
 
     def __str__(self) -> str:
         return self.message
+
+
+def _say(text: str) -> None:
+    """``text`` as a line on stderr; from a signal handler too (a print interrupted by the handler's own print
+    raises a reentrant-call error: then the line goes to the file descriptor directly)."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except RuntimeError:
+        try:
+            os.write(2, (text + "\n").encode())
+        except OSError:
+            pass
 
 
 def resume_command() -> str:
@@ -85,7 +115,25 @@ class SignalHandlers:
 class StopSignals(SignalHandlers):
     """Context manager: while open (and ``enabled``), SIGTERM and SIGINT set ``signum`` instead of
     stopping the process (the trainer then saves and raises ``Preempted``); the previous handlers come back on
-    exit."""
+    exit. The trainer keeps ``trained`` (whether a step of this call has run) and ``saving`` (whether it has
+    a checkpoint directory) up to date, for the message the first signal prints."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        super().__init__(enabled)
+        self.trained = False
+        self.saving = False
+        self.saved_in: str | None = None  # the checkpoint directory the trainer saves into (for ``ended``)
+        self.handled = False  # a Preempted for the signal has been made (stop, untrained, lost, ended)
+
+    def __exit__(self, exc_type, *exc: object) -> None:
+        """Restore the previous handlers; a signal that came after the trainer's last look at it (the call
+        returning) is not swallowed: the caller's own handler gets it, else ``Preempted`` is raised here."""
+        callers = self.callers_handler(self.signum) if self.signum is not None else None
+        super().__exit__(exc_type, *exc)
+        if exc_type is None and self.enabled and self.signum is not None and not self.handled:
+            if callers is not None:
+                callers(self.signum, None)
+            raise (self.ended() if self.trained else self.untrained())
 
     @property
     def requested(self) -> bool:
@@ -93,9 +141,68 @@ class StopSignals(SignalHandlers):
         return self.signum is not None
 
     def first(self, signum: int) -> None:
-        """Say that the step in progress is finished and saved before the run stops."""
-        print(f"resjax: {signal.Signals(signum).name} received; finishing the current step, then saving a "
-              "checkpoint (send it again to stop at once)", file=sys.stderr, flush=True)
+        """Say what happens next: the run stops before its first step, or once the step in progress is done
+        (and saved, with a checkpoint directory)."""
+        name = signal.Signals(signum).name
+        if not self.trained:
+            text = f"resjax: {name} received; stopping before training starts (send it again to stop at once)"
+        elif self.saving:
+            text = (f"resjax: {name} received; finishing the current step, then saving a checkpoint (send it again "
+                    "to stop at once)")
+        else:
+            text = f"resjax: {name} received; stopping after the current step (send it again to stop at once)"
+        _say(text)
+
+    def callers_handler(self, signum: int) -> Callable | None:
+        """The handler that was installed for ``signum`` before this one opened, when it is a function of the
+        caller's (not Python's defaults, not another ``StopSignals``); else None."""
+        handler = self._previous.get(signum)
+        if not callable(handler) or handler is signal.default_int_handler:
+            return None
+        owner = getattr(handler, "__self__", None)
+        return None if isinstance(owner, StopSignals) else handler
+
+    def hand_on(self) -> None:
+        """Call the caller's own handler for the signal received (``callers_handler``), if there is one (the
+        experiments' entry points: it prints their message and exits)."""
+        handler = self.callers_handler(self.signum) if self.signum is not None else None
+        if handler is not None:
+            handler(self.signum, None)
+
+    def untrained(self, checkpoint_dir: str | None = None, step: int = 0, epoch: int = 0) -> Preempted:
+        """The ``Preempted`` to raise when the signal came before the first step of this call (also printed):
+        nothing was trained; a run resumed from ``checkpoint_dir`` (``step``, ``epoch`` > 0) stays saved there."""
+        name = signal.Signals(self.signum).name
+        if checkpoint_dir is not None and step:
+            message = (f"resjax: stopped by {name} before training resumed: nothing was trained in this call; the run "
+                       f"stays saved in {checkpoint_dir} (epoch {epoch}, step {step}). Run the same command again to "
+                       f"resume from it:\n  {resume_command()}")
+        else:
+            message = (f"resjax: stopped by {name} before training started: nothing was trained yet, so nothing was "
+                       "saved.")
+        _say(message)
+        self.handled = True
+        return Preempted(self.signum, message, None if checkpoint_dir is None else str(checkpoint_dir), step)
+
+    def ended(self) -> Preempted:
+        """The ``Preempted`` to raise when the signal came as the call ended, its training done (also printed)."""
+        name = signal.Signals(self.signum).name
+        kept = (f"and saved in {self.saved_in}" if self.saved_in is not None else "and saved" if self.saving
+                else "but not saved (no checkpoint_dir): its results are lost")
+        message = f"resjax: stopped by {name} as the call ended: its training is complete {kept}."
+        _say(message)
+        self.handled = True
+        return Preempted(self.signum, message, self.saved_in, 0)
+
+    def lost(self, where: str, step: int) -> Preempted:
+        """The ``Preempted`` to raise when a run without a checkpoint directory stops after ``where`` (also
+        printed): what was trained is not kept."""
+        name = signal.Signals(self.signum).name
+        message = (f"resjax: stopped by {name} after {where}; nothing was saved (no checkpoint_dir), so the training "
+                   "of this call is lost (pass checkpoint_dir= to keep it).")
+        _say(message)
+        self.handled = True
+        return Preempted(self.signum, message, None, step)
 
     def agree(self) -> bool:
         """``requested`` agreed among all processes (one process: ``requested`` itself). A collective: with
@@ -120,5 +227,23 @@ class StopSignals(SignalHandlers):
         name = signal.Signals(self.signum).name
         message = (f"resjax: stopped by {name} after {where}; the run is saved in {checkpoint_dir} (step {step}). "
                    f"Run the same command again to resume from it:\n  {resume_command()}")
-        print(message, file=sys.stderr, flush=True)
+        _say(message)
+        self.handled = True
         return Preempted(self.signum, message, checkpoint_dir, step)
+
+
+def stops_cleanly(build: Callable) -> Callable:
+    """``build`` (a trainer's factory: ``make_train``, ``make_image_train``) under ``StopSignals``: a stop
+    signal during its data checks and tracing waits for it to return, then stops with nothing trained
+    (``StopSignals.untrained``: one line, exit status 130/143; a caller's own handler gets the signal first)."""
+
+    @functools.wraps(build)
+    def wrapper(*args, **kwargs):
+        with StopSignals() as stop:
+            out = build(*args, **kwargs)
+            if stop.agree():
+                stop.hand_on()
+                raise stop.untrained()
+        return out
+
+    return wrapper
