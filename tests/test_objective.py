@@ -162,7 +162,7 @@ def test_label_smoothing_is_a_setting_and_a_traced_hyperparameter():
      r"data.y_train: targets of per-example shape \(\) for the loss 'mse', but the model's outputs are \(1,\) .*"
      r"give one target per example as \[N, 1\]"),
     (dict(loss="cross_entropy"), from_arrays(X[:64], Y[:64].astype(np.float32), X[64:], Y[64:].astype(np.float32)),
-     r"data.y_train: floating targets .* 'cross_entropy', .*\.astype\(int\)"),
+     r"data.y_train: want integer class labels, got dtype float32 \(convert whole-valued floats with \.astype\(int\)\)"),
     (dict(loss="huber"), CLASSES, r"loss: unknown loss 'huber'"),
     (dict(metrics={"loss": "error"}), CLASSES, r"metrics: 'loss' is not a usable metric name"),
     (dict(metrics={"top": "top3"}), CLASSES, r"metrics.top: unknown metric 'top3'"),

@@ -626,7 +626,8 @@ def check_run_config(config: ml_collections.ConfigDict) -> None:
 
 
 def check_targets(objective: Objective, model: Any, example_shape: tuple, y_train: Any, y_test: Any = None,
-                  name: str = "data", hparams: dict | None = None, samples: bool = False) -> None:
+                  name: str = "data", hparams: dict | None = None, samples: bool = False,
+                  counts: tuple[int, int | None] | None = None) -> None:
     """Check a data set's targets against the run's objective and model, before anything compiles (``ValueError``
     naming the array or the loss): integer targets of a classification objective as class labels (integers
     ``>= 0``, every test label a class of the training split, each below the model's ``num_classes``:
@@ -634,16 +635,23 @@ def check_targets(objective: Objective, model: Any, example_shape: tuple, y_trai
     and, for every objective but the built-in cross-entropy on class labels, the loss and metrics on the shapes
     of a batch (``Objective.check``: one value per example, 'mse' targets of the outputs' shape). ``samples``: the
     targets are a few examples of a source that checks its labels as it reads them (TFDS): only their kind and
-    shape are checked here."""
+    shape are checked here. ``counts``: the number of examples of each split's inputs (the targets must match)."""
     from resjax.data.arrays import check_labels
     from resjax.train.objective import LOSSES, METRIC_FUNCTIONS
 
     yt = np.asarray(y_train)
     ye = None if y_test is None else np.asarray(y_test)
     labels = objective.classes and yt.dtype.kind in "iu"
+    if objective.classes and yt.dtype.kind not in "iu" and yt.ndim == 1:  # not soft labels [N, C]: class labels
+        raise ValueError(f"{name}.y_train: want integer class labels, got dtype {yt.dtype}"
+                         f"{' (convert whole-valued floats with .astype(int))' if yt.dtype.kind == 'f' else ''}")
+    n_train, n_test = counts if counts is not None else (len(yt), None if ye is None else len(ye))
+    for split, y, n in (("y_train", yt, n_train), ("y_test", ye, n_test)):
+        if y is not None and n is not None and len(y) != n:
+            raise ValueError(f"{name}.{split}: {len(y)} labels for the {n} examples of {name}.x_{split[2:]}")
     if labels and not samples:
         ye_ = yt[:0] if ye is None else ye
-        split = types.SimpleNamespace(x_train=yt, y_train=yt, x_test=ye_, y_test=ye_)  # x_*: only their lengths
+        split = types.SimpleNamespace(x_train=yt, y_train=yt, x_test=ye_, y_test=ye_)  # lengths checked above
         check_labels(split, getattr(model, "num_classes", None), name)
     if labels:
         built_in = (objective.loss is LOSSES["cross_entropy"][0]

@@ -498,7 +498,8 @@ def make_train(config: ml_collections.ConfigDict, data: Dataset | ArrayData | No
             raise ValueError("config.model: no model config and no model given")
         model = build_model(config.model, num_classes=data.num_classes)
     check_targets(objective, model, data.x_train.shape[1:], data.y_train, data.y_test, "data",
-                  {"label_smoothing": 0.0} if t.get("label_smoothing", 0.0) else None)
+                  {"label_smoothing": 0.0} if t.get("label_smoothing", 0.0) else None,
+                  counts=(len(data.x_train), len(data.x_test)))
     steps = len(data.y_train) // t.batch_size
     check_step_count(t.epochs, steps)
     x = jax.ShapeDtypeStruct((2, *data.x_train.shape[1:]), jnp.float32)
