@@ -496,7 +496,7 @@ def make_image_train(config: ml_collections.ConfigDict, train_source: Any, test_
     setting (``ValueError`` naming it) before anything is traced. ``optimizer``, ``schedule``, ``param_groups``: your own optax transformation (or a factory
     of the learning rate), learning-rate multiplier and parameter-group rules (``resjax.train.optim``). ``loss``,
     ``metrics``: the objective (see ``resjax.train.objective``), checked against the data's targets here."""
-    from resjax.data import ArrayData
+    from resjax.data import ArrayData, ArraySource
 
     make_args = dict(train_source=train_source, test_source=test_source, model=model, mesh=mesh, optimizer=optimizer,
                      schedule=schedule, param_groups=param_groups, loss=loss, metrics=metrics)
@@ -529,7 +529,7 @@ def make_image_train(config: ml_collections.ConfigDict, train_source: Any, test_
     if y_train is not None:
         check_targets(objective, model, tuple(train_source.image_shape), y_train, y_test, "data",
                       {"label_smoothing": 0.0} if t.get("label_smoothing", 0.0) else None,
-                      samples=not hasattr(train_source, "_y"))
+                      samples=not isinstance(train_source, ArraySource))
     steps = train_source.num_batches(t.batch_size, drop_remainder=True)
     check_step_count(t.epochs, int(steps))
     x = jax.ShapeDtypeStruct((2, *train_source.image_shape), jnp.float32)
@@ -548,8 +548,10 @@ def _source_targets(source: Any) -> np.ndarray | None:
     """A source's targets for the checks: all of a user's arrays (``ArraySource``); for another source (TFDS:
     integer class labels, checked as it reads them) two zero labels standing for their kind and shape, so that
     nothing is read here (each process reads only its block); None for a source without classes."""
-    if hasattr(source, "data") and hasattr(source, "_y"):
-        return np.asarray(source._y)
+    from resjax.data import ArraySource
+
+    if isinstance(source, ArraySource):
+        return np.asarray(source.data.y_train if source.split == "train" else source.data.y_test)
     return np.zeros(2, np.int32) if getattr(source, "num_classes", None) else None
 
 

@@ -220,7 +220,7 @@ class Objective:
                 raise ValueError(f"{name}: example {i} has a non-finite target; refusing to train on it")
         x = jax.ShapeDtypeStruct((2, *example_shape), jnp.float32)
         t = jax.ShapeDtypeStruct((2, *y.shape[1:]), jnp.int32 if y.dtype.kind in "iu" else jnp.float32)
-        outputs, _ = jax.eval_shape(apply_outputs, x)
+        outputs, inter = jax.eval_shape(apply_outputs, x)  # the model traced once; the functions on its shapes
         if self.loss is mean_squared_error:
             out = jax.tree_util.tree_leaves(outputs)
             if len(out) != 1 or tuple(out[0].shape[1:]) != tuple(y.shape[1:]):
@@ -240,8 +240,7 @@ class Objective:
         for which, fn in (("loss", self.loss), *((f"metrics.{m}", f) for m, f in self.metrics.items())):
             key = "loss" if which == "loss" else which.split(".", 1)[1]
             try:
-                v = jax.eval_shape(lambda x, t, h: self._call(key, fn, apply_outputs(x)[0], t, apply_outputs(x)[1], h),
-                                   x, t, hp)
+                v = jax.eval_shape(lambda o, t, i, h: self._call(key, fn, o, t, i, h), outputs, t, inter, hp)
             except Exception as e:  # noqa: BLE001  (a user's function: its own error, named and explained)
                 raise ValueError(f"{which}: fails on the model's outputs ({_shapes(outputs)}) and targets of "
                                  f"{name} ({t.dtype.name}{list(t.shape)}): {type(e).__name__}: {e}") from e
