@@ -113,7 +113,7 @@ def test_diverged_runs_are_not_trained_on_and_end_as_if_they_were():
     hp = {"learning_rate": np.float32(1e30)}
     one, m_one = trainer.sweep(keys, hp)
     chunked, m_chunked = trainer.sweep(keys, hp, chunk_epochs=1)
-    assert ("skip", 1) in trainer._programs  # epochs 2-5 were skipped, not trained
+    assert ("skip",) in trainer._programs  # epochs 2-5 were skipped, not trained
     assert m_one["diverged_epoch"].tolist() == [1, 1]
     _same_runs(one, chunked)
     assert np.isnan(m_chunked["train_loss"]).all() and (m_chunked["lr"] == np.float32(1e30)).all()

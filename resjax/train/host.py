@@ -74,7 +74,7 @@ from resjax.train.monitor import resolve_log
 from resjax.train.objective import make_objective
 from resjax.train.optim import make_optimizer
 from resjax.train.preemption import StopSignals, stops_cleanly
-from resjax.train.state import RunState
+from resjax.train.state import RunState, take_row
 
 if TYPE_CHECKING:
     import flax.linen as nn
@@ -118,7 +118,7 @@ class ImageTrainer(Core):
         def per_seed_calls(one, *args):
             seeded, common_args = args[:len(args) - shared], args[len(args) - shared:]
             num_seeds = jax.tree_util.tree_leaves(seeded[0])[0].shape[0]
-            outs = [one(*(_take(a, i) for a in seeded), *common_args) for i in range(num_seeds)]
+            outs = [one(*(take_row(a, i) for a in seeded), *common_args) for i in range(num_seeds)]
             return outs
 
         if mode == "unroll":
@@ -345,7 +345,7 @@ class ImageTrainer(Core):
         args = (run, images, labels, self._call_hparams(hparams))
         seeded = _seeded(run)
         if seeded and seed_axis_mode(self.config) == "loop":
-            args, seeded = tuple(_take(a, 0) for a in args), False
+            args, seeded = tuple(take_row(a, 0) for a in args), False
         self._compiled("step", seeded).lower(*args).compile()
 
     def _batches(self, epoch: int, data_seeds: list, seeded: bool):
@@ -455,15 +455,6 @@ def seed_axis_mode(config: ml_collections.ConfigDict) -> str:
     if mode == "auto":
         return "loop" if jax.default_backend() == "cpu" else "vmap"
     return mode
-
-
-def _take(tree, i: int):
-    return _take_jit(tree, jnp.int32(i))
-
-
-@jax.jit
-def _take_jit(tree, i):
-    return jax.tree_util.tree_map(lambda a: a[i], tree)
 
 
 def _stack(*trees):

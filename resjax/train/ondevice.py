@@ -17,10 +17,10 @@ training and test sets are evaluated (evaluation mode); the metrics are the core
 computation as jitted chunks of epochs with a thin host loop between them (progress, ``metrics.jsonl``,
 checkpoints, stop signals). By default (``chunk_epochs=None``) the first chunk is two epochs, timed, and
 the rest about ``CHUNK_SECONDS`` (2 s) of training each, so progress and ``metrics.jsonl`` come after the
-second epoch and every few seconds after (usually two programs are compiled, two epochs and the chosen
-chunk; see ``_Chunks``); the results equal one chunk's bit for bit (chunks of one epoch, which
-``chunk_epochs=1`` asks for, can differ in the last bit: XLA compiles a one-trip loop differently).
-``chunk_epochs=config.train.epochs`` makes the whole run one program. With ``checkpoint_dir`` the run state is
+second epoch and every few seconds after (see ``_Chunks``). Chunks of every length are one compiled program
+(``train_epochs``: the number of epochs is an argument of the program, not a constant in it), so the chunking
+costs no compilation, and the results equal one chunk's bit for bit. (With hooks, whose records have an epoch
+axis, each chunk length is a program of its own.) With ``checkpoint_dir`` the run state is
 saved every ``config.train.checkpoint_every`` epochs (chunks are cut there) and at the end, and a sweep
 started again with the same settings and keys resumes from the newest checkpoint, bit-identical to an
 unbroken run. A SIGTERM or SIGINT at any moment of a sweep (from its first second:
@@ -68,7 +68,7 @@ from resjax.train.monitor import resolve_log
 from resjax.train.objective import make_objective
 from resjax.train.optim import make_optimizer
 from resjax.train.preemption import StopSignals, stops_cleanly
-from resjax.train.state import RunState
+from resjax.train.state import RunState, first_rows
 
 if TYPE_CHECKING:
     import flax.linen as nn
@@ -148,7 +148,20 @@ class Trainer(Core):
         epochs = start + 1 + jnp.arange(num_epochs)
         return jax.lax.scan(lambda r, e: self.train_epoch(r, hparams, self.evaluated(e)), run, epochs)
 
-    def skip_epochs(self, run: RunState, num_epochs: int) -> RunState:
+    def train_epochs(self, run: RunState, hparams: dict | None, num_epochs: int | jax.Array,
+                     start: int | jax.Array = 0) -> RunState:
+        """``run_epochs`` without the hooks' records, with ``num_epochs`` known only when the program runs (a
+        ``lax.fori_loop`` whose trip count is an argument): one compiled program for chunks of every length, epoch
+        for epoch the same computation as ``run_epochs``'s scan (keep ``num_epochs`` and ``start`` unmapped under
+        ``vmap``)."""
+        sparse = self.config.train.get("eval_every", 1) != 1
+
+        def epoch(i, r):
+            return self.train_epoch(r, hparams, self.evaluated(start + 1 + i) if sparse else True)[0]
+
+        return jax.lax.fori_loop(0, num_epochs, epoch, run)
+
+    def skip_epochs(self, run: RunState, num_epochs: int | jax.Array) -> RunState:
         """``num_epochs`` epochs of a run that has diverged (``Core.skip_epoch``): equal to training them."""
         return jax.lax.fori_loop(0, num_epochs, lambda _, r: self.skip_epoch(r), run)
 
@@ -243,7 +256,8 @@ class Trainer(Core):
             keys, hp = jax.tree_util.tree_map(lambda a: jnp.concatenate([a, jnp.repeat(a[-1:], pad, 0)]), (keys, hp))
         keys, hp = shard_over_seeds((keys, hp), devices)
 
-        chunks = _Chunks(epochs, chunk_epochs)
+        hooks = self.step_hook is not None or self.epoch_hook is not None
+        chunks = _Chunks(epochs, chunk_epochs, one_program=not hooks)  # without hooks one program runs every length
         every = self.config.train.get("checkpoint_every", 0) if checkpoint_dir is not None else 0
         run = self._init_fn(keys, hp)
         ckpt, run, _ = self.open_checkpoints(checkpoint_dir, run, num + pad, resume, hp)
@@ -252,7 +266,6 @@ class Trainer(Core):
             stop.saved_in = str(ckpt.directory)
         done = int(np.max(to_host(run.epoch)))
         with closed_on_error(ckpt):  # the directory's lock is given up if this fails before training
-            hooks = self.step_hook is not None or self.epoch_hook is not None
             if hooks and done:
                 raise ValueError(f"checkpoint_dir: {checkpoint_dir} holds a run {done} epochs in; the hooks' records "
                                  "of those epochs were not saved, so a run with hooks cannot resume")
@@ -280,23 +293,26 @@ class Trainer(Core):
                 stopping()
             while done < epochs:
                 n = chunks.next(done, every)
-                if not hooks and np.all(to_host(run.diverged_epoch) >= 0):  # nothing left to train
-                    program, args = self._skip_fn(n), (run,)
-                else:
+                skipping = not hooks and np.all(to_host(run.diverged_epoch) >= 0)  # nothing left to train
+                if skipping:
+                    program, args = self._skip_fn(), (run, jnp.int32(n))
+                elif hooks:  # the records' epoch axis: a program per chunk length
                     program, args = self._chunk_fn(n), (run, hp, jnp.int32(done))
-                if (program, n) not in ready:  # compiled before it runs, so a signal meanwhile stops before it
-                    ready.add((program, n))
+                else:
+                    program, args = self._chunk_fn(), (run, hp, jnp.int32(done), jnp.int32(n))
+                if program not in ready:  # compiled before it runs, so a signal meanwhile stops before it
+                    ready.add(program)
                     compiled = time.perf_counter()
                     lowered = program.lower(*args)
                     lowered.compile()  # into the program's own cache: the call below does not compile again
                     chunks.compiled(time.perf_counter() - compiled)
-                    if convolutions is None and len(args) > 1:
+                    if convolutions is None and not skipping:
                         convolutions = _convolutions_on_cpu(lowered, devices)
                     if stop.agree():
                         stopping()
                 began = time.perf_counter()
                 out = program(*args)
-                run, rec = (out, None) if len(args) == 1 else out
+                run, rec = out if hooks else (out, None)
                 if rec is not None:
                     records.append(to_host(rec))
                 last, done, trained = done, done + n, True
@@ -315,7 +331,7 @@ class Trainer(Core):
                 else:
                     jax.block_until_ready(run.epoch)
                 chunks.ran(n, time.perf_counter() - began, epochs - done)
-                if convolutions and len(args) > 1:
+                if convolutions:
                     convolutions = False  # said once per sweep (and, as a warning, once per process)
                     warnings.warn(SlowFeederWarning.text(chunks.epoch_s), SlowFeederWarning, stacklevel=1)
                 if stop.agree():
@@ -327,13 +343,13 @@ class Trainer(Core):
                 log.close()
             if ckpt is not None:
                 ckpt.close()
-        keep = lambda a: a[:num]  # noqa: E731  (drop the padding runs)
+        keep = lambda a: a[:num]  # noqa: E731  (drop the padding runs: numpy here, the run state below)
         metrics = {k: keep(v) if np.ndim(v) else v for k, v in self.history(run).items()}
         for name in ("step_records", "epoch_records"):
             if records and name in records[0]:
                 metrics[name] = jax.tree_util.tree_map(lambda *c: keep(np.concatenate(c, axis=1)),
                                                        *[r[name] for r in records])
-        return jax.tree_util.tree_map(keep, run), metrics
+        return (first_rows(run, num) if pad else run), metrics
 
     @functools.cached_property
     def _init_fn(self):
@@ -345,17 +361,24 @@ class Trainer(Core):
         the class would keep every trainer's compiled programs, and memory, for the life of the process)."""
         return {}
 
-    def _chunk_fn(self, num_epochs: int):
-        if ("chunk", num_epochs) not in self._programs:
-            run = jax.vmap(lambda r, hp, start: self.run_epochs(r, hp, num_epochs, start), in_axes=(0, 0, None))
-            self._programs["chunk", num_epochs] = jax.jit(run, donate_argnums=0)
-        return self._programs["chunk", num_epochs]
+    def _chunk_fn(self, num_epochs: int | None = None):
+        """The chunk program: ``(runs, hparams, start, epochs) -> runs`` for chunks of any length (``train_epochs``);
+        with ``num_epochs``, ``(runs, hparams, start) -> (runs, records)`` for chunks of that length (``run_epochs``:
+        the hooks' records have an epoch axis)."""
+        key = ("chunk",) if num_epochs is None else ("chunk", num_epochs)
+        if key not in self._programs:
+            if num_epochs is None:
+                run = jax.vmap(lambda r, hp, start, n: self.train_epochs(r, hp, n, start), in_axes=(0, 0, None, None))
+            else:
+                run = jax.vmap(lambda r, hp, start: self.run_epochs(r, hp, num_epochs, start), in_axes=(0, 0, None))
+            self._programs[key] = jax.jit(run, donate_argnums=0)
+        return self._programs[key]
 
-    def _skip_fn(self, num_epochs: int):
-        if ("skip", num_epochs) not in self._programs:
-            skip = jax.vmap(functools.partial(self.skip_epochs, num_epochs=num_epochs))
-            self._programs["skip", num_epochs] = jax.jit(skip, donate_argnums=0)
-        return self._programs["skip", num_epochs]
+    def _skip_fn(self):
+        """``(runs, epochs) -> runs``: ``skip_epochs`` of runs that have all diverged, for any number of epochs."""
+        if ("skip",) not in self._programs:
+            self._programs["skip",] = jax.jit(jax.vmap(self.skip_epochs, in_axes=(0, None)), donate_argnums=0)
+        return self._programs["skip",]
 
 
 class SlowFeederWarning(UserWarning):
@@ -392,17 +415,17 @@ CHUNK_SECONDS = 2.0
 
 class _Chunks:
     """How many epochs each chunk of a sweep runs. ``chunk_epochs`` given: that many, cut at the checkpoints.
-    None: chunks of at least two epochs (a one-epoch scan, compiled by XLA as a one-trip loop, can differ
-    from a longer one in the last bit: measured 6e-8 on a BatchNorm MLP; two epochs and more agree bit
-    for bit) unless a stretch between checkpoints is one epoch long. The first chunk is two epochs (three when
-    exactly three are left before a cut), timed (the host's share included); the rest are chunks of ``size``
-    epochs, as many as ``CHUNK_SECONDS`` of training at that pace, with chunks of two (or three, for an odd
-    rest) before a cut too near for one; when the whole rest costs less than compiling another program, ``size``
-    is two (the program already compiled). With several processes, process 0's choice is taken by all (they must
-    run the same programs)."""
+    None: chunks of at least two epochs (with hooks a one-epoch scan, compiled by XLA as a one-trip loop, can
+    differ from a longer one in the last bit: measured 6e-8 on a BatchNorm MLP; without hooks every length is
+    the same program) unless a stretch between checkpoints is one epoch long. The first chunk is two epochs
+    (three when exactly three are left before a cut), timed (the host's share included); the rest are chunks of
+    ``size`` epochs, as many as ``CHUNK_SECONDS`` of training at that pace, with chunks of two (or three, for an
+    odd rest) before a cut too near for one; when another length would be another program to compile (hooks)
+    and the whole rest costs less than that compilation, ``size`` is two (the program already compiled). With
+    several processes, process 0's choice is taken by all (they must run the same programs)."""
 
-    def __init__(self, epochs: int, chunk_epochs: int | None) -> None:
-        self.epochs, self.fixed = epochs, chunk_epochs
+    def __init__(self, epochs: int, chunk_epochs: int | None, one_program: bool = False) -> None:
+        self.epochs, self.fixed, self.one_program = epochs, chunk_epochs, one_program
         self.size: int | None = None  # chosen from the first chunk's time (None: not yet)
         self.compile_s = 0.0
         self.epoch_s = float("nan")  # the measured seconds of one epoch (the first chunk's)
@@ -429,7 +452,8 @@ class _Chunks:
         if self.fixed is not None:
             self.size = self.fixed
             return
-        k = 2 if left * self.epoch_s <= self.compile_s else int(CHUNK_SECONDS / max(self.epoch_s, 1e-9))
+        cheap = not self.one_program and left * self.epoch_s <= self.compile_s  # the rest costs less than a compile
+        k = 2 if cheap else int(CHUNK_SECONDS / max(self.epoch_s, 1e-9))
         k = max(2, min(k, left))
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils

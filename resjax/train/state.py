@@ -15,6 +15,7 @@ everything a run is: a checkpoint of it resumes bit-identically, with either fee
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import flax.struct
@@ -23,7 +24,26 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-__all__ = ["ModelState", "RunState", "guarded_step"]
+__all__ = ["ModelState", "RunState", "guarded_step", "take_row", "first_rows"]
+
+
+# Rows of every leaf in one compiled program, not one eager slice per leaf: with runs sharded over several
+# devices each eager slice is a program of its own with a collective in it, and on CPU devices (which share one
+# thread pool) dozens of them queued asynchronously can starve a rendezvous until XLA aborts the process.
+def take_row(tree: Any, i: int) -> Any:
+    """Row ``i`` of every leaf of ``tree`` (a leading run axis), as one compiled program."""
+    return _take_row(tree, jnp.int32(i))
+
+
+@jax.jit
+def _take_row(tree, i):
+    return jax.tree_util.tree_map(lambda a: a[i], tree)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def first_rows(tree: Any, n: int) -> Any:
+    """The first ``n`` rows of every leaf of ``tree`` (a leading run axis), as one compiled program."""
+    return jax.tree_util.tree_map(lambda a: a[:n], tree)
 
 
 class ModelState(flax.struct.PyTreeNode):
@@ -74,7 +94,7 @@ class RunState(NamedTuple):
             raise ValueError("select: this run state has no seed axis (it is one run already)")
         if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not -n <= i < n:
             raise ValueError(f"select: want a run index in [0, {n}), got {i!r}")
-        return jax.tree_util.tree_map(lambda a: a[i], self)
+        return take_row(self, i)
 
 
 def guarded_step(state: ModelState, tx: optax.GradientTransformation, grads: Any, loss: jax.Array, batch_stats: Any,
