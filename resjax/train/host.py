@@ -296,6 +296,8 @@ class ImageTrainer(Core):
                         if stop.agree():
                             raise stopping()
                     run, (loss, batch) = self.step(run, images, labels, hp)
+                    if len(losses) >= IN_FLIGHT:  # at most IN_FLIGHT steps queued (see IN_FLIGHT)
+                        losses[-IN_FLIGHT].block_until_ready()
                     trained[0] += 1
                     stop.trained = True
                     losses.append(loss)
@@ -395,6 +397,13 @@ class ImageTrainer(Core):
             batch_size, x = x.shape[axis], distributed.host_block(x, axis)
         shape = (*x.shape[:axis], batch_size, *x.shape[axis + 1:])
         return distributed.global_batch(x, distributed.batch_sharding(self.mesh, seeded), shape)
+
+
+#: Steps dispatched ahead of the device (the host waits for the step this many before the newest). Enough to keep
+#: an accelerator busy while the host places the next batch; bounded because XLA:CPU's devices share one thread
+#: pool, and an unbounded queue of steps with cross-device collectives in them (data-parallel BatchNorm, the
+#: gradients' mean) can leave a collective's rendezvous waiting until XLA aborts the process.
+IN_FLIGHT = 2
 
 
 def _blocks(source: Any, epoch: int, batch_size: int, kw: dict, sharded: bool):
