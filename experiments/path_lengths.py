@@ -316,7 +316,7 @@ def train_network(config, data):
     init_state = trainer.init(key).state
     run, metrics = checkpoints.sweep(trainer, key[None], cell="path_lengths", chunk_epochs=min(config.train.epochs, 100),
                                      progress="path_lengths")
-    trained = jax.tree_util.tree_map(lambda a: a[0], run.state)
+    trained = run.select(0).state  # one program for every leaf (RunState.select)
     return trainer.model, init_state.variables(), trained.variables(), metrics
 
 
