@@ -11,7 +11,10 @@ What is run. Two models from ``resjax.nn.tau_resnet`` at each depth L in {10, 30
 drawn as in Allen-Zhu et al.) and ``'tau'`` with tau = 1/sqrt(L) (W_l ~ N(0, 2/m), Kaiming). Width 128.
 One full-batch gradient-descent step of the mean cross-entropy over all 4,000 MNIST-1D training
 examples, learning rate eta = 0.01 (the seed's training learning rate, Section 5.1) on every parameter
-(A, every W_l, B and the head's bias); 3 seeds (initialisations), vmapped. Then the output norm |y_i|
+(A, every W_l, B and the head's bias); 3 seeds (initialisations), vmapped. The models are built with
+``remat=True`` (``resjax.nn.residual.stack_blocks``): the gradient rematerialises the blocks in segments of
+about sqrt(L), the same numbers as without it (bit for bit on CPU) in a fraction of the memory (4,000 examples
+through 1,000 blocks with 3 seeds vmapped keep about 8 GB otherwise). Then the output norm |y_i|
 (the logits) of every training input, before and after the step. After the step the network is still
 positively homogeneous in h_0 (no biases but the head's), so |y| is computed in log space
 (``resjax.analysis.stability.log_space_propagation``, exact, the head's bias included): an output
@@ -32,9 +35,6 @@ curve's shape).
 
 from __future__ import annotations
 
-import math
-
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -42,7 +42,7 @@ import numpy as np
 import optax
 
 from experiments import common
-from resjax.analysis.stability import layer_and_params, log_space_propagation
+from resjax.analysis.stability import log_space_propagation
 from resjax.data import load_dataset
 from resjax.nn.tau_mlp import tau_resnet
 
@@ -87,37 +87,13 @@ def check(config) -> None:
             raise ValueError(f"{name}: must be an integer >= 1, got {config[name]!r}")
 
 
-def checkpointed_logits(model, params, x, segment: int | None = None):
-    """``model.apply({'params': params}, x)`` for a scanned post-order ``ResidualMLP`` without normalisation (the
-    ``'tau'`` and ``'fixup'`` kinds), with the blocks rematerialised in segments of ``segment`` (default about
-    sqrt(K)) blocks: the same stem, blocks and head, called on the same values in the same order, so the logits
-    and their gradient are those of ``model.apply`` (bit for bit on CPU, checked against it at the default size),
-    but the backward pass keeps only every segment's input and one segment's activations instead of every
-    block's. A full batch of 4,000 examples through 1,000 blocks with 3 seeds vmapped keeps 7.9 GB otherwise."""
-    if model.order != "post" or model.norm != "none" or not model.scan:
-        raise ValueError("model: checkpointed_logits needs a scanned post-order ResidualMLP without normalisation")
-    layer, call_kwargs, stacked = layer_and_params(model, {"params": params})
-    h = model.activation(nn.Dense(model.width, use_bias=model.use_bias).apply({"params": params["stem"]}, x))
-
-    def blocks(h, ps):
-        return jax.lax.scan(lambda u, p: (layer.apply({"params": p}, u, train=None), None), h, ps)[0]
-
-    k = model.num_blocks
-    segment = segment or max(1, math.isqrt(k))
-    whole, rest = divmod(k, segment)
-    head = jax.tree_util.tree_map(lambda a: a[:whole * segment].reshape(whole, segment, *a.shape[1:]), stacked)
-    h = jax.lax.scan(lambda u, ps: (jax.checkpoint(blocks)(u, ps), None), h, head)[0]
-    if rest:
-        h = jax.checkpoint(blocks)(h, jax.tree_util.tree_map(lambda a: a[whole * segment:], stacked))
-    return nn.Dense(model.num_classes).apply({"params": params["head"]}, h)
-
-
 def one_step(model, x, y, learning_rate: float):
-    """``key -> (log |y_i| at init, log |y_i| after one full-batch GD step)``, both ``(N,)``. The step's gradient
-    goes through ``checkpointed_logits`` (the same logits as ``model.apply``, in a fraction of the memory)."""
+    """``key -> (log |y_i| at init, log |y_i| after one full-batch GD step)``, both ``(N,)``. Build ``model`` with
+    ``remat=True`` (as ``run`` does) for the step's gradient to rematerialise the blocks in segments: the same
+    logits and gradient in a fraction of the memory."""
 
     def loss(params):
-        logits = checkpointed_logits(model, params, x)
+        logits = model.apply({"params": params}, x)
         return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
     def run(key):
@@ -140,7 +116,7 @@ def run(config, out_dir) -> dict:
     m: dict = {"num_examples": n}
     for depth in config.depths:
         for init in INITS:
-            model = tau_resnet(init, config.width, depth, data.num_classes, tau="1/sqrt(L)")
+            model = tau_resnet(init, config.width, depth, data.num_classes, tau="1/sqrt(L)", remat=True)
             before, after = jax.device_get(jax.jit(jax.vmap(one_step(model, x, y, config.learning_rate)))(keys))
             before, after = np.asarray(before, np.float64) / LN10, np.asarray(after, np.float64) / LN10
             m[f"log10_output_norm_at_init.{init}.L{depth}"] = float(np.median(before))

@@ -143,7 +143,7 @@ def _template(model, in_channels: int = 3):
     import jax
     import jax.numpy as jnp
 
-    unrolled = model.clone(scan=False)
+    unrolled = model.clone(scan=False, remat=False)
     x = jax.ShapeDtypeStruct((1, 32, 32, in_channels), jnp.float32)
     shapes = jax.eval_shape(lambda x: unrolled.init(jax.random.PRNGKey(0), x, train=False), x)
     return {c: _to_dict(v) for c, v in shapes.items() if c in ("params", "batch_stats")}
@@ -358,7 +358,7 @@ def bn_counts(model: ResNet, input_shape: Sequence[int]) -> dict[str, int]:
     import jax.numpy as jnp
 
     _check_model(model)
-    unrolled = model.clone(scan=False)
+    unrolled = model.clone(scan=False, remat=False)
     x = jax.ShapeDtypeStruct(tuple(input_shape), jnp.float32)
 
     def run(x):

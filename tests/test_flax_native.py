@@ -192,8 +192,8 @@ def test_each_model_has_its_kinds_fields():
     assert _fields(rn.CommonSettings) == common
     assert _fields(rn.ResNet) == common | CONV_ONLY - {"kernel_size"} | {
         "stage_sizes", "stage_widths", "num_classes", "tau_blocks", "learnable_tau", "stem", "stem_width", "scan",
-        "stem_head_biases", "stem_init", "block"}
-    mlp = common | MLP_ONLY | {"scan", "block"}
+        "remat", "stem_head_biases", "stem_init", "block"}
+    mlp = common | MLP_ONLY | {"scan", "remat", "block"}
     assert _fields(rn.ResidualMLP) == mlp | {"width", "num_blocks", "num_classes", "stem_init", "head_init"}
     assert _fields(rn.PlainMLP) == mlp | {"width", "depth", "num_classes", "stem_init", "head_init"}
     assert _fields(rn.ResidualStack) == mlp | {"width", "num_blocks"}

@@ -474,10 +474,11 @@ class ResidualBlock(PrecisionRepr, BlockSettings):
 
 
 def residual_stack(block_kwargs: dict, num_blocks: int, x: jax.Array, train: bool | None,
-                   tau: float | jax.Array | None, scan: bool, name: str = "blocks") -> jax.Array:
+                   tau: float | jax.Array | None, scan: bool, name: str = "blocks",
+                   remat: int | bool = False) -> jax.Array:
     """``num_blocks`` ``ResidualBlock(**block_kwargs)``s called as ``block(x, train, tau)``: ``stack_blocks`` with
-    that class (inside a ``@nn.compact`` method)."""
-    return stack_blocks(ResidualBlock, block_kwargs, num_blocks, x, train, tau, scan=scan, name=name)
+    that class (inside a ``@nn.compact`` method; ``remat`` as ``stack_blocks``'s)."""
+    return stack_blocks(ResidualBlock, block_kwargs, num_blocks, x, train, tau, scan=scan, name=name, remat=remat)
 
 
 # ---- configurations: the names users know, as settings of the one block ----

@@ -16,10 +16,12 @@ The block settings are an ``'mlp'`` block's (``MLPSettings``: ``num_layers``, ``
 class, a ``functools.partial`` whose settings win, or a mapping of settings). ``scan=True`` builds the blocks with
 ``nn.scan`` (one ``blocks/block`` subtree whose leaves have a leading axis of size K; compile time independent of depth;
 the same outputs for the same parameters, see ``resjax.nn.residual.stack_unrolled``); ``scan=False`` unrolls them
-(``blocks_0`` ...): the plain and the residual networks name their parameters alike. ``bias_init`` also draws the stem's
-and head's biases (fan-in = the layer's input size); ``stem_init``/``head_init`` (``None``: ``kernel_init``) draw the
-stem and head kernels. The models sow their stem's output (``stem_out``) and every block's (``block_out``) into
-``'intermediates'``.
+(``blocks_0`` ...): the plain and the residual networks name their parameters alike. ``remat`` (with ``scan=True``)
+rematerialises the scanned blocks in segments in the backward pass (``resjax.nn.residual.stack_blocks``): ``True``
+(segments of about sqrt(K) blocks) or a segment length; the same parameters, outputs and gradients in a fraction of
+the memory. ``bias_init`` also draws the stem's and head's biases (fan-in = the layer's input size);
+``stem_init``/``head_init`` (``None``: ``kernel_init``) draw the stem and head kernels. The models sow their stem's
+output (``stem_out``) and every block's (``block_out``) into ``'intermediates'``.
 """
 
 from __future__ import annotations
@@ -32,20 +34,22 @@ import jax
 from resjax.nn.block import MLPSettings, ResidualBlock, accept_moved_settings, resolve_block, setting
 from resjax.nn.init import get_bias_initializer, get_initializer
 from resjax.nn.precision import layer_dtypes, resolve_dtype
-from resjax.nn.residual import check_call_tau, check_positive, stack_blocks
+from resjax.nn.residual import check_call_tau, check_positive, check_remat, stack_blocks
 
 
 class _Stack(MLPSettings):
-    """What the MLPs share: the settings of an ``'mlp'`` block (``MLPSettings``), ``scan`` and ``block``;
-    subclasses give ``width`` and the number of blocks (``stack_size``)."""
+    """What the MLPs share: the settings of an ``'mlp'`` block (``MLPSettings``), ``scan``, ``remat`` and
+    ``block``; subclasses give ``width`` and the number of blocks (``stack_size``)."""
 
     scan: bool = setting(False)
+    remat: int | bool = setting(False)
     block: Any = setting(None)
 
     _settings = MLPSettings
 
     def __post_init__(self):
         check_positive("width", self.width)
+        check_remat(self.remat, self.scan)
         resolve_dtype(self.param_dtype, "param_dtype")
         self.block_kwargs()  # validates every block setting before anything is traced
         super().__post_init__()
@@ -66,7 +70,7 @@ class _Stack(MLPSettings):
 
     def _blocks(self, h: jax.Array, train: bool | None, tau: float | jax.Array | None) -> jax.Array:
         block, kwargs = resolve_block(self.block, ResidualBlock, self.block_kwargs())
-        return stack_blocks(block, kwargs, self.stack_size, h, train, tau, scan=self.scan)
+        return stack_blocks(block, kwargs, self.stack_size, h, train, tau, scan=self.scan, remat=self.remat)
 
 
 class _Classifier(_Stack):
@@ -128,6 +132,11 @@ class ResidualMLP(_Classifier):
         stem_init, head_init: the stem's and head's kernel initialisers; ``None`` (default): ``kernel_init``.
             With ``scaling='fixup'`` the head starts at zero (kernel and bias).
         scan: ``False`` (default): blocks ``blocks_0`` ... unrolled; ``True``: one ``nn.scan``.
+        remat: ``False`` (default): the scan keeps every block's activations for the backward pass. ``True`` or
+            a segment length S (an integer >= 1; ``True``: S = isqrt(K)): the blocks are rematerialised in
+            segments of S (``resjax.nn.residual.stack_blocks``): the backward pass keeps about K/S + S streams
+            instead of every block's, at the cost of a second forward pass. The same parameters (layout and
+            ``init`` values), outputs and gradients. Needs ``scan=True`` (else ``ValueError`` naming ``remat``).
         block: the block (a class, a ``functools.partial`` or a mapping of settings); ``None``: ``ResidualBlock``.
         The settings of an ``'mlp'`` block (``MLPSettings``: ``num_layers``, ``bias_init`` and ``CommonSettings``'
         ``order``, ``norm``, ``scaling``, ``tau``, ``kernel_init``, ``use_bias``, ``activation``, ``param_dtype``,

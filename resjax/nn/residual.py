@@ -8,7 +8,8 @@ chex asserts are enabled: after ``chex.disable_asserts()`` the same comparison i
 
 The pieces every residual block (``resjax.nn.block.ResidualBlock``) is made of, for writing new ones:
 ``scale_branch`` (the branch scale ``s``) and ``close_block`` (the merge), and the stacking of blocks
-(``stack_blocks``, unrolled or ``nn.scan``; ``stack_unrolled``/``unstack_scanned`` between the layouts).
+(``stack_blocks``, unrolled or ``nn.scan``, optionally rematerialised in segments: ``remat``;
+``stack_unrolled``/``unstack_scanned`` between the layouts).
 The branch scale ``s`` comes from ``scaling``:
 
 - ``none``: s = 1;
@@ -273,6 +274,10 @@ def scale_branch(block: nn.Module, h: jax.Array, tau: float | jax.Array | None =
     return bias(h)
 
 
+#: The collections a scanned stack of blocks splits over its leading block axis (``nn.scan``'s ``variable_axes``).
+_SCAN_AXES = {"params": 0, "batch_stats": 0, "intermediates": 0}
+
+
 class _ScanStep(nn.Module):
     """Adapts a block class to ``nn.scan``'s ``(carry, *broadcast) -> (carry, out)`` signature."""
 
@@ -284,25 +289,154 @@ class _ScanStep(nn.Module):
         return self.block_cls(**dict(self.block_kwargs), name="block")(x, *broadcast), None
 
 
+def check_remat(remat: int | bool, scan: bool = True) -> None:
+    """Raise ``ValueError`` naming ``remat`` unless it is ``False``, ``True`` or a segment length (an integer
+    >= 1), and, when it is not ``False``, unless ``scan`` is true (only a scanned stack is rematerialised)."""
+    if not (remat is False or remat is True or (isinstance(remat, int) and remat >= 1)):
+        raise ValueError(f"remat: must be False, True or a segment length (an integer >= 1), got {remat!r}")
+    if remat is not False and not scan:
+        raise ValueError(f"remat: rematerialising the blocks (remat={remat!r}) needs scan=True; an unrolled stack "
+                         "(scan=False) keeps every block's activations")
+
+
+def remat_segment(remat: int | bool, num_blocks: int) -> int | None:
+    """The blocks per rematerialised segment of a stack of ``num_blocks``: ``None`` for ``remat=False`` (no
+    rematerialisation), ``max(1, isqrt(num_blocks))`` for ``True``, else ``remat`` itself (checked by
+    ``check_remat``)."""
+    check_remat(remat)
+    if remat is False:
+        return None
+    return max(1, math.isqrt(num_blocks)) if remat is True else remat
+
+
+def _scan_blocks(module: nn.Module, x: jax.Array, broadcast: tuple, lengths: tuple[int, ...],
+                 remat: bool) -> jax.Array:
+    """``module.block`` applied ``prod(lengths)`` times on ``module``'s own scope: an ``nn.scan`` over
+    ``lengths[0]`` steps, each an ``nn.scan`` over ``lengths[1:]`` (the variables get one leading axis per
+    length), the inner scans checkpointed (``nn.remat``) when ``remat``. ``broadcast`` is closed over (passed
+    unchanged to every block, never traced by the checkpoint: ``train`` stays a Python value)."""
+    if not lengths:
+        return module.block(x, *broadcast)
+
+    def step(m: nn.Module, h: jax.Array) -> tuple[jax.Array, None]:
+        inner = lambda m2, h2: _scan_blocks(m2, h2, broadcast, lengths[1:], False)  # noqa: E731
+        if remat:  # inside a scan: no CSE barrier needed (flax's advice for nn.remat under nn.scan)
+            inner = nn.remat(inner, prevent_cse=False)
+        return inner(m, h), None
+
+    return nn.scan(step, variable_axes=_SCAN_AXES, split_rngs={"params": True}, length=lengths[0])(module, x)[0]
+
+
+class _Blocks(nn.Module):
+    """A scope holding one ``block`` child, for ``_scan_blocks`` (a segment view of ``_RematScan``)."""
+
+    block_cls: Any
+    block_kwargs: Any
+
+    def setup(self):
+        self.block = self.block_cls(**dict(self.block_kwargs))
+
+
+class _RematScan(nn.Module):
+    """``length`` blocks scanned as ``nn.scan(_ScanStep)`` would scan them, with the same variables (one
+    ``block`` subtree, leaves with a leading axis of size ``length``; ``init`` draws them exactly as the
+    plain scan does), but applied in checkpointed segments of ``segment`` blocks.
+
+    Outside ``init`` the variables are viewed (``nn.map_variables``) as ``head/block`` with leading axes
+    ``(length // segment, segment)`` and ``rest/block`` with ``(1, length % segment)``; each is an ``nn.scan``
+    over segments of a checkpointed ``nn.scan`` over a segment's blocks. The backward pass keeps every
+    segment's input and one segment's activations at a time (about ``length / segment + segment`` streams,
+    ``2 sqrt(length)`` at ``segment = sqrt(length)``) instead of every block's; the forward pass runs twice.
+    Updated ``batch_stats`` and sown ``intermediates`` are joined back into the one-axis layout (with flax's
+    ``capture_intermediates``, this module's own ``__call__`` output is the stream, not ``nn.scan``'s
+    ``(stream, None)``)."""
+
+    block_cls: Any
+    block_kwargs: Any
+    length: int
+    segment: int
+
+    def setup(self):
+        self.block = self.block_cls(**dict(self.block_kwargs))
+        self.head = _Blocks(self.block_cls, self.block_kwargs)
+        self.rest = _Blocks(self.block_cls, self.block_kwargs)
+
+    def __call__(self, x: jax.Array, *broadcast: Any) -> jax.Array:
+        if self.is_initializing():  # the plain scan's variables, drawn from the same keys
+            return _scan_blocks(self, x, broadcast, (self.length,), False)
+        whole, rest = divmod(self.length, self.segment)
+        cut = whole * self.segment
+
+        def split(variables: dict) -> dict:
+            out = {}
+            for col, tree in variables.items():
+                if col not in _SCAN_AXES or "block" not in tree:
+                    out[col] = tree
+                    continue
+                stacked, view = tree["block"], {k: v for k, v in tree.items() if k != "block"}
+                if whole:
+                    view["head"] = {"block": jax.tree_util.tree_map(
+                        lambda a: a[:cut].reshape(whole, self.segment, *a.shape[1:]), stacked)}
+                if rest:
+                    view["rest"] = {"block": jax.tree_util.tree_map(lambda a: a[cut:][None], stacked)}
+                out[col] = view
+            return out
+
+        def join(variables: dict) -> dict:
+            out = {}
+            for col, tree in variables.items():
+                parts = [jax.tree_util.tree_map(lambda a: a.reshape(-1, *a.shape[2:]), tree[part]["block"])
+                         for part in ("head", "rest") if "block" in tree.get(part, {})]
+                if col not in _SCAN_AXES or not parts:
+                    out[col] = tree
+                    continue
+                out[col] = {k: v for k, v in tree.items() if k not in ("head", "rest")}
+                out[col]["block"] = jax.tree_util.tree_map(lambda *a: jnp.concatenate(a), *parts)
+            return out
+
+        def segments(m: nn.Module, h: jax.Array) -> jax.Array:
+            if whole:
+                h = _scan_blocks(m.head, h, broadcast, (whole, self.segment), True)
+            if rest:
+                h = _scan_blocks(m.rest, h, broadcast, (1, rest), True)
+            return h
+
+        return nn.map_variables(segments, True, split, join, mutable=True)(self, x)
+
+
 def stack_blocks(block_cls: type[nn.Module], block_kwargs: dict, num_blocks: int, x: jax.Array, *broadcast: Any,
-                 scan: bool, name: str = "blocks") -> jax.Array:
+                 scan: bool, name: str = "blocks", remat: int | bool = False) -> jax.Array:
     """Apply ``num_blocks`` blocks ``block_cls(**block_kwargs)(x, *broadcast)`` one after another, unrolled
     (``name_0`` ... ``name_{K-1}``) or with ``nn.scan`` (one ``name/block`` subtree whose leaves have a
     leading axis of size K; ``broadcast`` is passed unchanged to every block).
 
+    ``remat`` (only with ``scan=True``; else ``ValueError`` naming ``remat``): ``False`` (default): a plain
+    ``nn.scan``, whose backward pass keeps every block's activations. ``True`` or an integer S >= 1: the
+    blocks are rematerialised in segments of S blocks (``True``: S = ``max(1, isqrt(K))``; the last segment
+    has the ``K mod S`` left over): the backward pass keeps every segment's input and recomputes one segment's
+    activations at a time, about K/S + S streams instead of every block's (the forward pass runs twice).
+    The parameters (and ``batch_stats``, ``intermediates``) have the same layout as without ``remat`` (one
+    ``name/block`` subtree, leading axis K), ``init`` draws the same values from the same key, and the
+    outputs and gradients are the same computation, in the same order (bit for bit on CPU for resjax's MLPs).
+
     Must be called inside a ``@nn.compact`` method. ``unstack_scanned``/``stack_unrolled`` convert
     between the two parameter layouts. ``num_blocks = 0`` returns ``x`` (a one-block ResNet stage).
     """
+    check_remat(remat, scan)
     if num_blocks == 0:
         return x
     if scan:
+        kwargs = tuple(sorted(block_kwargs.items()))
+        segment = remat_segment(remat, num_blocks)
+        if segment is not None:
+            return _RematScan(block_cls, kwargs, num_blocks, segment, name=name)(x, *broadcast)
         stack = nn.scan(
             _ScanStep,
-            variable_axes={"params": 0, "batch_stats": 0, "intermediates": 0},
+            variable_axes=_SCAN_AXES,
             split_rngs={"params": True},
             in_axes=(nn.broadcast,) * len(broadcast),
             length=num_blocks,
-        )(block_cls=block_cls, block_kwargs=tuple(sorted(block_kwargs.items())), name=name)
+        )(block_cls=block_cls, block_kwargs=kwargs, name=name)
         x, _ = stack(x, *broadcast)
         return x
     for k in range(num_blocks):

@@ -95,8 +95,8 @@ from resjax.nn.block import (BLOCK_KINDS, CONV_KERNEL_INIT, OPTION_A_INPUTS, SHO
 from resjax.nn.init import get_bias_initializer, get_initializer
 from resjax.nn.norms import check_norm, make_norm
 from resjax.nn.precision import PrecisionRepr, layer_dtypes, resolve_dtype
-from resjax.nn.residual import (check_call_tau, check_choice, check_positive, resolve_tau, scalar_param_dtype,
-                                stack_blocks)
+from resjax.nn.residual import (check_call_tau, check_choice, check_positive, check_remat, resolve_tau,
+                                scalar_param_dtype, stack_blocks)
 
 __all__ = ["BLOCK_KINDS", "CIFAR_DEPTHS", "IMAGENET_STAGES", "OPTION_A_INPUTS", "REPOSITORY_MODELS", "SHORTCUTS",
            "TAU_CONVENTIONS", "ResNet", "ResNetBlock", "TakiBlock", "TakiResNet", "cifar_resnet", "imagenet_resnet",
@@ -145,6 +145,10 @@ class ResNet(PrecisionRepr, ConvSettings):
         stem_width: the stem's output channels; an integer >= 1. Default 16.
         scan: ``False`` (default): each stage's blocks after the first unrolled (``stage{i}_0`` ...);
             ``True``: one ``nn.scan`` per stage (``stage{i}/block``, leaves with a leading axis).
+        remat: with ``scan=True``, rematerialise each stage's scanned blocks in the backward pass, in segments
+            (``resjax.nn.residual.stack_blocks``): ``False`` (default): not; ``True``: segments of isqrt(n) of a
+            stage's n scanned blocks; an integer S >= 1: segments of S. The same parameters, outputs and
+            gradients in less memory (a second forward pass). Needs ``scan=True`` (else ``ValueError``).
         stem_head_biases: the scalar biases ``stem_bias`` and ``head_bias``: ``True``, ``False`` or ``None``
             (default: whenever the blocks have scalar biases).
         stem_init: the stem conv's initialiser; ``None`` (default): ``kernel_init``.
@@ -169,6 +173,7 @@ class ResNet(PrecisionRepr, ConvSettings):
     stem: str = "cifar"
     stem_width: int = 16
     scan: bool = False
+    remat: int | bool = setting(False)  # keyword-only
     stem_head_biases: bool | None = None
     stem_init: str | Callable | None = None
     block: Any = None
@@ -192,6 +197,7 @@ class ResNet(PrecisionRepr, ConvSettings):
         check_positive("num_classes", self.num_classes)
         check_positive("stem_width", self.stem_width)
         check_choice("stem", self.stem, STEMS)
+        check_remat(self.remat, self.scan)
         if self.tau_blocks is not None:
             check_positive("tau_blocks", self.tau_blocks)
         if self.learnable_tau and self.scaling != "tau":
@@ -292,7 +298,8 @@ class ResNet(PrecisionRepr, ConvSettings):
         for s, size in enumerate(self.stage_sizes):
             block, first = self._block(s, 1 if s == 0 else 2)
             h = block(**first, name=f"stage{s + 1}_first")(h, train, tau)
-            h = stack_blocks(*self._block(s, 1), size - 1, h, train, tau, scan=self.scan, name=f"stage{s + 1}")
+            h = stack_blocks(*self._block(s, 1), size - 1, h, train, tau, scan=self.scan, name=f"stage{s + 1}",
+                             remat=self.remat)
         if self.order == "pre":
             h = self.activation(make_norm(self.norm, train=train, name="final_norm", dtype=self.dtype,
                                           param_dtype=self.param_dtype)(h))
@@ -388,6 +395,9 @@ class TakiResNet(PrecisionRepr, nn.Module):
             ``resjax.nn.init`` name or function (e.g. ``'he_normal'``).
         scan: ``True`` (default): the blocks as one ``nn.scan`` (``blocks/block``); ``False``: unrolled
             (``blocks_0`` ...).
+        remat: with ``scan=True``, rematerialise the blocks in the backward pass in segments
+            (``resjax.nn.residual.stack_blocks``): ``False`` (default), ``True`` (segments of isqrt(num_blocks))
+            or a segment length S >= 1. The same parameters, outputs and gradients in less memory.
         activation: the activation function. Default ``flax.linen.relu``.
         dtype: the computation dtype, as ``ResNet``'s: ``None`` (default; float32), ``'float32'``,
             ``'bfloat16'`` or ``'float16'``; parameters and ``batch_stats`` stay float32, the logits are
@@ -402,6 +412,7 @@ class TakiResNet(PrecisionRepr, nn.Module):
     norm: str | Callable = "none"
     kernel_init: str | Callable = "taki"
     scan: bool = True
+    remat: int | bool = setting(False)  # keyword-only
     activation: Callable = nn.relu
     dtype: Any = None
     block: Any = None
@@ -413,6 +424,7 @@ class TakiResNet(PrecisionRepr, nn.Module):
         check_positive("num_blocks", self.num_blocks)
         check_positive("features", self.features)
         check_positive("kernel_size", self.kernel_size)
+        check_remat(self.remat, self.scan)
         check_positive("num_classes", self.num_classes)
         check_norm(self.norm)
         self._block()  # raises on an unknown initialiser
@@ -452,7 +464,7 @@ class TakiResNet(PrecisionRepr, nn.Module):
             x = x.astype(dtypes["dtype"])
         h = nn.Conv(self.features, (3, 3), padding="SAME", use_bias=False,
                     kernel_init=get_initializer("he_normal_fan_in"), name="stem_conv", **dtypes)(x)
-        h = stack_blocks(*self._block(), self.num_blocks, h, train, scan=self.scan)
+        h = stack_blocks(*self._block(), self.num_blocks, h, train, scan=self.scan, remat=self.remat)
         h = jnp.mean(h, axis=(1, 2))
         logits = nn.Dense(self.num_classes, kernel_init=get_initializer(HEAD_INIT),
                           bias_init=get_bias_initializer("torch_default", h.shape[-1]), name="head", **dtypes)(h)

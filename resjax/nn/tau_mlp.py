@@ -87,12 +87,16 @@ def tau_value(tau: float | str, depth: int) -> float:
 
 
 def tau_resnet(kind: str, width: int, depth: int, num_classes: int = 10, *, tau: float | str = "1/sqrt(L)",
-               seed_indexing: bool = False, scan: bool = True, param_dtype: Any = None) -> PlainMLP | ResidualMLP:
+               seed_indexing: bool = False, scan: bool = True, remat: int | bool = False,
+               param_dtype: Any = None) -> PlainMLP | ResidualMLP:
     """The seed's fully connected network of ``kind`` in ``KINDS``; see the module docstring.
 
     ``depth`` = L; ``tau`` is used by ``kind='tau'`` only (a number or a rule of L, resolved at L =
     ``depth``; the module's ``tau`` field holds the number, and a traced ``tau`` at call time replaces it).
     ``param_dtype``: every parameter's dtype (``None``: float32), as the models' field.
+    ``remat``: rematerialise the scanned blocks in segments in the backward pass, as the models' field (``False``,
+    the default; ``True``: segments of isqrt(K) blocks; an integer: the segment length): the same parameters and
+    numbers in less memory.
     Every bad setting raises ``ValueError`` naming it before anything is traced.
     """
     if kind not in KINDS:
@@ -102,9 +106,10 @@ def tau_resnet(kind: str, width: int, depth: int, num_classes: int = 10, *, tau:
     k = num_blocks_for(depth, seed_indexing)
     if kind == "plain":
         return PlainMLP(width=width, depth=k, num_classes=num_classes, kernel_init=BLOCK_INIT, stem_init=STEM_INIT,
-                        head_init=HEAD_INIT, use_bias=False, scan=scan, param_dtype=param_dtype)
+                        head_init=HEAD_INIT, use_bias=False, scan=scan, remat=remat, param_dtype=param_dtype)
     common = dict(width=width, num_blocks=k, num_classes=num_classes, num_layers=1, order="post",
-                  stem_init=STEM_INIT, head_init=HEAD_INIT, use_bias=False, scan=scan, param_dtype=param_dtype)
+                  stem_init=STEM_INIT, head_init=HEAD_INIT, use_bias=False, scan=scan, remat=remat,
+                  param_dtype=param_dtype)
     if kind == "tau":
         return ResidualMLP(**common, scaling="tau", tau=tau_value(tau, depth), kernel_init=BLOCK_INIT)
     if kind == "bn":

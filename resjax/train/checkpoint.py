@@ -288,7 +288,7 @@ def describe_model(model: nn.Module) -> str:
 
 
 #: Fields a description may lack that mean nothing when at these values (added to the models since).
-_ADDED_DEFAULTS = {"param_dtype": "None"}
+_ADDED_DEFAULTS = {"param_dtype": "None", "remat": "False"}
 
 
 def _attributes(text: str) -> tuple[str, dict[str, str]]:
@@ -311,15 +311,15 @@ def same_model_description(saved: str, current: str) -> bool:
     """Whether a checkpoint's recorded ``describe_model`` text ``saved`` describes the model ``current``
     describes: equal texts, or the same class and attributes except (1) the block settings of other branch kinds
     that ``ResNet`` and the MLPs carried before each model took only its kind's (``resjax.nn.moved_settings``:
-    the model ignored them, so their values change nothing) and (2) ``param_dtype = None`` (added since). So a
-    checkpoint written before that change resumes."""
+    the model ignored them, so their values change nothing) and (2) ``param_dtype = None`` and ``remat = False``
+    (added since; also on ``TakiResNet``). So a checkpoint written before those changes resumes."""
     if saved == current:
         return True
-    from resjax.nn import BlockSettings, PlainMLP, ResidualMLP, ResidualStack, ResNet, moved_settings
+    from resjax.nn import BlockSettings, PlainMLP, ResidualMLP, ResidualStack, ResNet, TakiResNet, moved_settings
 
     name, old = _attributes(saved)
     name_now, new = _attributes(current)
-    models = {cls.__name__: cls for cls in (ResNet, ResidualMLP, PlainMLP, ResidualStack)}
+    models = {cls.__name__: cls for cls in (ResNet, ResidualMLP, PlainMLP, ResidualStack, TakiResNet)}
     if name != name_now or name not in models:
         return False
     dropped = set(moved_settings(models[name], BlockSettings))
