@@ -547,7 +547,6 @@ class FlopCounter:
         jax.monitoring.register_event_duration_secs_listener(self._on_duration)
         jax.monitoring.register_event_listener(self._on_event)
         self._saved = (original_call, original_fastpath)
-        self.start = time.perf_counter()
         return self
 
     def __exit__(self, *exc) -> None:
