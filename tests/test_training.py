@@ -258,3 +258,17 @@ def test_a_non_finite_gradient_entry_freezes_the_run_even_with_a_finite_loss(bad
     ok, still = guarded_step(state, tx, jax.tree_util.tree_map(jnp.ones_like, grads), jnp.float32(0.5), {},
                              jnp.int32(-1), jnp.int32(6))
     assert int(still) == -1 and int(ok.step) == 5 and float(ok.params["a"][0]) == pytest.approx(0.9)
+
+
+# Broken on purpose: Trainer._sweep calling `self._chunk_fn(n)` (a program per chunk length) without hooks: the
+# chunks of 2, 3 and 1 epochs compile three programs and this test fails.
+def test_chunks_of_every_length_are_one_program_and_equal_one_chunk_bit_for_bit():
+    c = tiny_config()
+    c.train.epochs = 6
+    trainer = make_train(c, DATA)
+    keys = jax.random.split(jax.random.key(4), 2)
+    whole, _ = trainer.sweep(keys, chunk_epochs=6)
+    for chunk in (1, 4):  # 1 x 6, then 4 + 2: lengths 6, 1, 4, 2, all one program
+        chunked, _ = trainer.sweep(keys, chunk_epochs=chunk)
+        _same_runs(whole, chunked)
+    assert [k for k in trainer._programs if k[0] == "chunk"] == [("chunk",)]
