@@ -240,7 +240,7 @@ def _whereabouts(start: float, expected: list, k: int) -> str:
 
 
 def main(argv=None) -> pathlib.Path:
-    common.start()
+    common.start(argv)
     parser = common.ArgumentParser(prog="python -m experiments.reproduce", description=__doc__.split("\n\n")[0],
                                    epilog="Each experiment's own --help says what its --quick and --full change.")
     size = parser.add_mutually_exclusive_group()

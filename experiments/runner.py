@@ -116,15 +116,17 @@ def release_memory() -> None:
         pass
 
 
-def start() -> None:
+def start(argv=None) -> None:
     """What an entry point does before JAX's first computation: every CPU core a device
-    (``resjax.use_every_cpu_core``, so seed sweeps shard across cores), compiled programs kept on disk for
+    (``resjax.use_every_cpu_core``, so seed sweeps shard across cores), with fast compiles when the command line
+    (``argv``, default ``sys.argv[1:]``) asks for ``--quick`` sizes, whose programs take longer to compile than to
+    run (``use_every_cpu_core(fast_compile=True)``: XLA's optimisation passes off), compiled programs kept on disk for
     the next run (``resjax.enable_compilation_cache``: ``~/.cache/resjax/jax``; ``RESJAX_COMPILATION_CACHE=0``
     turns it off) and, when the environment asks for several processes, ``jax.distributed.initialize()``
     (``resjax.train.distributed.initialize_if_needed``)."""
     import resjax
 
-    resjax.use_every_cpu_core()
+    resjax.use_every_cpu_core(fast_compile=True if "--quick" in (sys.argv[1:] if argv is None else argv) else None)
     resjax.enable_compilation_cache()
     from resjax.train.distributed import initialize_if_needed
 
@@ -160,7 +162,7 @@ def folder_in_use_ends_the_run(name: str):
 
 def main(module, argv=None) -> dict:
     """The command line of ``module`` (a module or its name, e.g. ``__name__``)."""
-    start()
+    start(argv)
     if isinstance(module, str):
         module = sys.modules[module]
     options: dict = {}

@@ -10,8 +10,12 @@ import resjax
 YNN = resjax.CPU_XLA_FLAGS[0].split("=")[0]
 
 
-def flags_after(monkeypatch, xla_flags="", devices="3", cpu_flags=None, jaxlib=(0, 10, 2)):
+def flags_after(monkeypatch, xla_flags="", devices="3", cpu_flags=None, jaxlib=(0, 10, 2), fast=None):
     monkeypatch.setenv("XLA_FLAGS", xla_flags)
+    if fast is None:
+        monkeypatch.delenv("RESJAX_FAST_COMPILE", raising=False)  # the suite's own runs with it (tests/conftest.py)
+    else:
+        monkeypatch.setenv("RESJAX_FAST_COMPILE", fast)
     monkeypatch.setenv("RESJAX_CPU_DEVICES", devices)
     if cpu_flags is None:
         monkeypatch.delenv("RESJAX_XLA_CPU_FLAGS", raising=False)
@@ -40,3 +44,31 @@ def test_options_the_user_set_are_kept(monkeypatch):
 def test_an_older_jaxlib_gets_no_flag_it_would_abort_on(monkeypatch):
     assert flags_after(monkeypatch, jaxlib=(0, 9, 0)) == ["--xla_force_host_platform_device_count=3"]
     assert flags_after(monkeypatch, jaxlib=None) == ["--xla_force_host_platform_device_count=3"]
+
+
+@pytest.fixture
+def jax_optimisations(monkeypatch):
+    """``JAX_DISABLE_MOST_OPTIMIZATIONS`` unset, and JAX's setting restored after the test."""
+    import jax
+
+    old = jax.config.read("jax_disable_most_optimizations")
+    monkeypatch.delenv("JAX_DISABLE_MOST_OPTIMIZATIONS", raising=False)
+    jax.config.update("jax_disable_most_optimizations", False)
+    yield jax
+    jax.config.update("jax_disable_most_optimizations", old)
+
+
+@pytest.mark.parametrize("value", ["1", "true"])
+def test_fast_compile_adds_its_flags_and_turns_xla_passes_off(monkeypatch, jax_optimisations, value):
+    assert flags_after(monkeypatch, fast=value) == ["--xla_force_host_platform_device_count=3", *resjax.CPU_XLA_FLAGS,
+                                                    *resjax.FAST_COMPILE_XLA_FLAGS]
+    assert os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] == "1"  # for the processes this one starts
+    assert jax_optimisations.config.read("jax_disable_most_optimizations")  # and this one, JAX imported already
+
+
+def test_fast_compile_keeps_what_the_user_set(monkeypatch, jax_optimisations):
+    monkeypatch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "0")
+    assert flags_after(monkeypatch, fast="0") == ["--xla_force_host_platform_device_count=3", *resjax.CPU_XLA_FLAGS]
+    assert flags_after(monkeypatch, fast="1", cpu_flags="0", jaxlib=(0, 9, 0)) == [
+        "--xla_force_host_platform_device_count=3"]  # an older jaxlib: no flag it would abort on
+    assert not jax_optimisations.config.read("jax_disable_most_optimizations")
