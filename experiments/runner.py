@@ -120,13 +120,15 @@ def start(argv=None) -> None:
     """What an entry point does before JAX's first computation: every CPU core a device
     (``resjax.use_every_cpu_core``, so seed sweeps shard across cores), with fast compiles when the command line
     (``argv``, default ``sys.argv[1:]``) asks for ``--quick`` sizes, whose programs take longer to compile than to
-    run (``use_every_cpu_core(fast_compile=True)``: XLA's optimisation passes off), compiled programs kept on disk for
+    run (``use_every_cpu_core(fast_compile=True)``: XLA's optimisation passes off; ``RESJAX_FAST_COMPILE`` set to
+    ``0`` or ``1`` decides instead), compiled programs kept on disk for
     the next run (``resjax.enable_compilation_cache``: ``~/.cache/resjax/jax``; ``RESJAX_COMPILATION_CACHE=0``
     turns it off) and, when the environment asks for several processes, ``jax.distributed.initialize()``
     (``resjax.train.distributed.initialize_if_needed``)."""
     import resjax
 
-    resjax.use_every_cpu_core(fast_compile=True if "--quick" in (sys.argv[1:] if argv is None else argv) else None)
+    quick = "--quick" in (sys.argv[1:] if argv is None else argv)
+    resjax.use_every_cpu_core(fast_compile=True if quick and "RESJAX_FAST_COMPILE" not in os.environ else None)
     resjax.enable_compilation_cache()
     from resjax.train.distributed import initialize_if_needed
 
