@@ -128,7 +128,7 @@ def start(argv=None) -> None:
     import resjax
 
     quick = "--quick" in (sys.argv[1:] if argv is None else argv)
-    resjax.use_every_cpu_core(fast_compile=True if quick and "RESJAX_FAST_COMPILE" not in os.environ else None)
+    resjax.use_every_cpu_core(fast_compile=None if "RESJAX_FAST_COMPILE" in os.environ else quick)
     resjax.enable_compilation_cache()
     from resjax.train.distributed import initialize_if_needed
 

@@ -72,3 +72,20 @@ def test_fast_compile_keeps_what_the_user_set(monkeypatch, jax_optimisations):
     assert flags_after(monkeypatch, fast="1", cpu_flags="0", jaxlib=(0, 9, 0)) == [
         "--xla_force_host_platform_device_count=3"]  # an older jaxlib: no flag it would abort on
     assert not jax_optimisations.config.read("jax_disable_most_optimizations")
+
+
+@pytest.mark.parametrize("argv, env, fast", [(["--quick"], None, True), (["--out", "x"], None, False),
+                                             (["--quick"], "0", False), ([], "1", True)])
+def test_an_entry_point_compiles_fast_for_quick_sizes_unless_the_environment_decides(monkeypatch, jax_optimisations,
+                                                                                     argv, env, fast):
+    from experiments import runner
+
+    monkeypatch.setenv("XLA_FLAGS", "")
+    monkeypatch.setattr(resjax, "_jaxlib_version", lambda: (0, 10, 2))
+    if env is None:
+        monkeypatch.delenv("RESJAX_FAST_COMPILE", raising=False)
+    else:
+        monkeypatch.setenv("RESJAX_FAST_COMPILE", env)
+    runner.start(argv)
+    assert (resjax.FAST_COMPILE_XLA_FLAGS[0] in os.environ["XLA_FLAGS"].split()) == fast
+    assert jax_optimisations.config.read("jax_disable_most_optimizations") == fast
