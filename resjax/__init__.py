@@ -36,7 +36,7 @@ CPU_XLA_FLAGS_SINCE = (0, 10, 1)
 #: sizes), added by ``use_every_cpu_core(fast_compile=True)`` with XLA's optimisation passes off
 #: (``jax_disable_most_optimizations``): XLA's older loop emitters instead of its fusion emitters. Measured on this
 #: project's 2-core CPU with jaxlib 0.10.2 (compile time of a new-shape eager op 34 -> 20 ms, of an eager
-#: ``jax.random.normal`` 134 -> 73 ms). Programs compiled so may round differently from the default ones.
+#: ``jax.random.normal`` 134 -> 73 ms). Programs compiled so round differently from the default ones.
 FAST_COMPILE_XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false",)
 #: Values of ``RESJAX_FAST_COMPILE`` that turn fast compiles on.
 ON_VALUES = ("1", "on", "true", "yes")
@@ -84,8 +84,8 @@ def use_every_cpu_core(fast_compile: bool | None = None) -> None:
     ``fast_compile=True`` (default: ``RESJAX_FAST_COMPILE`` set to ``1``) is for runs that compile more than they
     compute: XLA's optimisation passes off (``JAX_DISABLE_MOST_OPTIMIZATIONS=1`` unless that is set already) and
     ``FAST_COMPILE_XLA_FLAGS`` (on the CPU, with a jaxlib from ``CPU_XLA_FLAGS_SINCE`` on). The experiments'
-    ``--quick`` sizes run so (the test suite does not: ``tests/conftest.py``); results may differ from a default
-    compile in the last bits.
+    ``--quick`` sizes run so (the test suite does not: ``tests/conftest.py``). Such programs round differently from a
+    default compile, and training carries rounding differences further: results are not bit-identical to it.
     """
     if fast_compile is None:
         fast_compile = os.environ.get("RESJAX_FAST_COMPILE", "").strip().lower() in ON_VALUES
