@@ -32,12 +32,6 @@ CPU_XLA_FLAGS = ("--xla_cpu_experimental_ynn_fusion_type=-individual_convolution
 OFF_VALUES = ("0", "off", "false", "no", "none")
 #: The first jaxlib that knows every flag of ``CPU_XLA_FLAGS`` (XLA aborts on a flag it does not know).
 CPU_XLA_FLAGS_SINCE = (0, 10, 1)
-#: XLA:CPU options for a process whose programs take longer to compile than to run (the experiments' ``--quick``
-#: sizes), added by ``use_every_cpu_core(fast_compile=True)`` with XLA's optimisation passes off
-#: (``jax_disable_most_optimizations``): XLA's older loop emitters instead of its fusion emitters. Measured on this
-#: project's 2-core CPU with jaxlib 0.10.2 (compile time of a new-shape eager op 34 -> 20 ms, of an eager
-#: ``jax.random.normal`` 134 -> 73 ms). Programs compiled so round differently from the default ones.
-FAST_COMPILE_XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false",)
 #: Values of ``RESJAX_FAST_COMPILE`` that turn fast compiles on.
 ON_VALUES = ("1", "on", "true", "yes")
 
@@ -82,10 +76,12 @@ def use_every_cpu_core(fast_compile: bool | None = None) -> None:
     unaffected by either.
 
     ``fast_compile=True`` (default: ``RESJAX_FAST_COMPILE`` set to ``1``) is for runs that compile more than they
-    compute: XLA's optimisation passes off (``JAX_DISABLE_MOST_OPTIMIZATIONS=1`` unless that is set already) and
-    ``FAST_COMPILE_XLA_FLAGS`` (on the CPU, with a jaxlib from ``CPU_XLA_FLAGS_SINCE`` on). The experiments'
-    ``--quick`` sizes run so (the test suite does not: ``tests/conftest.py``). Such programs round differently from a
-    default compile, and training carries rounding differences further: results are not bit-identical to it.
+    compute: XLA's optimisation passes off (``JAX_DISABLE_MOST_OPTIMIZATIONS=1`` unless that is set already). The
+    experiments' ``--quick`` sizes and the test suite run so. Such programs round differently from a default
+    compile, and training carries rounding differences further: results are not bit-identical to it. (XLA:CPU's
+    older loop emitters, ``--xla_cpu_use_fusion_emitters=false``, would halve the compile time of small programs
+    again, but a run chunked differently, or resumed from a checkpoint, then no longer ends bit-identical to the
+    run in one program: not used.)
     """
     if fast_compile is None:
         fast_compile = os.environ.get("RESJAX_FAST_COMPILE", "").strip().lower() in ON_VALUES
@@ -99,7 +95,6 @@ def use_every_cpu_core(fast_compile: bool | None = None) -> None:
         options += CPU_XLA_FLAGS
     if fast_compile:
         _disable_most_optimizations()
-        options += FAST_COMPILE_XLA_FLAGS
     jaxlib = _jaxlib_version() if options else None
     if jaxlib is not None and jaxlib >= CPU_XLA_FLAGS_SINCE:
         for flag in options:

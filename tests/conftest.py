@@ -22,10 +22,9 @@ import tempfile
 # CPU, one module at a time (-n 0, CPU seconds): test_readme 88 -> 44, test_tau 53 -> 26, test_batchnorm
 # 45 -> 23, test_paths 38 -> 24; test_peer_training 42 -> 51 (float64 convolutions; kept optimised).
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
-# The experiments' --quick sizes compile with resjax's fast-compile XLA flags (``resjax.use_every_cpu_core``); the
-# suite's processes, and the entry points it starts, all compile alike, without them, unless told otherwise
-# (``RESJAX_FAST_COMPILE=1`` before pytest starts): tests compare numbers across those processes bit for bit.
-os.environ.setdefault("RESJAX_FAST_COMPILE", "0")
+# The experiments' entry points at --quick sizes compile so too (``resjax.use_every_cpu_core(fast_compile=True)``),
+# and keep what the run set here: the suite's processes all compile alike (tests compare numbers across them bit
+# for bit).
 
 # Tests never write to the user's cache.
 os.environ.setdefault("RESJAX_CACHE", os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "resjax"))

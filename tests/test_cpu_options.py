@@ -59,9 +59,10 @@ def jax_optimisations(monkeypatch):
 
 
 @pytest.mark.parametrize("value", ["1", "true"])
-def test_fast_compile_adds_its_flags_and_turns_xla_passes_off(monkeypatch, jax_optimisations, value):
-    assert flags_after(monkeypatch, fast=value) == ["--xla_force_host_platform_device_count=3", *resjax.CPU_XLA_FLAGS,
-                                                    *resjax.FAST_COMPILE_XLA_FLAGS]
+def test_fast_compile_turns_xla_passes_off_and_adds_no_flag(monkeypatch, jax_optimisations, value):
+    # no XLA flag: the loop emitters (--xla_cpu_use_fusion_emitters=false) compile faster still, but a run chunked
+    # otherwise then no longer ends bit-identical (resjax/__init__.py)
+    assert flags_after(monkeypatch, fast=value) == ["--xla_force_host_platform_device_count=3", *resjax.CPU_XLA_FLAGS]
     assert os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] == "1"  # for the processes this one starts
     assert jax_optimisations.config.read("jax_disable_most_optimizations")  # and this one, JAX imported already
 
@@ -87,5 +88,4 @@ def test_an_entry_point_compiles_fast_for_quick_sizes_unless_the_environment_dec
     else:
         monkeypatch.setenv("RESJAX_FAST_COMPILE", env)
     runner.start(argv)
-    assert (resjax.FAST_COMPILE_XLA_FLAGS[0] in os.environ["XLA_FLAGS"].split()) == fast
     assert jax_optimisations.config.read("jax_disable_most_optimizations") == fast
