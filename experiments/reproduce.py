@@ -211,31 +211,52 @@ def rebuild_report(out="runs", size_name: str = "default", names=None) -> pathli
 
 #: The committed report's results (default size): each experiment's time there weighs the time-left estimate.
 REFERENCE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "report"
+#: Each experiment's seconds at ``--quick`` size (compilation included), measured from an empty compilation cache:
+#: they weigh a quick run's time-left estimate (``record_quick_seconds`` writes the file from a quick run's results).
+QUICK_SECONDS = pathlib.Path(__file__).resolve().parent / "quick_seconds.json"
 
 
 def _expected_seconds(name: str, label: str) -> float | None:
-    """The experiment's time in the committed default-size report (None for other sizes or when absent)."""
-    path = REFERENCE / name / "results.json"
-    if label != "default" or not path.exists():
+    """The experiment's measured time at this size: the committed default-size report's for ``default``,
+    ``QUICK_SECONDS``'s for ``quick`` and a ``quick stand-in``; None for other sizes or when absent."""
+    path, key = ((REFERENCE / name / "results.json", "seconds") if label == "default"
+                 else (QUICK_SECONDS, name) if label.startswith("quick") else (None, None))
+    if path is None or not path.exists():
         return None
     try:
-        return float(json.loads(path.read_text())["seconds"])
+        return float(json.loads(path.read_text())[key])
     except (ValueError, KeyError, TypeError):
         return None
 
 
+def record_quick_seconds(out="runs", path=QUICK_SECONDS) -> dict:
+    """Write ``QUICK_SECONDS`` from the ``results.json`` of a quick run (``python -m experiments.reproduce --quick
+    --fresh`` with ``RESJAX_COMPILATION_CACHE`` pointing at an empty folder, on an idle machine): each experiment's
+    ``seconds``, in ``REGISTRY`` order. Run ``python -c "from experiments.reproduce import record_quick_seconds;
+    record_quick_seconds()"``."""
+    seconds = {}
+    for name in REGISTRY:
+        results = json.loads((pathlib.Path(out) / f"{name}-quick" / "results.json").read_text())
+        seconds[name] = round(float(results["seconds"]), 1)
+    pathlib.Path(path).write_text(json.dumps(seconds, indent=1) + "\n")
+    return seconds
+
+
 def _whereabouts(start: float, expected: list, k: int) -> str:
-    """``'12:03 elapsed, about 20:00 left'``: the time left is the reference report's times of the remaining
-    experiments scaled by how this machine compares on the finished ones (by count when no times are known)."""
+    """``'12:03 elapsed, about 20:00 left'`` before experiment ``k`` (0-based) of ``expected``, their measured times
+    at this size (None: unknown, weighed as the mean of the known; 0: reused, not run). The time left is the
+    measured times of the remaining experiments, scaled by how this run compares with them on the finished ones
+    (before the first has finished: the measured times as they are); by count when no times are known."""
     from resjax.train.monitor import format_seconds
 
     elapsed = time.time() - start
-    if k == 0:
+    known = [e for e in expected if e]
+    if k == 0 and not known:
         return f"{format_seconds(elapsed)} elapsed"
-    known = [e for e in expected if e is not None]
     mean = sum(known) / len(known) if known else 1.0
     weights = [mean if e is None else e for e in expected]
-    left = elapsed * sum(weights[k:]) / max(sum(weights[:k]), 1e-9)
+    done = sum(weights[:k])
+    left = sum(weights[k:]) * (elapsed / done if done > 0 else 1.0)
     return f"{format_seconds(elapsed)} elapsed, about {format_seconds(left)} left"
 
 
@@ -289,14 +310,16 @@ def main(argv=None) -> pathlib.Path:
             parser.error(f"{name}: {' '.join(str(err).split())}")
         plan.append((module, config, label, missing, out / f"{name}{suffix}"))
     sections, experiment_seconds, reused, rows = [], 0.0, [], []
-    expected = [_expected_seconds(module.NAME, label) for module, _, label, _, _ in plan]
+    previous = [None if args.fresh else _previous(folder, config) for _, config, _, _, folder in plan]
+    expected = [0.0 if prev is not None else _expected_seconds(module.NAME, label)  # reused: no time
+                for (module, _, label, _, _), prev in zip(plan, previous)]
     # SIGTERM/SIGINT: a clean exit 143/130, resumable (#22); unusable checkpoints: a message, exit 1
     # a folder another run holds: one line naming its process, exit 1 (#32)
     with common.folder_in_use_ends_the_run("reproduce"), common.unusable_checkpoints_end_the_run("reproduce"), \
             checkpoints.stop_signals("reproduce"):
         for k, (module, config, label, missing, folder) in enumerate(plan):
             name = module.NAME
-            results = None if args.fresh else _previous(folder, config)  # finished: not run again (#22)
+            results = previous[k]  # finished with this config: not run again (#22)
             if results is None:
                 print(f"reproduce: [{k + 1}/{len(plan)}] running {name} ({label}); {_whereabouts(start, expected, k)}",
                       flush=True)

@@ -173,3 +173,27 @@ def test_learning_rates_of_one_sweep_split_into_their_runs():
         out = {}
         degradation._record(out, "", "x", part, True)
         assert len(out["diverged_epoch.x"]) == 2
+
+
+def test_the_time_left_scales_the_measured_times_of_the_remaining_experiments(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(reproduce.time, "time", lambda: clock[0])
+    expected = [10.0, 30.0, None, 0.0, 20.0]  # None: unknown (the mean of the known, 20); 0: reused, not run
+    clock[0] = 101.0  # before the first: the measured times as they are, 10 + 30 + 20 + 0 + 20
+    assert reproduce._whereabouts(100.0, expected, 0) == "0:00:01 elapsed, about 0:01:20 left"
+    clock[0] = 120.0  # the first took twice its measured time: so will the rest
+    assert reproduce._whereabouts(100.0, expected, 1) == "0:00:20 elapsed, about 0:02:20 left"
+    clock[0] = 105.0  # only reused ones so far: nothing to scale by
+    assert reproduce._whereabouts(100.0, [0.0, 10.0], 1) == "0:00:05 elapsed, about 0:00:10 left"
+    assert reproduce._whereabouts(100.0, [None, None], 0) == "0:00:05 elapsed"  # nothing known: no estimate yet
+    assert reproduce._whereabouts(100.0, [None, None], 1) == "0:00:05 elapsed, about 0:00:05 left"  # by count
+
+
+def test_quick_runs_are_weighed_by_their_measured_quick_times():
+    quick = json.loads(reproduce.QUICK_SECONDS.read_text())
+    assert list(quick) == list(reproduce.REGISTRY) and all(s > 0 for s in quick.values())
+    assert reproduce._expected_seconds("degradation", "quick") == quick["degradation"]
+    assert reproduce._expected_seconds("cifar_tau", "quick stand-in") == quick["cifar_tau"]  # data not prepared
+    default = json.loads((reproduce.REFERENCE / "degradation" / "results.json").read_text())["seconds"]
+    assert reproduce._expected_seconds("degradation", "default") == default
+    assert reproduce._expected_seconds("degradation", "full") is None
