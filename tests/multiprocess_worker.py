@@ -1,16 +1,23 @@
 """One process of the multi-process tests (``tests/test_multiprocess.py``): ``python tests/multiprocess_worker.py
-STAGE OUT``, alone (one process) or under ``python -m resjax.launch --processes 2 --``.
+STAGES OUT``, alone (one process) or under ``python -m resjax.launch --processes 2 --``.
 
-Stages (each process writes ``OUT/<stage>-<process index>.npz``; files are the test's, not the library's):
+``STAGES`` is one stage or several, comma-separated, run one after the other in this process (each with a trainer
+and data sources of its own, as a process of its own would have): a JAX process costs seconds to start, so the
+tests run what they can in one. Each stage writes ``OUT/<stage>-<process index>.npz`` (files are the test's, not
+the library's):
 
-  first   a seed sweep of the MNIST-1D trainer (4 seeds, sharded over every device of every process), and
-          data-parallel image training (BatchNorm, augmentation) for 2 of 3 epochs with a checkpoint in
-          ``OUT/ckpt``; records which examples each process read
-  resume  the image run resumed from ``OUT/<ckpt>`` (``RESUME_DIR``) to its 3 epochs
-  whole   the image run's 3 epochs unbroken
-  preempt the image run with a checkpoint in ``OUT/ckpt``; process 1 alone receives SIGTERM at its
-          ``SIGTERM_AT_READ``-th training batch, and every process must save at that epoch's end and stop
-  die     trains, and process ``DIE`` (default 1) kills itself (``os._exit``) after its second step
+  first[:DIR]  a seed sweep of the MNIST-1D trainer (4 seeds, sharded over every device of every process), and
+               data-parallel image training (BatchNorm, augmentation) for 2 of 3 epochs with a checkpoint in
+               ``OUT/DIR`` (default ``OUT/ckpt``; ``first:none``: no checkpoint); records which examples each
+               process read
+  resume:DIR   the image run resumed from ``OUT/DIR`` (or the absolute path ``DIR``) to its 3 epochs; writes
+               ``OUT/resume-<name of DIR>-<process index>.npz``
+  whole        the image run's 3 epochs unbroken
+  preempt      the image run with a checkpoint in ``OUT/preempted``; process 1 alone receives SIGTERM at its
+               ``SIGTERM_AT_READ``-th training batch of this stage, and every process must save at that epoch's
+               end and stop (exit status 143: the last stage)
+  die          trains, and process ``DIE`` (default 1) kills itself (``os._exit(3)``) after its second step (the
+               last stage)
 """
 
 from __future__ import annotations
@@ -42,26 +49,28 @@ BATCH, EPOCHS, SEEDS = 16, 3, 4
 class Recording(tfds.ImageSource):
     """An in-memory CIFAR-10-shaped source that records every example index it reads."""
 
-    def __init__(self, images, labels, split="train"):
+    def __init__(self, images, labels, split="train", sigterm_at=0):
         super().__init__("cifar10", split, len(images), lambda idx: (images[idx], labels[idx]))
-        self.reads = []
+        self.reads, self.sigterm_at = [], sigterm_at
 
     def read(self, indices):
         self.reads.append(np.asarray(indices, np.int64).reshape(-1))
-        if self.split == "train" and len(self.reads) == int(os.environ.get("SIGTERM_AT_READ", 0)) \
-                and jax.process_index() == 1:
+        if self.split == "train" and len(self.reads) == self.sigterm_at and jax.process_index() == 1:
             print("worker: process 1 sends itself SIGTERM", flush=True)
             os.kill(os.getpid(), signal.SIGTERM)
         return super().read(indices)
 
 
-def sources():
+def sources(sigterm_at=0):
+    """The training source (64 examples: 4 batches of 16 an epoch; process 1 sends itself SIGTERM at its
+    ``sigterm_at``-th read, 0: never) and the test source (16 examples)."""
     rng = np.random.default_rng(7)
     labels = rng.integers(0, 10, 80).astype(np.int32)
     protos = rng.integers(0, 256, (10, 32, 32, 3))
     noise = rng.integers(-40, 40, (80, 32, 32, 3))
     images = np.clip(protos[labels] + noise, 0, 255).astype(np.uint8)
-    return Recording(images[:64], labels[:64]), Recording(images[64:], labels[64:], "test")  # test: 16 = a short batch of 12 + ...
+    train = Recording(images[:64], labels[:64], sigterm_at=sigterm_at)
+    return train, Recording(images[64:], labels[64:], "test")  # test: 16 = a short batch of 12 + ...
 
 
 class SmallCNN(nn.Module):
@@ -76,16 +85,18 @@ class SmallCNN(nn.Module):
         return nn.Dense(self.num_classes)(nn.relu(x).mean((1, 2)))
 
 
-def image_trainer():
-    train, test = sources()
+def image_trainer(sigterm_at=0):
+    train, test = sources(sigterm_at)
     c = image_train_config(batch_size=BATCH, eval_batch_size=12, epochs=EPOCHS, milestones=(2,), checkpoint_every=1,
                            learning_rate=0.05)
     return make_image_train(run_config(train=c), train, test, model=SmallCNN(), mesh=make_data_mesh()), train, test
 
 
 def sweep():
-    c = run_config(model=dict(kind="residual_mlp", width=16, num_blocks=3, norm="batch"), train=train_config(epochs=2, batch_size=256),
-                   data="mnist1d")
+    """4 seeds x 4 learning rates of a residual MLP with BatchNorm for 2 epochs: one block, as the sharding of
+    the seeds is what is compared, and each block adds to every process's compile time."""
+    c = run_config(model=dict(kind="residual_mlp", width=16, num_blocks=1, norm="batch"),
+                   train=train_config(epochs=2, batch_size=256), data="mnist1d")
     trainer = make_train(c)
     _, metrics = trainer.sweep(list(range(SEEDS)), {"learning_rate": np.linspace(0.01, 0.04, SEEDS)})
     return {f"sweep_{k}": np.asarray(v) for k, v in metrics.items() if np.ndim(v)}
@@ -98,21 +109,31 @@ def history(prefix, run, hist):
     return out
 
 
-def main(stage: str, out: str) -> None:
+def main(stages: str, out: str) -> None:
+    for stage in stages.split(","):
+        run_stage(stage, out)
+
+
+def run_stage(stage: str, out: str) -> None:
+    """One stage (see the module docstring), with a trainer and data sources of its own."""
     index = jax.process_index()
     result = {"process_count": np.asarray(jax.process_count()), "device_count": np.asarray(jax.device_count())}
-    trainer, train, test = image_trainer()
+    stage, _, arg = stage.partition(":")
+    trainer, train, test = image_trainer(int(os.environ.get("SIGTERM_AT_READ", 0)) if stage == "preempt" else 0)
+    saved_as = stage
     if stage == "first":
         result.update(sweep())
-        run, hist = trainer.fit(0, epochs=2, checkpoint_dir=os.path.join(out, "ckpt"))
+        ckpt = None if arg == "none" else os.path.join(out, arg or "ckpt")
+        run, hist = trainer.fit(0, epochs=2, checkpoint_dir=ckpt)
         result.update(history("image", run, hist))
         for name, src in (("train_reads", train), ("test_reads", test)):
             result[name] = np.concatenate(src.reads)
             result[name + "_sizes"] = np.asarray([len(r) for r in src.reads])
     elif stage == "preempt":
-        trainer.fit(0, checkpoint_dir=os.path.join(out, "ckpt"))  # raises Preempted (exit status 143)
+        trainer.fit(0, checkpoint_dir=os.path.join(out, "preempted"))  # raises Preempted (exit status 143)
     elif stage == "resume":
-        run, hist = trainer.fit(0, checkpoint_dir=os.path.join(out, os.environ["RESUME_DIR"]))
+        saved_as = f"resume-{os.path.basename(arg)}"
+        run, hist = trainer.fit(0, checkpoint_dir=os.path.join(out, arg))
         result.update(history("image", run, hist))
     elif stage == "whole":
         run, hist = trainer.fit(0)
@@ -125,12 +146,12 @@ def main(stage: str, out: str) -> None:
                 os._exit(3)
             run, (loss, _) = trainer.step(run, trainer._place(x, False, BATCH), trainer._place(y, False, BATCH))
             float(loss)  # wait for the step
-        for _ in range(100):  # process 0 keeps running collective programs, which need process 1
+        for _ in range(100):  # the others keep running collective programs, which need the dead process
             float(trainer.evaluate(run)["loss"])
     else:
         raise SystemExit(f"stage: unknown {stage!r}")
-    np.savez(os.path.join(out, f"{stage}-{index}.npz"), **result)
-    print(f"worker: {stage} done in process {index} of {jax.process_count()}", flush=True)
+    np.savez(os.path.join(out, f"{saved_as}-{index}.npz"), **result)
+    print(f"worker: {saved_as} done in process {index} of {jax.process_count()}", flush=True)
 
 
 if __name__ == "__main__":

@@ -153,10 +153,11 @@ class Case:
         self.train = _train(name, self.variables)
         self.bn = _has_bn(self.variables)
 
-    def outputs(self):
+    def outputs(self, variables=None):
+        """The model's outputs on ``x`` (its own variables unless others are given; BatchNorm's updates dropped)."""
         mutable = ["batch_stats"] if self.bn else False
         kw = {} if self.train is None else {"train": self.train}
-        out = self.module.apply(self.variables, self.x, mutable=mutable, **kw)
+        out = self.module.apply(self.variables if variables is None else variables, self.x, mutable=mutable, **kw)
         return out[0] if mutable else out
 
     def loss(self, outputs, labels):
@@ -197,23 +198,32 @@ def test_variance_through_depth(cases, case):
         _refused(expected, lambda: A.variance_through_depth(c.module, c.variables, c.x, train=c.train))
         _refused(expected, lambda: A.stream_activations(c.module, c.variables, c.x, train=c.train))
         return
-    out = A.variance_through_depth(c.module, c.variables, c.x, train=c.train)
+    stages = _module(case).stage_sizes if "resnet" in case and case != "tau_resnet" else None
+
+    @jax.jit
+    def run(variables, x):  # the case's calls in one program, not one program per eager op
+        out = A.variance_through_depth(c.module, variables, x, train=c.train)
+        if stages is None:
+            return out, A.stream_activations(c.module, variables, x, train=c.train)
+        return (out, A.stream_activations(c.module, variables, x, train=True, by_stage=True),
+                A.block_outputs(c.module, variables, x, train=True))
+
+    out, *streams = run(c.variables, c.x)
     v, stage = np.asarray(out["variance"]), np.asarray(out["stage"])
     assert np.all(np.isfinite(v)) and np.all(v > 0) and np.all(np.asarray(out["per_unit_variance"]) > 0)
     assert stage[0] == 0
-    stages = _module(case).stage_sizes if "resnet" in case and case != "tau_resnet" else None
     if stages is not None:  # one stage index per block, grouped as the ResNet's stages
         assert np.bincount(stage[1:])[1:].tolist() == list(stages)
-        _refused(r"changes shape at block", lambda: A.stream_activations(c.module, c.variables, c.x, train=True))
-        by_stage = A.stream_activations(c.module, c.variables, c.x, train=True, by_stage=True)
-        outs = A.block_outputs(c.module, c.variables, c.x, train=True)
+        _refused(r"changes shape at block", lambda: jax.eval_shape(  # refused from the shapes alone
+            lambda v: A.stream_activations(c.module, v, c.x, train=True), c.variables))
+        by_stage, outs = streams
         for mine, theirs in zip(by_stage[1:], outs):  # the same blocks in the same order as resnet_signal
             np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs))
         for s, h in enumerate(by_stage):
             np.testing.assert_allclose(v[stage == s], np.var(np.asarray(h).reshape(len(h), -1), axis=1), rtol=1e-5)
     else:
         assert set(stage[1:].tolist()) == {1}
-        stream = np.asarray(A.stream_activations(c.module, c.variables, c.x, train=c.train))
+        stream = np.asarray(streams[0])
         np.testing.assert_allclose(v, np.var(stream.reshape(len(stream), -1), axis=1), rtol=1e-5)
 
 
@@ -225,8 +235,9 @@ def test_branch_variance_ratio(cases, case):
     if expected is not True:
         _refused(expected, lambda: A.branch_variance_ratio(c.module, c.variables, c.x, train=c.train))
         return
-    ratio = np.asarray(A.branch_variance_ratio(c.module, c.variables, c.x, train=c.train))
-    stage = np.asarray(A.variance_through_depth(c.module, c.variables, c.x, train=c.train)["stage"])
+    ratio, stage = map(np.asarray, jax.jit(lambda v, x: (  # one program, not one per eager op
+        A.branch_variance_ratio(c.module, v, x, train=c.train),
+        A.variance_through_depth(c.module, v, x, train=c.train)["stage"]))(c.variables, c.x))
     changes = np.r_[False, stage[2:] != stage[1:-1]]  # block j starts a new stage after the first
     assert ratio.shape == (len(stage) - 1,)
     assert np.all(np.isnan(ratio[changes])) and np.all(np.isfinite(ratio[~changes])) and np.all(ratio[~changes] > 0)
@@ -241,8 +252,9 @@ def test_block_outputs_and_norms(cases, case):
         _refused(EXPECT[case]["resnet"], lambda: A.block_outputs(c.module, c.variables, c.x, train=True))
         return
     _refused(r"train", lambda: A.block_outputs(c.module, c.variables, c.x, train=None))  # BatchNorm needs it
-    norms = np.asarray(A.block_output_norms(c.module, c.variables, c.x, train=True))
-    outs = A.block_outputs(c.module, c.variables, c.x, train=True)
+    norms, outs = jax.jit(lambda v, x: (A.block_output_norms(c.module, v, x, train=True),  # one program
+                                        A.block_outputs(c.module, v, x, train=True)))(c.variables, c.x)
+    norms = np.asarray(norms)
     direct = np.concatenate([np.linalg.norm(np.asarray(h).reshape(h.shape[0], h.shape[1], -1), axis=-1) for h in outs])
     assert norms.shape == (c.module.num_blocks, c.x.shape[0])
     assert np.all(np.isfinite(norms)) and np.all(norms > 0)
@@ -257,8 +269,9 @@ def test_log_space_propagation(cases, case):
     if expected is not True:
         _refused(expected, lambda: A.log_space_propagation(c.module, c.variables, c.x))
         return
-    out = A.log_space_propagation(c.module, c.variables, c.x)
-    stream = np.asarray(A.stream_activations(c.module, c.variables, c.x, train=c.train))
+    out, stream = jax.jit(lambda v, x: (A.log_space_propagation(c.module, v, x),  # one program
+                                        A.stream_activations(c.module, v, x, train=c.train)))(c.variables, c.x)
+    stream = np.asarray(stream)
     np.testing.assert_allclose(np.asarray(out["log_norm"]), np.log(np.linalg.norm(stream, axis=-1)), atol=1e-4)
     assert np.all(np.isfinite(np.asarray(out["log_grad_norm"])))
 
@@ -305,12 +318,17 @@ def test_input_gradients_and_shattering(cases, case):
         _refused(expected, lambda: A.input_gradients(c.module, c.variables, grid, **kw))
         return
     twin = _scalar_twin(case)
-    many = A.init_many(twin, jax.random.key(3), 2)
-    grads = np.asarray(A.input_gradients_many(twin, many, grid, **kw))
-    one = np.asarray(A.input_gradients(twin, jax.tree_util.tree_map(lambda a: a[1], many), grid, **kw))
+
+    @jax.jit
+    def run(key):  # one program, not one per eager op
+        many = A.init_many(twin, key, 2)
+        grads = A.input_gradients_many(twin, many, grid, **kw)
+        one = A.input_gradients(twin, jax.tree_util.tree_map(lambda a: a[1], many), grid, **kw)
+        return grads, one, A.autocorrelation(grads, 4, "raw")
+
+    grads, one, curves = map(np.asarray, run(jax.random.key(3)))
     assert grads.shape == (2, 16) and np.all(np.isfinite(grads))
     np.testing.assert_allclose(grads[1], one, rtol=1e-5, atol=1e-7)
-    curves = np.asarray(A.autocorrelation(grads, 4, "raw"))
     np.testing.assert_allclose(curves[:, 0], 1.0, rtol=1e-6)
     stats = A.shattering_statistics(grads, spacing=0.25, max_lag=4, estimator="raw")
     np.testing.assert_allclose(stats["mean_curve"][0], 1.0, rtol=1e-6)
@@ -334,43 +352,50 @@ def test_path_expansion(cases, case):
     stage = _stage_of(case)
     kw = {} if stage is None else {"stage": stage}
     if expected is not True:
-        if case == "user_mlp":  # its own stack: branch_stack of its blocks
-            _refused(expected, lambda: A.path_expansion(c.module, c.variables, c.x))
-            params = c.variables["params"]
-            f = lambda p, x: UserBlock(4).apply({"params": p}, x[None])[0] - x  # noqa: E731
-            stack = A.branch_stack([(f, params[f"blocks_{k}"]) for k in range(2)])
-            x0 = A.stream_input(c.module, c.variables, c.x)
-            pe = A.path_expansion(stack, x0)
-        else:
+        if case != "user_mlp":
             _refused(expected, lambda: A.path_expansion(c.module, c.variables, c.x, **kw))
             _refused(expected, lambda: A.residual_stack_of(c.module, c.variables, **kw))
             return
-    else:
-        stack = A.residual_stack_of(c.module, c.variables, **kw)
-        x0 = A.stream_input(c.module, c.variables, c.x, **kw)
-        pe = A.path_expansion(c.module, c.variables, c.x, **kw)
-        # the stack's trajectory is the model's own stream (evaluation mode), from x0 to the stage's end
-        train = None if c.train is None else False
-        streams = A.stream_activations(c.module, c.variables, c.x, train=train, by_stage=True)
-        own = np.asarray(streams[stage] if stage else jnp.concatenate(streams))
-        mine = np.moveaxis(np.asarray(pe.stream), 1, 0)
-        np.testing.assert_allclose(mine[-1], own[-1], rtol=1e-4, atol=1e-5)
-    d = int(np.prod(x0.shape[1:]))
-    shape = x0.shape[1:]
-    end = lambda z: A.paths.trajectory(stack, z.reshape(shape))[-1].reshape(d)  # noqa: E731
-    jac = np.asarray(jax.jacfwd(end)(np.asarray(x0[0]).reshape(d)))
-    np.testing.assert_allclose(np.asarray(pe.terms[0]).sum(0), jac, rtol=1e-4, atol=1e-5)
-    jacs, _ = A.block_jacobians(stack, x0[0])
-    np.testing.assert_allclose(np.asarray(jacs), np.asarray(pe.jacobians[0]), rtol=1e-5, atol=1e-6)
-    v = jax.random.normal(jax.random.key(4), x0.shape[1:])
-    e = np.asarray(A.expand_jvp(stack, x0[0], v)).reshape(stack.num_blocks + 1, d)
-    r = np.asarray(A.expand_vjp(stack, x0[0], v)).reshape(stack.num_blocks + 1, d)
-    np.testing.assert_allclose(e.sum(0), jac @ np.asarray(v).reshape(d), rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(r.sum(0), jac.T @ np.asarray(v).reshape(d), rtol=1e-4, atol=1e-5)
-    mags = np.asarray(A.sampled_path_magnitudes(pe.jacobians[0], np.asarray(v).reshape(d), jax.random.key(5), 8))
-    np.testing.assert_allclose(mags[0], np.linalg.norm(np.asarray(v)), rtol=1e-5)  # length 0: the skip path
-    assert sum(A.path_counts(stack.num_blocks)) == 2 ** stack.num_blocks
-    np.testing.assert_allclose(A.path_length_shares(stack.num_blocks).sum(), 1.0)
+        _refused(expected, lambda: A.path_expansion(c.module, c.variables, c.x))  # then its own stack (below)
+
+    @jax.jit
+    def run(variables, x):  # the case's calls in one program, not one program per eager op
+        if case == "user_mlp":  # its own stack: branch_stack of its blocks
+            params = variables["params"]
+            f = lambda p, h: UserBlock(4).apply({"params": p}, h[None])[0] - h  # noqa: E731
+            stack = A.branch_stack([(f, params[f"blocks_{k}"]) for k in range(2)])
+            x0 = A.stream_input(c.module, variables, x)
+            pe, own = A.path_expansion(stack, x0), None
+        else:
+            stack = A.residual_stack_of(c.module, variables, **kw)
+            x0 = A.stream_input(c.module, variables, x, **kw)
+            pe = A.path_expansion(c.module, variables, x, **kw)
+            # the stack's trajectory is the model's own stream (evaluation mode), from x0 to the stage's end
+            streams = A.stream_activations(c.module, variables, x, train=None if c.train is None else False,
+                                           by_stage=True)
+            own = streams[stage] if stage else jnp.concatenate(streams)
+        shape = x0.shape[1:]
+        d = int(np.prod(shape))
+        end = lambda z: A.paths.trajectory(stack, z.reshape(shape))[-1].reshape(d)  # noqa: E731
+        v = jax.random.normal(jax.random.key(4), shape)
+        return dict(pe=pe, own=own, num_blocks=stack.num_blocks, jac=jax.jacfwd(end)(x0[0].reshape(d)),
+                    jacs=A.block_jacobians(stack, x0[0])[0], v=v.reshape(d),
+                    e=A.expand_jvp(stack, x0[0], v).reshape(stack.num_blocks + 1, d),
+                    r=A.expand_vjp(stack, x0[0], v).reshape(stack.num_blocks + 1, d),
+                    mags=A.sampled_path_magnitudes(pe.jacobians[0], v.reshape(d), jax.random.key(5), 8))
+
+    n = jax.tree_util.tree_map(np.asarray, run(c.variables, c.x))
+    pe, jac, v, num_blocks = n["pe"], n["jac"], n["v"], int(n["num_blocks"])
+    if n["own"] is not None:
+        mine = np.moveaxis(pe.stream, 1, 0)
+        np.testing.assert_allclose(mine[-1], n["own"][-1], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(pe.terms[0].sum(0), jac, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(n["jacs"], pe.jacobians[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(n["e"].sum(0), jac @ v, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(n["r"].sum(0), jac.T @ v, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(n["mags"][0], np.linalg.norm(v), rtol=1e-5)  # length 0: the skip path
+    assert sum(A.path_counts(num_blocks)) == 2 ** num_blocks
+    np.testing.assert_allclose(A.path_length_shares(num_blocks).sum(), 1.0)
 
 
 # ---- loss functions: any model with or without train ------------------------------------------------------
@@ -400,22 +425,32 @@ def test_loss_functions(cases, case):
                                                                     loss=loss))(weight), c.variables)
         assert w_grad.shape == weight.shape
         return
-    direct = float(loss(c.outputs(), labels))
+
+    @jax.jit
+    def numbers(variables):  # one program for the case, not one per eager op (the loss functions are jnp)
+        loss_fn = A.params_loss_fn(c.module, variables, c.x, labels, train=c.train, loss=loss)
+        weight_fn = A.weight_loss_fn(c.module, variables, c.x, labels, c.path, train=c.train, loss=loss)
+        weight = A.scale_invariance.get_weight(variables, c.path)
+        g = jax.grad(weight_fn)(weight)
+        return dict(direct=loss(c.outputs(variables), labels), loss=loss_fn(variables["params"]),
+                    weight=weight_fn(weight), probe=A.probe_gradient_direction(loss_fn, variables["params"], [0.0, 1e-3]),
+                    geo=A.sgd_step_geometry(weight, g, 0.1),
+                    after=A.step_geometry_from_update(weight, weight - 0.1 * g, 0.1),
+                    lr=A.effective_learning_rate(0.1, weight))
+
+    n = numbers(c.variables)
+    direct = float(n["direct"])
     assert np.isfinite(direct)
-    np.testing.assert_allclose(float(loss_fn(c.variables["params"])), direct, rtol=1e-5)
-    np.testing.assert_allclose(float(weight_fn(weight)), direct, rtol=1e-5)
-    probe = A.probe_gradient_direction(loss_fn, c.variables["params"], [0.0, 1e-3])
+    np.testing.assert_allclose(float(n["loss"]), direct, rtol=1e-5)
+    np.testing.assert_allclose(float(n["weight"]), direct, rtol=1e-5)
+    probe = n["probe"]
     np.testing.assert_allclose(float(probe["losses"][0]), direct, rtol=1e-4)
     assert np.isfinite(float(probe["grad_norm"])) and float(probe["grad_changes"][0]) <= 1e-3 * float(
         probe["grad_norm"])  # step 0: the same gradient (to rounding)
-    g = jax.grad(weight_fn)(weight)
-    geo = A.sgd_step_geometry(weight, g, 0.1)
-    after = A.step_geometry_from_update(weight, weight - 0.1 * g, 0.1)
-    np.testing.assert_allclose(float(after["angle"]), float(geo["angle"]), rtol=1e-4, atol=1e-7)
-    np.testing.assert_allclose(float(A.effective_learning_rate(0.1, weight)), 0.1 / float(jnp.sum(weight ** 2)),
-                               rtol=1e-5)
+    np.testing.assert_allclose(float(n["after"]["angle"]), float(n["geo"]["angle"]), rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(float(n["lr"]), 0.1 / float(np.sum(np.asarray(weight, np.float64) ** 2)), rtol=1e-5)
     if c.bn and c.train:  # the weight feeds BatchNorm: L(aW) = L(W), grad perpendicular to W
-        dev = A.scale_identities(weight_fn, weight, 2.0, 0.1)
+        dev = A.scale_identities(jax.jit(weight_fn), weight, 2.0, 0.1)
         assert float(dev["loss"]) < 1e-3 and float(dev["cosine"]) < 1e-3, dev
 
 

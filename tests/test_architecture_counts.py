@@ -80,23 +80,22 @@ def test_forward_backward_jit(name):
         "dense_b": (DenseBlock(2, 4, bottleneck=True), (2, 8, 8, 16 + 2 * 4)),
         "transition": (Transition(0.5), (2, 4, 4, 8)),
     }[name]
-    variables = module.init(jax.random.PRNGKey(0), x)
+    variables = jax.jit(module.init)(jax.random.PRNGKey(0), x)  # one program (eagerly: one per operation)
     assert set(variables) == {"params", "batch_stats"}
 
     @jax.jit
-    def loss_and_grad(params, x):
+    def loss_and_grad(params, x):  # and the evaluation-mode output, in the same program
         def loss(p):
             y, updates = module.apply({"params": p, "batch_stats": variables["batch_stats"]}, x, True,
                                       mutable=["batch_stats"])
             return jnp.mean(y ** 2), (y, updates)
-        return jax.value_and_grad(loss, has_aux=True)(params)
+        return jax.value_and_grad(loss, has_aux=True)(params), module.apply(variables, x, False)
 
-    (value, (y, updates)), grads = loss_and_grad(variables["params"], x)
+    ((value, (y, updates)), grads), y_eval = loss_and_grad(variables["params"], x)
     assert y.shape == out_shape
     assert np.isfinite(float(value))
     assert all(np.all(np.isfinite(g)) for g in jax.tree_util.tree_leaves(grads))
     assert "batch_stats" in updates
-    y_eval = module.apply(variables, x, False)
     assert y_eval.shape == out_shape
 
 

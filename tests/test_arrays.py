@@ -27,6 +27,18 @@ def digits(n=48, shape=(12, 12, 1), classes=4, seed=0, dtype=np.float64):
 
 X, Y = digits()
 XT, YT = digits(16, seed=1)
+VECTOR_CONFIG = run_config(dict(kind="residual_mlp", width=8, num_blocks=2, norm="batch"),
+                           train_config(batch_size=16, epochs=2, learning_rate=0.05))
+
+
+@pytest.fixture(scope="module")
+def vector_sweep():
+    """``(data, trainer, run, metrics)``: the images flattened to vectors (``from_arrays``) and a sweep of seeds 0, 1
+    and 2 on them, on one device (the three runs in one program; on several devices they would be padded to
+    four), shared by the two tests of the on-device feeder."""
+    data = from_arrays(X.reshape(48, -1), Y, XT.reshape(16, -1), YT)
+    trainer = make_train(VECTOR_CONFIG, data)
+    return (data, trainer, *trainer.sweep([0, 1, 2], devices=jax.devices()[:1]))
 
 
 def _with(**changes):
@@ -150,15 +162,12 @@ def test_a_resnet_trains_on_in_memory_images_through_the_host_feeder():
     assert run.state.params["head"]["kernel"].shape[-1] == 4  # num_classes inferred from the labels
 
 
-def test_the_on_device_feeder_takes_the_same_object_as_its_arrays():
+def test_the_on_device_feeder_takes_the_same_object_as_its_arrays(vector_sweep):
     """``make_train(config, from_arrays(...))`` is ``make_train`` on a ``Dataset`` of the normalised arrays."""
-    x, y = X.reshape(48, -1), Y
-    data = from_arrays(x, y, XT.reshape(16, -1), YT)
-    config = run_config(dict(kind="residual_mlp", width=8, num_blocks=2, norm="batch"),
-                        train_config(batch_size=16, epochs=2, learning_rate=0.05))
-    keys = jax.random.split(jax.random.key(0), 2)
-    _, from_object = make_train(config, data).sweep(keys)
-    _, from_dataset = make_train(config, Dataset(data.x_train, data.y_train, data.x_test, data.y_test)).sweep(keys)
+    data, _, _, from_object = vector_sweep
+    config = VECTOR_CONFIG
+    _, from_dataset = make_train(config, Dataset(data.x_train, data.y_train, data.x_test, data.y_test)).sweep(
+        [0, 1, 2], devices=jax.devices()[:1])
     for name in ("train_loss", "test_loss", "test_error"):
         np.testing.assert_array_equal(from_object[name], from_dataset[name])
     assert np.isfinite(from_object["train_loss"]).all()
@@ -167,19 +176,15 @@ def test_the_on_device_feeder_takes_the_same_object_as_its_arrays():
     assert isinstance(data, ArrayData) and data.example_shape == (144,)
 
 
-def test_one_run_out_of_many_is_that_run_trained_alone():
+def test_one_run_out_of_many_is_that_run_trained_alone(vector_sweep):
     """``run.select(i)`` of a multi-seed state is seed ``i``'s whole state: evaluating it gives seed ``i``'s
     metrics, and it has no seed axis."""
-    data = from_arrays(X.reshape(48, -1), Y, XT.reshape(16, -1), YT)
-    config = run_config(dict(kind="residual_mlp", width=8, num_blocks=2, norm="batch"),
-                        train_config(batch_size=16, epochs=2, learning_rate=0.05))
-    trainer = make_train(config, data)
-    run, metrics = trainer.sweep([0, 1, 2])
+    data, trainer, run, metrics = vector_sweep  # seeds 0, 1 and 2
     assert run.num_runs == 3
     one = run.select(2)
     kernel = run.state.params["head"]["kernel"]
     assert one.num_runs is None and one.state.params["head"]["kernel"].shape == kernel.shape[1:]
-    ev = trainer.evaluate(one, data.x_test, data.y_test)
+    ev = jax.jit(trainer.evaluate)(one, data.x_test, data.y_test)  # one program, not one per eager op
     loss, error = ev["loss"], ev["error"]
     np.testing.assert_allclose(loss, metrics["test_loss"][2, -1], rtol=1e-6)
     np.testing.assert_allclose(error, metrics["test_error"][2, -1], rtol=1e-6)

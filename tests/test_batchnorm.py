@@ -287,14 +287,14 @@ def test_a_batchnorm_model_applied_without_train_raises(index):
     """``init`` (shapes only) needs no ``train``; ``apply`` without it raises naming ``train`` and the layer,
     directly, under jit and under vmap; with ``train`` given both modes run."""
     _, model, x = _bn_models()[index]
-    variables = model.init(jax.random.key(0), x)
+    variables = jax.jit(model.init)(jax.random.key(0), x)  # jitted: one program (op by op: one per op)
     assert "batch_stats" in variables
     for call in (lambda: model.apply(variables, x), lambda: jax.jit(lambda v: model.apply(v, x))(variables),
                  lambda: jax.vmap(lambda xi: model.apply(variables, xi))(jnp.stack([x, x]))):
         with pytest.raises(ValueError, match=r"^train: this model has BatchNorm \(layer [\w/]+\)"):
             call()
-    out_eval = model.apply(variables, x, train=False)
-    out_train, updates = model.apply(variables, x, train=True, mutable=["batch_stats"])
+    out_eval, (out_train, updates) = jax.jit(lambda v: (  # both modes in one program
+        model.apply(v, x, train=False), model.apply(v, x, train=True, mutable=["batch_stats"])))(variables)
     assert out_eval.shape == out_train.shape
     changed = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda a, b: bool(jnp.any(a != b)),
                                                                updates["batch_stats"], variables["batch_stats"]))

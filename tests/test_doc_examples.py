@@ -8,9 +8,11 @@ build in the tests (``tests/test_docs.py``) does not execute the tutorials; thei
 stated results checked. ``docs/report/`` (generated) and ``docs/_build/`` are not read.
 
 The blocks run as they are written, each in a module of its own, in a temporary working directory (they
-write checkpoints under ``runs/``), except for the sizes that ``SMALL`` shrinks (shapes and sizes, with the
-stated shapes that follow from them) so that the file runs in about two minutes on a 2-core CPU. Three comment
-forms on a line are checked:
+write checkpoints under ``runs/``), except for what ``SMALL`` changes so that the file runs in about two minutes
+on a 2-core CPU: sizes (shapes and sizes, with the stated shapes that follow from them), and a few eager calls of
+a whole model run as one compiled program (``jax.jit``; ``__jit__`` in a block that does not import jax), with
+the same results: run eagerly, each of the model's operations compiles a program of its own (~30 ms each, ~100 ms
+an initialiser's random draw, seconds a model). Three comment forms on a line are checked:
 
 - ``expression  # -> value``: the expression equals the Python literal ``value`` (a remark may follow
   after ``;``);
@@ -21,8 +23,8 @@ forms on a line are checked:
 
 The interoperability block starts from a torchvision ResNet-50 ``state_dict`` saved as ``resnet50.npz``
 where torch is installed; torch is not a test dependency, so the test writes that file from resjax's own
-export of a randomly initialised ResNet-50, whose names and shapes are torchvision's
-(``tests/test_interop.py`` checks them against torchvision's layouts).
+export of random ResNet-50 weights, whose names and shapes are torchvision's (``tests/test_interop.py`` checks
+them against torchvision's layouts).
 """
 
 from __future__ import annotations
@@ -57,8 +59,9 @@ def _name(path: pathlib.Path) -> str:
 # The input shape on which a model named in a "# N parameters" comment is counted.
 INPUT_SHAPES = {"resnet50": (1, 224, 224, 3), "net": (1, 224, 224, 3), "taki": (1, 32, 32, 3)}
 
-# Smaller settings for the test (the README's own sizes take minutes on a 2-core CPU): (what the README
-# says, what the test runs). Each stated result still holds at these sizes; every entry must match.
+# Smaller settings for the test (the README's own sizes take minutes on a 2-core CPU), and eager model calls run
+# as one compiled program: (what the page says, what the test runs). Each stated result still holds so; every
+# entry must match.
 SMALL = [
     ("logits = net.apply(net.init(key, jnp.ones((1, 224, 224, 3))), jnp.ones((1, 224, 224, 3)), False)",
      "logits = jax.eval_shape(lambda: net.apply(net.init(key, jnp.ones((1, 64, 64, 3))), jnp.ones((1, 64, 64, 3)),"
@@ -78,6 +81,56 @@ SMALL = [
     ("# -> (2, 32, 32, 448)", "# -> (2, 16, 16, 448)"),
     ("# -> (2, 32, 32, 2)", "# -> (2, 16, 16, 2)"),
     ("# -> [(2, 32, 32, 16), (2, 32, 32, 16)]", "# -> [(2, 16, 16, 16), (2, 16, 16, 16)]"),
+    # architectures.md: each model initialised and applied as one program (the block: ~10 s so, ~21 s eagerly)
+    ('y, upd = block.apply(block.init(key, x), x, True, mutable=["batch_stats"])',
+     'y, upd = jax.jit(lambda x: block.apply(block.init(key, x), x, True, mutable=["batch_stats"]))(x)'),
+    ('y, upd = dense.apply(dense.init(key, x[..., :64]), x[..., :64], True, mutable=["batch_stats"])',
+     'y, upd = jax.jit(lambda x: dense.apply(dense.init(key, x), x, True, mutable=["batch_stats"]))(x[..., :64])'),
+    ('out, inter = unet.apply(unet.init(key, x[..., :3]), x[..., :3], False, mutable=["intermediates"])',
+     'out, inter = jax.jit(lambda x: unet.apply(unet.init(key, x), x, False, mutable=["intermediates"]))(x[..., :3])'),
+    ("heatmaps = hourglass.apply(hourglass.init(key, x[..., :3]), x[..., :3], False)",
+     "heatmaps = jax.jit(lambda x: hourglass.apply(hourglass.init(key, x), x, False))(x[..., :3])"),
+    # Two epochs where a page trains on the on-device feeder for more (with the stated shapes that follow): its
+    # first chunk is two epochs, and its later chunks compile the chunk program once more (the initial state is
+    # placed otherwise than a chunk's output), a second compilation that two epochs leave out
+    ("batch_size=128, epochs=4), data=", "batch_size=128, epochs=2), data="),  # README, mnist1d_seeds.md
+    ("# -> (3, 4); per seed and epoch", "# -> (3, 2); per seed and epoch"),
+    ("trainer.model.num_blocks  # -> (4, 4)", "trainer.model.num_blocks  # -> (2, 4)"),
+    ('train_config(loss="mse", batch_size=16, epochs=4, learning_rate=0.02)',
+     'train_config(loss="mse", batch_size=16, epochs=2, learning_rate=0.02)'),
+    ('history["test_mae"].shape                                          # -> (4, 4)',
+     'history["test_mae"].shape                                          # -> (4, 2)'),
+    ('history["test_error"].shape                                        # -> (4, 4)',
+     'history["test_error"].shape                                        # -> (4, 2)'),
+    ('train_config(learning_rate=0.05, epochs=3), data="mnist1d")',
+     'train_config(learning_rate=0.05, epochs=2), data="mnist1d")'),  # training.md
+    ("# -> (3, 3); per seed and epoch", "# -> (3, 2); per seed and epoch"),
+    ("weight_decay=0.05, epochs=3), data=", "weight_decay=0.05, epochs=2), data="),  # recipes.md, watching.md
+    ("sorted(log.epoch.unique().tolist())  # -> [1, 2, 3]", "sorted(log.epoch.unique().tolist())  # -> [1, 2]"),
+    ("train_config(learning_rate=0.1, batch_size=32, epochs=4))",
+     "train_config(learning_rate=0.1, batch_size=32, epochs=2))"),  # grid.md
+    ("# -> (9, 4); one row per run of the grid", "# -> (9, 2); one row per run of the grid"),
+    ("dict(batch_size=16, epochs=6, learning_rate=0.05)", "dict(batch_size=16, epochs=2, learning_rate=0.05)"),
+    ("# -> (4, 6); four seeds, one program", "# -> (4, 2); four seeds, one program"),  # objective.md
+    ('history["test_error"].shape  # -> (2, 6)', 'history["test_error"].shape  # -> (2, 2)'),
+    ("image_train_config(batch_size=32, eval_batch_size=60, epochs=3,",
+     "image_train_config(batch_size=32, eval_batch_size=60, epochs=2,"),  # own_data.md (host feeder: 12 runs' steps)
+    ('result.history["train_loss"].shape  # -> (12, 3)', 'result.history["train_loss"].shape  # -> (12, 2)'),
+    ('frame.query("learning_rate == 0.1 and epoch == 3")', 'frame.query("learning_rate == 0.1 and epoch == 2")'),
+    # nnx.md: 32 examples, so that its NNX training loop (unrolled in one program) has 4 steps, not 8
+    ("rng.normal(size=(64, 8)), rng.integers(0, 3, 64)", "rng.normal(size=(32, 8)), rng.integers(0, 3, 32)"),
+    ("gap = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), mine, run.state.variables())",
+     "gap = jax.tree.map(float, jax.jit(lambda m, r: jax.tree.map(lambda a, b: jnp.max(jnp.abs(a - b)), m, r))("
+     "mine, run.state.variables()))"),
+    # analyses.md: the gradients' autocorrelation from a numpy array (a jax array's 126 slices compile one each)
+    ("g = np.asarray(grads) - np.mean(grads)", "g = np.asarray(grads) - np.mean(np.asarray(grads))"),
+    # conv_resnet_own_images.md (imports no jax): the trained ResNet-8's forward pass as one program
+    ("logits = trainer.model.apply(variables, np.zeros((4, 12, 12, 1), np.float32), train=False)",
+     "logits = __jit__(lambda v, x: trainer.model.apply(v, x, train=False))(variables, np.zeros((4, 12, 12, 1), "
+     "np.float32))"),
+    # pytorch_weights.md (imports no jax): ResNet-50's forward pass as one program (~1 s to compile; ~5 s eagerly)
+    ("logits = model.apply(variables, images.transpose(0, 2, 3, 1), train=False)",
+     "logits = __jit__(lambda v, x: model.apply(v, x, train=False))(variables, images.transpose(0, 2, 3, 1))"),
 ]
 
 EXPECT = re.compile(r"^(?P<code>[^#].*?)\s+# -> (?P<value>[^;]+?)\s*(?:;.*)?$")
@@ -188,12 +241,19 @@ def test_the_pages_have_the_blocks_this_test_expects():
 
 @pytest.fixture
 def torchvision_npz(tmp_path):
-    """``resnet50.npz`` as torchvision's ``state_dict`` would be saved, from resjax's export of random weights."""
+    """``resnet50.npz`` as torchvision's ``state_dict`` would be saved, from resjax's export of random weights:
+    numpy draws of the shapes of ResNet-50's variables (``init`` traced; compiling it would take ~5 s here),
+    running variances in [0.5, 1.5)."""
     from resjax import interop
     from resjax.nn import imagenet_resnet
 
     model = imagenet_resnet(50)
-    variables = jax.jit(lambda k: model.init(k, jnp.ones((1, 64, 64, 3))))(jax.random.key(7))
+    shapes = jax.eval_shape(lambda: model.init(jax.random.key(7), jnp.ones((1, 64, 64, 3))))
+    rng = np.random.default_rng(7)
+    variables = jax.tree_util.tree_map(lambda s: rng.normal(0, 0.05, s.shape).astype(s.dtype), shapes)
+    variables["batch_stats"] = jax.tree_util.tree_map_with_path(
+        lambda path, a: rng.uniform(0.5, 1.5, a.shape).astype(a.dtype) if path[-1].key == "var" else a,
+        variables["batch_stats"])
     np.savez(tmp_path / "resnet50.npz", **interop.to_torch_state_dict(variables, model))
 
 
@@ -206,7 +266,7 @@ def test_example_runs_and_states_its_results(where, source, tmp_path, monkeypatc
     code, _ = instrument(shrink(source), where)
     module = types.ModuleType("doc_example")  # a real module: flax modules are dataclasses and look theirs up
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    module.__dict__.update(__expect__=_expect, __raises__=_Raises, __params__=_params)
+    module.__dict__.update(__expect__=_expect, __raises__=_Raises, __params__=_params, __jit__=jax.jit)
     try:
         exec(compile(code, where, "exec"), module.__dict__)
     finally:

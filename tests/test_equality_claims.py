@@ -47,14 +47,46 @@ def _leaves(run, i):
     return [np.asarray(a[i]) for a in jax.tree_util.tree_leaves((run.state.params, run.state.batch_stats))]
 
 
-def _gaps(trainer, keys, devices):
+class _Setting:
+    """One setting's trainer and its seeds trained alone (``jax.jit(trainer)``, one program), each seed once:
+    the tests that compare a sweep with the seeds alone share them."""
+
+    def __init__(self, setting):
+        kw, self.epochs = SETTINGS[setting]
+        self.trainer = make_train(run_config(MODEL, train_config(batch_size=16, epochs=self.epochs, **kw)), _data())
+        self._alone, self._runs = jax.jit(self.trainer), {}
+
+    def alone(self, key):
+        k = tuple(np.asarray(jax.random.key_data(key)).ravel().tolist())
+        if k not in self._runs:
+            self._runs[k] = self._alone(key)
+        return self._runs[k]
+
+
+@pytest.fixture(scope="module")
+def settings():
+    """``settings(name)``: the module's one ``_Setting`` for ``name`` (made on first use)."""
+    made = {}
+
+    def get(setting) -> _Setting:
+        if setting not in made:
+            made[setting] = _Setting(setting)
+        return made[setting]
+
+    return get
+
+
+#: The seeds: the first two are also the one-seed-per-device sweep's (their runs alone are shared).
+KEYS = jax.random.split(jax.random.key(1), 3)
+
+
+def _gaps(setting: _Setting, keys, devices):
     """Per seed: (max |parameter difference|, relative train-loss difference per epoch) of the sweep on
     ``devices`` against the seed alone."""
-    run, m = trainer.sweep(keys, devices=devices, progress=False)
-    alone = jax.jit(trainer)
+    run, m = setting.trainer.sweep(keys, devices=devices, progress=False)
     out = []
     for i in range(len(keys)):
-        solo, ms = alone(keys[i])
+        solo, ms = setting.alone(keys[i])
         solo_leaves = [np.asarray(a) for a in jax.tree_util.tree_leaves((solo.state.params, solo.state.batch_stats))]
         params = max(float(np.max(np.abs(a - b))) for a, b in zip(_leaves(run, i), solo_leaves))
         loss = np.abs(np.asarray(m["train_loss"][i]) - np.asarray(ms["train_loss"])) / np.asarray(ms["train_loss"])
@@ -63,19 +95,17 @@ def _gaps(trainer, keys, devices):
 
 
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
-def test_seeds_vmapped_on_one_device_end_bit_identical_to_each_seed_alone(setting):
-    kw, epochs = SETTINGS[setting]
-    trainer = make_train(run_config(MODEL, train_config(batch_size=16, epochs=epochs, **kw)), _data())
-    for params, loss in _gaps(trainer, jax.random.split(jax.random.key(1), 3), jax.devices()[:1]):
+def test_seeds_vmapped_on_one_device_end_bit_identical_to_each_seed_alone(settings, setting):
+    for params, loss in _gaps(settings(setting), KEYS, jax.devices()[:1]):
         assert params == 0.0 and not loss.any(), (setting, params, loss)
 
 
-def test_one_seed_per_device_agrees_to_float32_rounding_at_epoch_1_then_drifts():
+def test_one_seed_per_device_agrees_to_float32_rounding_at_epoch_1_then_drifts(settings):
     if jax.device_count() < 2:
         pytest.skip("needs two devices (tests/conftest.py gives one per CPU core)")
-    kw, epochs = SETTINGS["high_momentum"]
-    trainer = make_train(run_config(MODEL, train_config(batch_size=16, epochs=epochs, **kw)), _data())
-    gaps = _gaps(trainer, jax.random.split(jax.random.key(1), 2), jax.devices()[:2])
+    setting = settings("high_momentum")
+    epochs = setting.epochs
+    gaps = _gaps(setting, KEYS[:2], jax.devices()[:2])
     first = max(float(loss[0]) for _, loss in gaps)
     last = max(float(loss[-1]) for _, loss in gaps)
     worst = max(float(loss.max()) for _, loss in gaps)

@@ -141,11 +141,17 @@ def test_sigterm_mid_epoch_saves_the_step_and_the_resumed_run_is_bit_identical(t
     assert "identical True" in again.stdout, again.stdout[-2000:]
 
 
+@pytest.fixture(scope="module")
+def unbroken_two_seeds():
+    """The unbroken 2-epoch run of seeds 0 and 1 (the same for both stop positions: computed once)."""
+    return trainer().fit([0, 1])
+
+
 @pytest.mark.parametrize("epoch", [1, 0], ids=["second epoch", "first epoch"])
-def test_sigint_inside_an_epoch_in_process_resumes_bit_identically(tmp_path, epoch):
+def test_sigint_inside_an_epoch_in_process_resumes_bit_identically(tmp_path, epoch, unbroken_two_seeds):
     """A stop request while minibatch 2 of an epoch is handed out; in the first epoch no epoch has finished
     yet, and the save must still keep the two steps done (it crashed on the empty history once, #22)."""
-    full, hf = trainer().fit([0, 1])
+    full, hf = unbroken_two_seeds
     source = Signalling(64, seed=0, at=(epoch, 1), signum=signal.SIGINT)
     handler = signal.getsignal(signal.SIGINT)
     with pytest.raises(Preempted) as stopped:
@@ -161,10 +167,17 @@ def test_sigint_inside_an_epoch_in_process_resumes_bit_identically(tmp_path, epo
 # ---- damaged checkpoints -----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory):
+def one_seed():
+    """The trainer of seed 0's runs below: one for all of them, so its programs are built once (each ``fit``
+    is a run of its own; a trainer keeps nothing of a run but its compiled programs)."""
+    return trainer()
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, one_seed):
     """An unbroken 2-epoch run and a directory holding its checkpoints at steps 4 (epoch 1) and 8 (epoch 2)."""
     d = tmp_path_factory.mktemp("pristine") / "ckpt"
-    run, history = trainer().fit(0, checkpoint_dir=d)
+    run, history = one_seed.fit(0, checkpoint_dir=d)
     with ckpt_lib.Checkpoints(d) as ck:
         assert ck.all() == [4, 8]
     return d, run, history
@@ -223,7 +236,8 @@ DAMAGE = {  # name: (what to do to step 8, the problem the error must state)
 
 
 @pytest.mark.parametrize("case", list(DAMAGE))
-def test_a_damaged_newest_step_is_reported_and_resume_falls_back_to_the_newest_good_one(saved, tmp_path, capsys, case):
+def test_a_damaged_newest_step_is_reported_and_resume_falls_back_to_the_newest_good_one(saved, one_seed, tmp_path,
+                                                                                        capsys, case):
     pristine, full, hf = saved
     d = tmp_path / "ckpt"
     shutil.copytree(pristine, d)
@@ -233,7 +247,7 @@ def test_a_damaged_newest_step_is_reported_and_resume_falls_back_to_the_newest_g
         ck.restore(full, 8)
     assert err.value.step == 8 and str(d) in str(err.value)  # names the directory and the step
     capsys.readouterr()
-    resumed, hr = trainer().fit(0, checkpoint_dir=d)  # falls back to step 4 and trains epoch 2 again
+    resumed, hr = one_seed.fit(0, checkpoint_dir=d)  # falls back to step 4 and trains epoch 2 again
     log = capsys.readouterr().err
     assert f"checkpoint_dir: {d}, step 8:" in log and "resuming from step 4" in log, log
     assert os.path.isdir(d / "damaged" / "8") and ckpt_lib.latest(d) == 8  # set aside, then written anew
@@ -241,39 +255,47 @@ def test_a_damaged_newest_step_is_reported_and_resume_falls_back_to_the_newest_g
     np.testing.assert_array_equal(hf["test_error"], hr["test_error"])
 
 
-def test_an_empty_newer_step_folder_and_a_missing_orbax_metadata_file(saved, tmp_path, capsys):
+def test_an_empty_newer_step_folder_and_a_missing_orbax_metadata_file(saved, one_seed, tmp_path, capsys):
     pristine, full, _ = saved
     d = tmp_path / "ckpt"
     shutil.copytree(pristine, d)
     os.makedirs(d / "12")  # an empty folder newer than every checkpoint (a save killed at its start)
     os.remove(d / "8" / "state" / "_METADATA")  # Orbax's tree metadata: the template replaces it, checksums verify
-    resumed, _ = trainer().fit(0, checkpoint_dir=d)
+    resumed, _ = one_seed.fit(0, checkpoint_dir=d)
     log = capsys.readouterr().err
     assert f"checkpoint_dir: {d}, step 12: the step folder has no state and no meta" in log, log
     assert os.path.isdir(d / "damaged" / "12") and leaves_equal(full, resumed)  # resumed at step 8, the end
 
 
-def test_no_good_step_is_an_error_that_lists_every_step_and_moves_nothing(saved, tmp_path):
+def test_no_good_step_is_an_error_that_lists_every_step_and_moves_nothing(saved, one_seed, tmp_path):
     pristine, _, _ = saved
     d = tmp_path / "ckpt"
     shutil.copytree(pristine, d)
     _state_of_step_4(str(d / "8"))
     _edit_meta(str(d / "4"))
     with pytest.raises(CheckpointError, match=r"step 8, 4: no step in this directory is good") as err:
-        trainer().fit(0, checkpoint_dir=d)
+        one_seed.fit(0, checkpoint_dir=d)
     assert "step 8: array .state.step" in str(err.value) and "step 4: its meta JSON" in str(err.value)
     assert sorted(os.listdir(d)) == ["4", "8"]
 
 
 REFUSED_RESUME = textwrap.dedent("""
     import sys
+    from tests.test_faults import refused_resume_run
+
+    refused_resume_run(sys.argv[1])
+""")
+
+
+def refused_resume_run(directory):
+    """The tiny MLP's sweep of seeds 0 and 1, checkpointed every epoch into ``directory`` (or resumed from the
+    checkpoints there)."""
     from resjax.train import make_train
     from tests.test_training import DATA, tiny_config
 
     config = tiny_config()
     config.train.checkpoint_every = 1
-    make_train(config, DATA).sweep([0, 1], checkpoint_dir=sys.argv[1], chunk_epochs=1)
-""")
+    make_train(config, DATA).sweep([0, 1], checkpoint_dir=directory, chunk_epochs=1)
 
 
 # Mutation caught: resjax/train/checkpoint.py: the `_quiet_closed_loop_noise()` call in `Checkpoints.__init__`
@@ -281,14 +303,13 @@ REFUSED_RESUME = textwrap.dedent("""
 def test_a_refused_resume_prints_resjax_message_without_orbax_event_loop_noise(tmp_path):
     """Every step damaged (bytes flipped in every data file), the resume is refused in a fresh process: its
     stderr holds resjax's message naming the directory and the steps, and none of Orbax's late
-    ``RuntimeError: Event loop is closed`` tracebacks (about 100 of them before, #22 item 9)."""
+    ``RuntimeError: Event loop is closed`` tracebacks (about 100 of them before, #22 item 9). The run that
+    saves the steps is the same sweep in this process (a process of its own costs seconds)."""
     script = tmp_path / "child.py"
     script.write_text(REFUSED_RESUME)
     d = tmp_path / "ckpt"
     env = {**os.environ, "PYTHONPATH": ROOT}
-    first = subprocess.run([sys.executable, str(script), str(d)], cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=300)
-    assert first.returncode == 0, first.stderr[-2000:]
+    refused_resume_run(str(d))
     steps = sorted(int(n) for n in os.listdir(d) if n.isdigit())
     assert len(steps) == 2, steps
     for step in steps:

@@ -35,9 +35,14 @@ def _cli(*args, out):
     (("--sweep_batch_sizes", "(16, 5000)"), "--sweep_batch_sizes", "from 1 to 4000"),
     (("--model.width", "0"), "--model.width", "integer >= 1"),
 ])
-def test_cli_refuses_bad_settings_before_training(tmp_path, args, flag, allowed):
+def test_cli_refuses_bad_settings_before_training(tmp_path, args, flag, allowed, capsys):
+    """The command line's own code (``common.main``, what ``python -m experiments.degradation`` calls) in this
+    process: a process of its own costs seconds, and ``test_cli_unparsable_value_is_an_argparse_error`` runs the
+    real command line."""
     out = tmp_path / "out"
-    code, err, _ = _cli("experiments.degradation", "--quick", *args, out=out)
+    with pytest.raises(SystemExit) as stopped:  # anything else (a traceback) fails the test
+        common.main(degradation, ["--quick", *args, "--out", str(out)])
+    code, err = stopped.value.code, capsys.readouterr().err
     assert code == 2, err
     assert "Traceback" not in err
     last = err.strip().splitlines()[-1]

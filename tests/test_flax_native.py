@@ -63,10 +63,14 @@ def test_flax_tools_work_on_every_kind(kind):
     assert clone == model and clone is not model and describe_model(clone) == describe_model(model)
     if kind in LARGE:
         return
-    variables = model.init(jax.random.key(0), x, train=False)
+
+    @jax.jit
+    def run(key):  # init, the bound call and apply in one program, not one program per eager op
+        variables = model.init(key, x, train=False)
+        return variables, model.bind(variables)(x, train=False), model.apply(variables, x, train=False)
+
+    variables, out, expected = run(jax.random.key(0))
     assert jax.tree_util.tree_structure(variables) == jax.tree_util.tree_structure(abstract)
-    bound = model.bind(variables)
-    out, expected = bound(x, train=False), model.apply(variables, x, train=False)
     for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(expected)):
         np.testing.assert_array_equal(a, b)
 
@@ -172,7 +176,8 @@ def test_param_dtype_on_every_kind(kind):
         assert {a.dtype for a in jax.tree_util.tree_leaves(v.get("batch_stats", {}))} <= {jnp.dtype(jnp.float32)}
     if kind not in LARGE:
         model, _ = _model(kind, param_dtype="bfloat16")
-        out = model.apply(model.init(jax.random.key(0), x, train=False), x, train=False)
+        out = jax.jit(lambda key: model.apply(model.init(key, x, train=False), x, train=False))(  # one program
+            jax.random.key(0))
         assert all(np.isfinite(np.asarray(o, np.float32)).all() for o in jax.tree_util.tree_leaves(out))
 
 

@@ -193,18 +193,26 @@ class SignallingArrays(ArraySource):
         return super().read(indices)
 
 
-@pytest.mark.parametrize("threads", [0, 1], ids=["in order", "reader thread"])
-def test_a_run_on_a_grain_fed_source_stopped_inside_an_epoch_resumes_bit_identically(tmp_path, threads):
-    """Two seeds (stacked batches: two reads a batch), crop_flip augmentation, 4 batches an epoch; SIGINT in the
-    11th read (the first seed's of epoch 2's second batch): saved after that batch's step (step 6), and resumed
-    from there equal to the unbroken run. With a reader thread the batches are read ahead (two), so the stop
-    comes at another step of epoch 2; the resumed run is the same."""
+@pytest.fixture(scope="module")
+def unbroken_run():
+    """``(data, config, run, history)``: 64 images of 4 classes with crop_flip augmentation and the unbroken run of
+    seeds 0 and 1 on them (2 epochs), which both tests of a stopped run resume to."""
     rng = np.random.default_rng(0)
     y = np.arange(64) % 4
     x = (rng.normal(size=(4, 8, 8, 3))[y] * 40 + 128 + rng.normal(0, 20, (64, 8, 8, 3))).clip(0, 255)
     data = from_arrays(x.astype(np.uint8), y, augment="crop_flip", padding=2)
     config = tiny_config(epochs=2, checkpoint_every=1, augment=True)
-    full, hf = trainer_for(config, TinyCNN(), data.source("train"), data.source("test")).fit([0, 1])
+    return (data, config, *trainer_for(config, TinyCNN(), data.source("train"), data.source("test")).fit([0, 1]))
+
+
+@pytest.mark.parametrize("threads", [0, 1], ids=["in order", "reader thread"])
+def test_a_run_on_a_grain_fed_source_stopped_inside_an_epoch_resumes_bit_identically(tmp_path, threads,
+                                                                                      unbroken_run):
+    """Two seeds (stacked batches: two reads a batch), crop_flip augmentation, 4 batches an epoch; SIGINT in the
+    11th read (the first seed's of epoch 2's second batch): saved after that batch's step (step 6), and resumed
+    from there equal to the unbroken run. With a reader thread the batches are read ahead (two), so the stop
+    comes at another step of epoch 2; the resumed run is the same."""
+    data, config, full, hf = unbroken_run
     source = SignallingArrays(data, at=2 * 4 + 3).loader(threads=threads)
     with pytest.raises(Preempted):
         trainer_for(config, TinyCNN(), source, data.source("test")).fit([0, 1], checkpoint_dir=tmp_path)

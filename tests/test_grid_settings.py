@@ -23,12 +23,23 @@ def _fast(fast_compiles):
 
 
 VECTORS = from_arrays(*separable_arrays(64, (10,)), *separable_arrays(32, (10,), seed=1))
-MODEL = dict(kind="residual_mlp", width=8, num_blocks=2, norm="batch")
+# One residual block with BatchNorm (batch_stats to compare): its programs compile about a fifth faster than two.
+MODEL = dict(kind="residual_mlp", width=8, num_blocks=1, norm="batch")
 
 
 def _config(epochs=2, model=MODEL, **train):
     return run_config(dict(model), train_config(**{"batch_size": 16, "epochs": epochs, "learning_rate": 0.05,
                                                    "weight_decay_on": "all", **train}))
+
+
+@pytest.fixture(scope="module")
+def momentum_alone():
+    """``(trainer, run, history)``: ``_config(momentum=0.9)`` (2 epochs, batch 16) trained alone, seeds 0 and 1, on
+    the on-device feeder: the constant-momentum runs that the traced momentum (test_traced_momentum_...), a grid
+    over momentum and a grid over batch size x momentum are compared with (one program for the three tests; its
+    trainer traces momentum in the first two, one program for both)."""
+    trainer = make_train(_config(momentum=0.9), VECTORS)
+    return (trainer, *trainer.fit([0, 1]))
 
 
 def _leaves(tree):
@@ -96,17 +107,19 @@ def _grid_run(result, label, name):
     return result.history[name][label["run"]]
 
 
-def test_traced_momentum_is_the_constant_momentum_bit_for_bit_on_both_feeders():
+def test_traced_momentum_is_the_constant_momentum_bit_for_bit_on_both_feeders(momentum_alone):
     """A trainer that traces momentum (at the config's value) trains exactly as the one whose momentum is a
     constant of its program, and a default trainer's optimiser state is what it always was (learning rate and
-    weight decay injected only: its checkpoints and program unchanged)."""
-    config = _config(epochs=1, momentum=0.9)
-    for trainer in (make_train(config, VECTORS), make_image_train(config, VECTORS)):
-        assert sorted(trainer.init_run(jax.random.key(0)).state.opt_state.hyperparams) == ["learning_rate",
-                                                                                           "weight_decay"]
+    weight decay injected only: its checkpoints and program unchanged). On-device: ``momentum_alone`` (2 epochs);
+    host: 1 epoch, the configuration of the host grid of test_programs_of_other_shapes_... (one program)."""
+    on_device, *on_device_runs = momentum_alone
+    host = make_image_train(_config(epochs=1, momentum=0.9), VECTORS)
+    for trainer, (run, history) in ((on_device, on_device_runs), (host, host.fit([0, 1]))):
+        # the optimiser state's structure (no program to compile)
+        assert sorted(jax.eval_shape(trainer.init_run, jax.random.key(0)).state.opt_state.hyperparams) == [
+            "learning_rate", "weight_decay"]
         traced = trainer.with_traced(["momentum"])
         assert trainer.with_traced([]) is trainer and traced.traced == ("momentum",)
-        run, history = trainer.fit([0, 1])
         traced_run, traced_history = traced.fit([0, 1])
         assert float(traced_run.state.opt_state.hyperparams["momentum"][0]) == np.float32(0.9)
         ts, tt = run.state, traced_run.state
@@ -115,16 +128,16 @@ def test_traced_momentum_is_the_constant_momentum_bit_for_bit_on_both_feeders():
         np.testing.assert_array_equal(history["train_loss"], traced_history["train_loss"])
 
 
-def test_a_grid_over_momentum_and_adam_betas_is_one_program_of_the_settings_alone():
-    trainer = make_train(_config(epochs=1), VECTORS)
-    result = fit_grid(trainer, grid([0, 1], momentum=[0.0, 0.5]))
+def test_a_grid_over_momentum_and_adam_betas_is_one_program_of_the_settings_alone(momentum_alone):
+    trainer, _, alone = momentum_alone  # momentum 0.9 alone, seeds 0 and 1
+    # seed 0 x two momenta: two runs, as many as the traced trainer of test_traced_momentum_... (the same program)
+    result = fit_grid(trainer, grid([0], momentum=[0.0, 0.9]))
     assert len(result.programs) == 1 and result.programs[0].trainer.traced == ("momentum",)
-    for momentum in (0.5,):
-        _, alone = make_train(_config(epochs=1, momentum=momentum), VECTORS).fit([0, 1])
-        rows = [result.grid.index(seed=s, momentum=momentum) for s in (0, 1)]
-        np.testing.assert_allclose(result.history["train_loss"][rows], alone["train_loss"], rtol=1e-6)
-        np.testing.assert_allclose(result.history["test_loss"][rows], alone["test_loss"], rtol=1e-6)
-    assert not np.allclose(result.history["train_loss"][:2], result.history["train_loss"][2:])
+    for momentum in (0.9,):
+        r = result.grid.index(seed=0, momentum=momentum)
+        np.testing.assert_allclose(result.history["train_loss"][r], alone["train_loss"][0], rtol=1e-6)
+        np.testing.assert_allclose(result.history["test_loss"][r], alone["test_loss"][0], rtol=1e-6)
+    assert not np.allclose(result.history["train_loss"][0], result.history["train_loss"][1])
     adam = make_train(_config(epochs=1, optimizer="adam", learning_rate=0.01), VECTORS)
     result = fit_grid(adam, grid([0], adam_b1=[0.8, 0.95], adam_b2=[0.99]))
     for b1 in (0.8,):  # 1 - b1 in float32 from the traced beta: float rounding, not bit for bit
@@ -135,7 +148,8 @@ def test_a_grid_over_momentum_and_adam_betas_is_one_program_of_the_settings_alon
     assert not np.allclose(result.history["train_loss"][0], result.history["train_loss"][1])
 
 
-def test_batch_size_x_momentum_x_seeds_runs_as_two_programs_side_by_side_and_resumes_as_a_whole(tmp_path):
+def test_batch_size_x_momentum_x_seeds_runs_as_two_programs_side_by_side_and_resumes_as_a_whole(tmp_path,
+                                                                                                 momentum_alone):
     trainer = make_train(_config(epochs=2), VECTORS)
     g = grid([0, 1], {"train.batch_size": [16, 32], "train.momentum": [0.0, 0.9]})
     whole = fit_grid(trainer, g)
@@ -144,8 +158,9 @@ def test_batch_size_x_momentum_x_seeds_runs_as_two_programs_side_by_side_and_res
     if jax.device_count() >= 2:  # side by side: each program whole on one device, the two on two devices
         on = [{d.id for d in jax.tree_util.tree_leaves(p.run)[0].devices()} for p in whole.programs]
         assert all(len(d) == 1 for d in on) and on[0] != on[1], on
-    for batch, momentum in [(16, 0.0), (32, 0.9)]:  # each run is its setting trained alone
-        run, alone = make_train(_config(batch_size=batch, momentum=momentum), VECTORS).fit([0, 1])
+    alone_runs = {(16, 0.9): momentum_alone[1:],  # one setting of each program
+                  (32, 0.0): make_train(_config(batch_size=32, momentum=0.0), VECTORS).fit([0, 1])}
+    for (batch, momentum), (run, alone) in alone_runs.items():  # each run is its setting trained alone
         rows = [g.index(seed=s, **{"train.batch_size": batch, "train.momentum": momentum}) for s in (0, 1)]
         for name in ("train_loss", "train_error", "test_loss", "test_error", "lr"):
             np.testing.assert_allclose(whole.history[name][rows], alone[name], rtol=1e-6, err_msg=name)
@@ -157,12 +172,14 @@ def test_batch_size_x_momentum_x_seeds_runs_as_two_programs_side_by_side_and_res
     np.testing.assert_allclose(cell.train_loss, whole.history["train_loss"][[6, 7], 1], rtol=0)
     assert sorted(cell.seed) == [0, 1] and len(whole.summary()) == 8
 
-    # Interrupted: every program stopped after epoch 1, then the first finished alone; the rerun resumes the
-    # unfinished program only and equals the uninterrupted grid bit for bit.
+    # Interrupted: every program stopped after epoch 1, then the first finished alone (the sweep the grid runs for
+    # it, on the device it ran on: its program is compiled); the rerun resumes the unfinished program only and
+    # equals the uninterrupted grid bit for bit.
     root = tmp_path / "grid"
     fit_grid(trainer, g, checkpoint_dir=root, epochs=1)
     first = whole.programs[0]
-    first.trainer.fit([0, 1, 0, 1], hparams=first.hparams, checkpoint_dir=root / first.name)
+    first.trainer.sweep([0, 1, 0, 1], first.hparams, checkpoint_dir=root / first.name,
+                        devices=list(jax.tree_util.tree_leaves(first.run)[0].devices()))
     finished = {f: os.stat(os.path.join(d, f)).st_mtime_ns for d, _, fs in os.walk(root / first.name) for f in fs}
     again = fit_grid(trainer, g, checkpoint_dir=root)
     assert {f: os.stat(os.path.join(d, f)).st_mtime_ns for d, _, fs in os.walk(root / first.name)
@@ -176,11 +193,12 @@ def test_batch_size_x_momentum_x_seeds_runs_as_two_programs_side_by_side_and_res
 
 def test_programs_of_other_shapes_and_optimisers_on_both_feeders():
     """A width axis (other parameter shapes) on the on-device feeder; an optimiser axis (names as labels) with a
-    traced learning rate on the host feeder, whose programs run one after another."""
-    widths = fit_grid(make_train(_config(epochs=1), VECTORS), grid([3], {"model.width": [4, 8]}))
-    assert widths.select(seed=3, width=4).state.params["head"]["kernel"].shape == (4, 3)
-    assert widths.select(seed=3, width=8).state.params["head"]["kernel"].shape == (8, 3)
-    host = make_image_train(_config(epochs=1), VECTORS)
+    traced learning rate on the host feeder, whose programs run one after another. The width-8 program (first, on
+    the first device) is test_batch_size_x_momentum_x_seeds_...'s batch-16 program: compiled once."""
+    widths = fit_grid(make_train(_config(), VECTORS), grid([0, 1], {"model.width": [8, 4]}, momentum=[0.0, 0.9]))
+    assert widths.select(seed=1, width=4, momentum=0.9).state.params["head"]["kernel"].shape == (4, 3)
+    assert widths.select(seed=1, width=8, momentum=0.9).state.params["head"]["kernel"].shape == (8, 3)
+    host = make_image_train(_config(epochs=1, momentum=0.9), VECTORS)  # sgd: test_traced_momentum_...'s program
     g = grid([0], optimizer=["sgd", "adam"], learning_rate=[0.05, 0.01])
     result = fit_grid(host, g)
     assert [p.name for p in result.programs] == ["train.optimizer=sgd", "train.optimizer=adam"]

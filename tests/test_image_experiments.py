@@ -20,6 +20,7 @@ def small_cifar_tau_config():
     c.tau_inv_depths = ()
     c.num_seeds = 2
     c.train.epochs = 1
+    c.synthetic_examples = 128  # 2 steps of 64: unoptimised convolutions (fast_compiles) run slowly
     return c
 
 
@@ -50,6 +51,8 @@ def test_taki_cifar_quick_records_first_epoch_statistics(tmp_path):
     config = taki_cifar.get_config("quick")
     config.variants = ("taki", "bn")
     config.num_blocks = 3
+    # one epoch (the statistics are of the first) of 128 images, 2 steps: unoptimised convolutions run slowly
+    config.train.epochs, config.synthetic_examples = 1, 128
     m = common.run_experiment(taki_cifar, config, tmp_path)["metrics"]
     for v in ("taki", "bn"):
         first = np.asarray(m[f"first_epoch_acc.{v}"])
@@ -86,6 +89,7 @@ def test_missing_data_runs_the_stand_in_and_marks_claims_not_measured(tmp_path, 
         c = real_get_config(size)
         if size == "quick":
             c.variants, c.num_blocks = ("taki",), 2
+            c.train.epochs, c.synthetic_examples = 1, 128  # the report's path, not the training, is checked
         return c
 
     monkeypatch.setattr(taki_cifar, "get_config", tiny)

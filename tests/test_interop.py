@@ -3,6 +3,7 @@ repositories' own code (tools/make_parity_fixtures.py, torch not needed here), t
 layout, exact round trips, and errors that name every tensor."""
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import jax
@@ -156,6 +157,19 @@ def test_torchvision_key_order(depth):
     assert list(interop.to_torch_state_dict(variables, model)) == expected
 
 
+def _zero_variables(model):
+    """``model``'s variables (on a CIFAR image) as numpy zeros, in ``init``'s order (collections and modules as
+    created; messages name the first key that does not fit), for checks that only read their names and shapes:
+    ``init`` traced, not compiled (its eager initialisers cost seconds here)."""
+    def zeros(tree):
+        return {k: zeros(v) for k, v in tree.items()} if isinstance(tree, Mapping) else np.zeros(tree.shape, tree.dtype)
+
+    variables = {}
+    jax.eval_shape(lambda: variables.update(zeros(model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)),
+                                                             train=False))))
+    return variables
+
+
 def _random_like(template, rng):
     return jax.tree_util.tree_map(lambda s: rng.random(s.shape, dtype=np.float32), template)
 
@@ -178,9 +192,8 @@ def test_round_trip_is_exact(make, label):
         assert set(sd) == set(interop.torch_layout(model))
         back = interop.from_torch_state_dict(model, sd)
         assert jax.tree_util.tree_structure(back) == jax.tree_util.tree_structure(variables)
-        for a, b in zip(jax.tree_util.tree_leaves(back), jax.tree_util.tree_leaves(variables)):
-            assert a.dtype == b.dtype and a.shape == b.shape
-            np.testing.assert_array_equal(a, b)
+        for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(back), jax.tree_util.tree_leaves(variables)):
+            assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), jax.tree_util.keystr(path)
         again = interop.to_torch_state_dict(back, model)  # torch -> resjax -> torch
         assert all(np.array_equal(again[k], sd[k]) for k in sd)
 
@@ -275,12 +288,14 @@ def test_stacked_weights_of_several_runs_are_named_as_a_seed_axis():
     assert all(np.array_equal(one[k], v) for k, v in interop.to_torch_state_dict(variables, model).items())
     # with BatchNorm: the parameters alone, and the scanned layout (whose unrolling would take the seed axis for
     # the blocks': 37 and more shape mismatches before)
+    # (the values play no part: the variables' shapes as zeros, stacked into jax arrays)
     bn = cifar_resnet(20, tau=0.3, **REPOSITORY_MODELS["tau_resnet_bn"])
     for m in (bn, bn.clone(scan=True)):
-        v = m.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)), train=False)
+        v = _zero_variables(m)
         for given in (dict(v), {"params": v["params"]}):
             with pytest.raises(ValueError) as err:
-                interop.to_torch_state_dict(jax.tree_util.tree_map(lambda a: jnp.stack([a, a]), given), m)
+                interop.to_torch_state_dict(jax.tree_util.tree_map(lambda a: jax.device_put(np.stack([a, a])), given),
+                                            m)
             assert "leading seed axis of 2 runs" in str(err.value) and "run.select(i)" in str(err.value)
             assert len(str(err.value)) < 400 and not isinstance(err.value, interop.WeightsMismatchError)
 
@@ -318,11 +333,10 @@ def test_weights_of_another_depth_get_one_short_message_naming_both_depths(direc
     with both block counts, both depths, the first missing and the first unexpected key (it was a 5,602-character
     list of 216 tensors); the error keeps the full lists."""
     small, big = (cifar_resnet(d, **REPOSITORY_MODELS["tau_resnet_bn"], tau=0.3) for d in (20, 32))
-    x = jnp.zeros((1, 32, 32, 3))
     for given, model, missing, unexpected in ((big, small, "nothing missing", "first unexpected: layer1.3.conv1"),
                                               (small, big, "first missing: params/stage1_2/conv_0/kernel (torch "
                                                            "'layer1.3.conv1.weight')", "nothing unexpected")):
-        v = given.init(jax.random.key(0), x, train=False)
+        v = _zero_variables(given)  # names and shapes are what count here
         with pytest.raises(interop.WeightsMismatchError) as err:
             if direction == "in":
                 interop.from_torch_state_dict(model, interop.to_torch_state_dict(v, given))

@@ -38,11 +38,18 @@ def test_probe_on_a_quadratic_matches_the_formulas():
 
 def test_probe_on_a_network_uses_batch_statistics_and_changes_nothing():
     model = PlainMLP(width=8, depth=2, norm="batch")
-    v = model.init(jax.random.key(1), X)
-    f = ls.params_loss_fn(model, v, X, Y, train=True)
-    r = ls.probe_gradient_direction(f, v["params"], [0.01, 0.1])
-    logits, _ = model.apply(v, X, train=True, mutable=["batch_stats"])
-    expected = float(jnp.mean(jax.nn.logsumexp(logits, -1) - logits[jnp.arange(32), Y]))
+
+    @jax.jit
+    def probe_and_logits(key):  # one program (op by op, the probe's gradients compile one program per op)
+        v = model.init(key, X)
+        f = ls.params_loss_fn(model, v, X, Y, train=True)
+        logits, _ = model.apply(v, X, train=True, mutable=["batch_stats"])
+        return ls.probe_gradient_direction(f, v["params"], [0.01, 0.1]), logits  # concrete steps: checked
+
+    r, logits = jax.device_get(probe_and_logits(jax.random.key(1)))
+    logits = np.asarray(logits, np.float64)
+    m = logits.max(-1)
+    expected = np.mean(m + np.log(np.exp(logits - m[:, None]).sum(-1)) - logits[np.arange(32), np.asarray(Y)])
     np.testing.assert_allclose(r["loss0"], expected, rtol=1e-5)
     assert np.all(np.isfinite(r["losses"]))
 

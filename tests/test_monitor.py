@@ -1,11 +1,10 @@
 """Watching runs (``resjax.train.monitor``): progress lines in a log file, ``metrics.jsonl`` growing epoch by
 epoch and holding each epoch once after a preemption and resume, TensorBoard event files."""
 
+import contextlib
 import io
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,7 +16,6 @@ from resjax.train import RunLog, log_to, make_image_train, make_train, run_confi
 from resjax.train.monitor import Progress
 from tests.small_data import separable_arrays
 
-ROOT = Path(__file__).resolve().parents[1]
 LINE = re.compile(r"^\[(?P<cell>.+)\] epoch (?P<done>\d+)/(?P<total>\d+) \(\d+%\) \d+:\d\d:\d\d elapsed, "
                   r"~(\d+:\d\d:\d\d|\?) left; train_loss \S+ test_error \S+$")
 
@@ -37,13 +35,17 @@ def _rows(path):
 def test_an_experiment_with_its_output_in_a_file_logs_each_chunk(tmp_path):
     """tau_training --quick over 3 epochs in chunks of 1, stdout and stderr to files (no terminal): one progress
     line per chunk of each cell in the stdout file, and metrics.jsonl with one line per run and epoch, written
-    chunk by chunk (each epoch's lines carry a later elapsed time than the one before)."""
+    chunk by chunk (each epoch's lines carry a later elapsed time than the one before). The command line runs in
+    this process (``common.main``, what ``python -m experiments.tau_training`` calls) with ``sys.stdout`` and
+    ``sys.stderr`` pointing at the files: a process of its own would cost seconds to start and build its
+    programs again."""
+    from experiments import common, tau_training
+
     out = tmp_path / "run"
-    with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
-        proc = subprocess.run([sys.executable, "-m", "experiments.tau_training", "--quick", "--train.epochs", "3",
-                               "--chunk_epochs", "1", "--out", str(out)], cwd=ROOT, stdout=stdout, stderr=stderr,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
-    assert proc.returncode == 0, (tmp_path / "stderr").read_text()[-3000:]
+    with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr, \
+            contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        assert not sys.stderr.isatty() and not sys.stdout.isatty()
+        common.main(tau_training, ["--quick", "--train.epochs", "3", "--chunk_epochs", "1", "--out", str(out)])
     lines = [LINE.match(line) for line in (tmp_path / "stdout").read_text().splitlines() if line.startswith("[")]
     assert lines and all(lines), (tmp_path / "stdout").read_text()
     cells = sorted({m["cell"] for m in lines})

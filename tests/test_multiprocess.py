@@ -4,6 +4,9 @@ Two processes against one (``tests/multiprocess_worker.py`` does the training; s
 sweep sharded across processes, data-parallel image training with BatchNorm's global-batch statistics,
 a checkpoint written by two processes resumed in two and in one, each process reading only its own block
 of every batch, a process that dies, and an experiment whose files process 0 alone writes.
+
+A JAX process costs seconds to start and to build its programs: the module starts few, each running several of
+the worker's stages in turn (see the fixtures), and the tests check their parts.
 """
 
 from __future__ import annotations
@@ -39,15 +42,20 @@ def _run(args, env, timeout=600):
     return done.returncode, done.stdout + done.stderr
 
 
-def _two(stage, out, timeout=600, processes=2, **env):
-    """``stage`` in 2 (or ``processes``) processes (1 CPU device each) through the launcher."""
-    return _run([sys.executable, "-m", "resjax.launch", "--processes", str(processes), "--heartbeat", "10", "--",
-                 sys.executable, WORKER, stage, out], _env(RESJAX_CPU_DEVICES="1", **env), timeout)
+def _launch(stages, out, processes=2, **env):
+    """The worker's ``stages`` (comma-separated, see ``tests/multiprocess_worker.py``) in 2 (or ``processes``)
+    processes (1 CPU device each) through the launcher; the launcher's grace period far longer (300 s) than
+    the heartbeat timeout (10 s), so that a dying process's peers are stopped by the heartbeat, not by it.
+    ``(returncode, output, seconds)``."""
+    start = time.monotonic()
+    rc, log = _run([sys.executable, "-m", "resjax.launch", "--processes", str(processes), "--heartbeat", "10",
+                    "--grace", "300", "--", sys.executable, WORKER, stages, out], _env(RESJAX_CPU_DEVICES="1", **env))
+    return rc, log, time.monotonic() - start
 
 
-def _one(stage, out, **env):
-    """``stage`` in 1 process with 2 CPU devices: the same mesh size as the two processes."""
-    return _run([sys.executable, WORKER, stage, out], _env(RESJAX_CPU_DEVICES="2", **env))
+def _one(stages, out, **env):
+    """``stages`` in 1 process with 2 CPU devices: the same mesh size as the two processes."""
+    return _run([sys.executable, WORKER, stages, out], _env(RESJAX_CPU_DEVICES="2", **env))
 
 
 def _load(path):
@@ -55,26 +63,58 @@ def _load(path):
         return {k: f[k] for k in f.files}
 
 
+def _loaded(path, log):
+    assert os.path.exists(path), log[-4000:]
+    return _load(path)
+
+
+# Every JAX process costs seconds to start and to build its programs, so the module runs four launches and one
+# single process, each running several of the worker's stages in turn, and the tests check their parts:
+#   two processes:  first, then preempt (process 1 alone sent SIGTERM; exit 143)
+#   two processes:  resume the first stage's checkpoint, resume the preempted one, then process 1 dies (exit 3)
+#   four processes: first (no checkpoint), then process 0 (which runs the coordination service) dies (exit 3)
+#   one process:    first (no checkpoint), whole, and the resume of the two processes' first checkpoint
+# (and the launched experiment, beside them).
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    two, one = str(tmp_path_factory.mktemp("two")), str(tmp_path_factory.mktemp("one"))
-    rc, log = _two("first", two)
-    assert rc == 0, log[-4000:]
-    for copy in ("ckpt_for_two", "ckpt_for_one"):
-        shutil.copytree(os.path.join(two, "ckpt"), os.path.join(two, copy))
-    rc, log = _one("first", one)
-    assert rc == 0, log[-4000:]
-    rc, log = _one("whole", one)
-    assert rc == 0, log[-4000:]
-    rc, log = _one("resume", two, RESUME_DIR="ckpt_for_one")
-    assert rc == 0, log[-4000:]
-    os.replace(os.path.join(two, "resume-0.npz"), os.path.join(two, "resumed_in_one.npz"))
-    rc, log = _two("resume", two, RESUME_DIR="ckpt_for_two")
-    assert rc == 0, log[-4000:]
-    return {"two": [_load(os.path.join(two, f"first-{i}.npz")) for i in (0, 1)],
+def two_first(tmp_path_factory):
+    """Two processes: the first stage, then the preempted run (SIGTERM reaches process 1 alone at its 6th of 8
+    training reads, in epoch 2; 4 batches an epoch). ``(directory, returncode, output)``."""
+    two = str(tmp_path_factory.mktemp("two"))
+    rc, log, _ = _launch("first,preempt", two, SIGTERM_AT_READ="6")
+    for ckpt, copies in (("ckpt", ("ckpt_for_two", "ckpt_for_one")), ("preempted", ("preempted_for_two",))):
+        for copy in copies:  # the resumed runs save into their copy; the original stays as it was left
+            if os.path.isdir(os.path.join(two, ckpt)):
+                shutil.copytree(os.path.join(two, ckpt), os.path.join(two, copy))
+    return two, rc, log
+
+
+@pytest.fixture(scope="module")
+def two_resumed(two_first):
+    """Two processes: the first stage's checkpoint (2 of 3 epochs) resumed to the end, the preempted run's
+    resumed to the end, then process 1 dies in the middle of training. ``(returncode, output, seconds)``."""
+    return _launch("resume:ckpt_for_two,resume:preempted_for_two,die", two_first[0], DIE="1")
+
+
+@pytest.fixture(scope="module")
+def four(tmp_path_factory):
+    """Four processes (4 devices in all): the first stage (without its checkpoint, which nothing here reads: the
+    checkpoints of several processes are the two processes' test), then process 0 dies in the middle of
+    training. ``(directory, returncode, output, seconds)``."""
+    out = str(tmp_path_factory.mktemp("four"))
+    return (out, *_launch("first:none,die", out, processes=4, DIE="0"))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, two_first, two_resumed):
+    two, _, log = two_first
+    one = str(tmp_path_factory.mktemp("one"))
+    rc, one_log = _one(f"first:none,whole,resume:{os.path.join(two, 'ckpt_for_one')}", one)
+    assert rc == 0, one_log[-4000:]
+    resumed_log = two_resumed[1]
+    return {"two": [_loaded(os.path.join(two, f"first-{i}.npz"), log) for i in (0, 1)],
             "one": _load(os.path.join(one, "first-0.npz")), "whole": _load(os.path.join(one, "whole-0.npz")),
-            "resumed_two": [_load(os.path.join(two, f"resume-{i}.npz")) for i in (0, 1)],
-            "resumed_one": _load(os.path.join(two, "resumed_in_one.npz"))}
+            "resumed_two": [_loaded(os.path.join(two, f"resume-ckpt_for_two-{i}.npz"), resumed_log) for i in (0, 1)],
+            "resumed_one": _load(os.path.join(one, "resume-ckpt_for_one-0.npz"))}
 
 
 def _assert_close(got, want, prefix):
@@ -138,12 +178,11 @@ def test_each_process_reads_only_its_block(runs):
     _assert_reads_own_blocks(runs["two"])
 
 
-def test_four_processes_equal_one(runs, tmp_path):
+def test_four_processes_equal_one(runs, four):
     """The first stage in 4 processes (4 devices in all): sweep and data-parallel training as one process,
     each process reading its quarter of every batch."""
-    rc, log = _two("first", str(tmp_path), processes=4)
-    assert rc == 0, log[-4000:]
-    results = [_load(tmp_path / f"first-{i}.npz") for i in range(4)]
+    out, _, log, _ = four
+    results = [_loaded(os.path.join(out, f"first-{i}.npz"), log) for i in range(4)]
     assert [int(r["process_count"]) for r in results] == [4] * 4
     for r in results:
         _assert_close(r, runs["one"], "sweep_")
@@ -151,42 +190,45 @@ def test_four_processes_equal_one(runs, tmp_path):
     _assert_reads_own_blocks(results)
 
 
-def test_a_stop_request_in_one_process_stops_all_at_the_epoch_end(runs, tmp_path):
+def test_a_stop_request_in_one_process_stops_all_at_the_epoch_end(runs, two_first, two_resumed):
     """SIGTERM reaches process 1 alone, in epoch 2 (its 6th of 8 training reads; 4 batches an epoch):
     both processes finish the epoch, save it and exit 143; resumed in two processes, the run ends equal
     to the unbroken one."""
-    rc, log = _two("preempt", str(tmp_path), SIGTERM_AT_READ="6")
+    two, rc, log = two_first
     assert "process 1 sends itself SIGTERM" in log, log[-3000:]
     assert rc == 143, log[-3000:]
     assert re.search(r"\[launch\] process 0 exited with status 143", log), log[-3000:]
     from resjax.train.checkpoint import Checkpoints
 
-    with Checkpoints(tmp_path / "ckpt") as ckpt:
+    with Checkpoints(os.path.join(two, "preempted")) as ckpt:
         meta = ckpt.meta()
     assert (meta["epoch"], meta["batch"]) == (2, 0)  # saved at the end of epoch 2, not inside it
-    rc, log = _two("resume", str(tmp_path), RESUME_DIR="ckpt")
-    assert rc == 0, log[-4000:]
     for i in (0, 1):
-        _assert_close(_load(tmp_path / f"resume-{i}.npz"), runs["whole"], "image_")
+        _assert_close(_loaded(os.path.join(two, f"resume-preempted_for_two-{i}.npz"), two_resumed[1]),
+                      runs["whole"], "image_")
 
 
 @pytest.mark.parametrize("victim", [0, 1])
-def test_a_dying_process_stops_the_others(tmp_path, victim):
-    """Process ``victim`` exits in the middle of training (process 0 runs the coordination service); the
-    other must stop with an error by itself within the heartbeat timeout (10 s) plus slack, not hang. The
-    launcher's own grace period is set far longer (300 s) so that it does not do the stopping."""
-    start = time.monotonic()
-    args = [sys.executable, "-m", "resjax.launch", "--processes", "2", "--heartbeat", "10", "--grace", "300", "--",
-            sys.executable, WORKER, "die", str(tmp_path)]
-    rc, log = _run(args, _env(RESJAX_CPU_DEVICES="1", DIE=str(victim)), timeout=400)
+def test_a_dying_process_stops_the_others(request, victim):
+    """Process ``victim`` exits in the middle of training (process 0 runs the coordination service; it dies
+    among 4 processes, process 1 among 2); every other must stop with an error by itself within the heartbeat
+    timeout (10 s) plus slack, not hang. The launcher's own grace period is set far longer (300 s) so that it
+    does not do the stopping."""
+    if victim == 0:
+        _, rc, log, seconds = request.getfixturevalue("four")
+        others = (1, 2, 3)
+    else:
+        rc, log, seconds = request.getfixturevalue("two_resumed")
+        others = (0,)
     assert f"worker: process {victim} dies now" in log, log[-3000:]
     assert rc == 3, log[-3000:]  # the first failure's status is passed through
-    other = re.search(rf"\[launch\] process {1 - victim} exited with status (-?\d+), ([\d.]+) s after", log)
-    assert other, log[-3000:]
-    assert int(other.group(1)) != 0
-    assert float(other.group(2)) < 60, log[-3000:]
+    for other in others:
+        stopped = re.search(rf"\[launch\] process {other} exited with status (-?\d+), ([\d.]+) s after", log)
+        assert stopped, log[-3000:]
+        assert int(stopped.group(1)) != 0
+        assert float(stopped.group(2)) < 60, log[-3000:]
     assert "stopping" not in log  # the launcher did not have to terminate it
-    assert time.monotonic() - start < 300
+    assert seconds < 300
 
 
 def test_experiment_files_are_written_by_process_zero_only(tmp_path, monkeypatch):
@@ -201,9 +243,12 @@ def test_experiment_files_are_written_by_process_zero_only(tmp_path, monkeypatch
 
 
 def test_launched_experiment_writes_what_one_process_writes(tmp_path):
+    """``experiments.launch`` of 2 processes against the experiment's command line run in this (one) process,
+    with as many devices as a process of its own would have (one per core)."""
+    from experiments import batchnorm_example, common
+
     one, two = tmp_path / "one", tmp_path / "two"
-    rc, log = _run([sys.executable, "-m", "experiments.batchnorm_example", "--quick", "--out", str(one)], _env())
-    assert rc == 0, log[-3000:]
+    common.main(batchnorm_example, ["--quick", "--out", str(one)])
     rc, log = _run([sys.executable, "-m", "experiments.launch", "--processes", "2", "--", "batchnorm_example",
                     "--quick", "--out", str(two)], _env())
     assert rc == 0, log[-3000:]

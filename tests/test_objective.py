@@ -60,8 +60,11 @@ def test_a_loss_of_your_own_equal_to_cross_entropy_trains_bit_identically(feeder
 
 
 def test_mse_regression_trains_with_three_seeds_and_resumes_bit_identically_after_a_sigterm(tmp_path):
+    """The sweeps (``fit``'s body) on one device: the three seeds in one program, every chunk the same program (on
+    several devices 3 seeds are padded to 4, and a chunk taking another chunk's outputs compiles again)."""
     c = config(epochs=4)
-    full, hist = make_train(c, REGRESSION, loss="mse", metrics=("mae",)).fit([0, 1, 2], chunk_epochs=1)
+    one = jax.devices()[:1]
+    full, hist = make_train(c, REGRESSION, loss="mse", metrics=("mae",)).sweep([0, 1, 2], chunk_epochs=1, devices=one)
     assert hist["train_loss"].shape == (3, 4) and "test_error" not in hist and "test_mae" in hist
     assert np.all(hist["train_loss"][:, -1] < 0.7 * hist["train_loss"][:, 0])  # the loss falls, every seed
     assert np.all(np.isfinite(hist["test_mae"])) and np.all(hist["train_mae"] > 0)
@@ -72,14 +75,15 @@ def test_mse_regression_trains_with_three_seeds_and_resumes_bit_identically_afte
 
     trainer = make_train(c, REGRESSION, loss="mse", metrics=("mae",))
     with pytest.raises(Preempted):
-        trainer.fit([0, 1, 2], chunk_epochs=1, checkpoint_dir=tmp_path, callback=sigterm_after_two)
-    resumed, hist_r = make_train(c, REGRESSION, loss="mse", metrics=("mae",)).fit([0, 1, 2], chunk_epochs=1,
-                                                                                 checkpoint_dir=tmp_path)
+        trainer.sweep([0, 1, 2], chunk_epochs=1, checkpoint_dir=tmp_path, callback=sigterm_after_two, devices=one)
+    resumed, hist_r = make_train(c, REGRESSION, loss="mse", metrics=("mae",)).sweep([0, 1, 2], chunk_epochs=1,
+                                                                                   checkpoint_dir=tmp_path,
+                                                                                   devices=one)
     assert_trees_equal(full, resumed)
     np.testing.assert_array_equal(hist["test_mae"], hist_r["test_mae"])
     # another objective does not resume this run's checkpoints
     with pytest.raises(ValueError, match="another objective"):
-        make_train(c, REGRESSION, loss="mse").fit([0, 1, 2], chunk_epochs=1, checkpoint_dir=tmp_path)
+        make_train(c, REGRESSION, loss="mse").sweep([0, 1, 2], chunk_epochs=1, checkpoint_dir=tmp_path, devices=one)
 
 
 def test_mse_regression_on_the_host_feeder_learns():
@@ -100,7 +104,8 @@ def test_a_metric_of_your_own_is_in_the_history_and_metrics_jsonl(tmp_path, feed
     assert {"batch_top2_error", "test_top2_error", "batch_error", "test_error"} <= set(hist)
     assert np.all(hist["test_top2_error"] <= hist["test_error"])  # the top 2 hold the argmax
     # its value: the fraction of test examples whose label is not among the top 2 outputs, by hand
-    logits = trainer.model.apply(run.select(1).state.variables(), CLASSES.x_test, train=False)
+    logits = jax.jit(lambda v, x: trainer.model.apply(v, x, train=False))(run.select(1).state.variables(),
+                                                                          CLASSES.x_test)
     by_hand = np.mean([y not in np.argsort(row)[-2:] for row, y in zip(np.asarray(logits), CLASSES.y_test)])
     np.testing.assert_allclose(hist["test_top2_error"][1, -1], by_hand, rtol=1e-6)
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -118,15 +123,15 @@ def test_an_auxiliary_loss_on_a_sown_intermediate_changes_the_gradient_as_comput
         return my_cross_entropy(outputs, targets) + weight * jnp.mean(h * h, axis=-1)
 
     plain, aux = make_train(c, CLASSES, loss=my_cross_entropy), make_train(c, CLASSES, loss=with_aux)
-    x, y = jnp.asarray(CLASSES.x_train[:16]), jnp.asarray(CLASSES.y_train[:16])
-    start = plain.init(jax.random.key(3))
-    after_plain, _ = plain.train_step(start, (x, y))
-    after_aux, _ = aux.train_step(aux.init(jax.random.key(3)), (x, y))
+    x, y = CLASSES.x_train[:16], CLASSES.y_train[:16]
+    start = jax.jit(plain.init)(jax.random.key(3))  # (jitted: one program each, not one per eager op)
+    after_plain, _ = jax.jit(plain.train_step)(start, (x, y))
+    after_aux, _ = jax.jit(aux.train_step)(jax.jit(aux.init)(jax.random.key(3)), (x, y))
     # d/dW of weight * mean_b mean_d h^2 with h = x W + b (a linear stem in the pre order): 2 weight / (B D) x^T h
-    p = start.state.params["stem"]
+    p = jax.tree_util.tree_map(np.asarray, start.state.params["stem"])  # the arithmetic here in numpy (float32)
     h = x @ p["kernel"] + p["bias"]
-    scale = 2 * weight / h.size
-    grad = {"kernel": scale * x.T @ h, "bias": scale * jnp.sum(h, 0)}
+    scale = np.float32(2 * weight / h.size)
+    grad = {"kernel": scale * x.T @ h, "bias": scale * np.sum(h, 0)}
     for name in ("kernel", "bias"):  # one SGD step at rate 1: the parameters differ by minus the extra gradient
         moved = after_aux.state.params["stem"][name] - after_plain.state.params["stem"][name]
         np.testing.assert_allclose(moved, -grad[name], rtol=1e-3, atol=1e-6)  # float32 differences of ~1 values
@@ -142,13 +147,15 @@ def test_label_smoothing_is_a_setting_and_a_traced_hyperparameter():
     run_h, hist_h = make_train(config(epochs=2), CLASSES).fit([0, 1], hparams={"label_smoothing": [0.1, 0.1]})
     assert_trees_equal(run_c.state, run_h.state)
     # by hand: cross-entropy against (1 - a) one_hot + a / K, on the first step's batch
-    logits = jnp.asarray(RNG.normal(size=(5, 4)), jnp.float32)
-    labels = jnp.asarray([0, 3, 1, 2, 2])
+    logits = RNG.normal(size=(5, 4)).astype(np.float32)
+    labels = np.asarray([0, 3, 1, 2, 2])
     from resjax.train.objective import cross_entropy
 
-    target = 0.9 * jax.nn.one_hot(labels, 4) + 0.1 / 4
-    np.testing.assert_allclose(cross_entropy(logits, labels, hparams={"label_smoothing": 0.1}),
-                               -jnp.sum(target * jax.nn.log_softmax(logits), -1), rtol=1e-6)
+    target = 0.9 * np.eye(4, dtype=np.float32)[labels] + 0.1 / 4
+    log_softmax = logits - logits.max(-1, keepdims=True)
+    log_softmax -= np.log(np.exp(log_softmax).sum(-1, keepdims=True))
+    smoothed = jax.jit(lambda o, t: cross_entropy(o, t, hparams={"label_smoothing": 0.1}))  # one program
+    np.testing.assert_allclose(smoothed(logits, labels), -np.sum(target * log_softmax, -1), rtol=1e-6)
     # two smoothings in one program: each run equals its setting trained alone
     _, both = make_train(config(epochs=2), CLASSES).fit([0, 0], hparams={"label_smoothing": [0.0, 0.1]})
     np.testing.assert_array_equal(both["train_loss"][1], hist_c["train_loss"][0])
@@ -205,12 +212,14 @@ def test_a_metric_of_your_own_is_in_a_grids_frame_and_label_smoothing_is_an_axis
     from resjax.train.grid import fit_grid, grid
 
     trainer = make_train(config(epochs=2), CLASSES, metrics={"top2_error": top2_error})
-    result = fit_grid(trainer, grid(2, label_smoothing=[0.0, 0.1]))
+    # one seed, two runs: the program of the run alone below too (label smoothing traced in both; on two devices
+    # the one run is padded to two), compiled once
+    result = fit_grid(trainer, grid(1, label_smoothing=[0.0, 0.1]))
     assert len(result.programs) == 1  # a traced axis: one program
     frame = result.frame()
     assert {"label_smoothing", "batch_top2_error", "test_top2_error", "train_top2_error"} <= set(frame.columns)
-    assert len(frame) == 8 and frame["test_top2_error"].notna().all()
+    assert len(frame) == 4 and frame["test_top2_error"].notna().all()
     assert "best_test_top2_error" in result.summary().columns
-    alone, hist = make_train(config(epochs=2, label_smoothing=0.1), CLASSES, metrics={"top2_error": top2_error}).fit(1)
-    row = frame.query("seed == 1 and label_smoothing == 0.1 and epoch == 2").iloc[0]
+    alone, hist = make_train(config(epochs=2, label_smoothing=0.1), CLASSES, metrics={"top2_error": top2_error}).fit(0)
+    row = frame.query("seed == 0 and label_smoothing == 0.1 and epoch == 2").iloc[0]
     assert row["test_top2_error"] == float(hist["test_top2_error"][-1]) and row["train_loss"] == float(hist["train_loss"][-1])

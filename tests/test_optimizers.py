@@ -21,7 +21,7 @@ def _fast(fast_compiles):
 
 
 VECTORS = from_arrays(*separable_arrays(64, (10,)), *separable_arrays(32, (10,), seed=1))
-MODEL = dict(kind="residual_mlp", width=8, num_blocks=2, norm="batch")
+MODEL = dict(kind="residual_mlp", width=8, num_blocks=1, norm="batch")  # one block: its programs compile faster
 PARAMS = {"stem": {"kernel": jnp.ones((3, 2)), "bias": jnp.ones((2,))}, "block_0": {"scale": jnp.ones((2,))},
           "tau": jnp.float32(1.0)}
 
@@ -31,9 +31,15 @@ def _config(**train):
 
 
 def _step(tx, params=PARAMS, grads=None):
-    grads = jax.tree.map(lambda p: 0.5 * jnp.ones_like(p), params) if grads is None else grads
-    updates, _ = tx.update(grads, tx.init(params), params)
-    return optax.apply_updates(params, updates)
+    """One step of ``tx`` from its initial state (gradients 0.5 by default), as one jitted program (eagerly, every
+    op would compile a program of its own)."""
+    @jax.jit
+    def step(params, grads):
+        grads = jax.tree.map(lambda p: 0.5 * jnp.ones_like(p), params) if grads is None else grads
+        updates, _ = tx.update(grads, tx.init(params), params)
+        return optax.apply_updates(params, updates)
+
+    return step(params, grads)
 
 
 @pytest.mark.parametrize("make", [make_train, make_image_train], ids=["ondevice", "host"])

@@ -82,21 +82,25 @@ def test_sum_over_lengths_equals_the_module_jacobian(norm, scan, scaling):
     k, width = 6, 7
     model = ResidualMLP(width=width, num_blocks=k, norm=norm, scaling=scaling, tau=0.7, scan=scan)
     x = jax.random.normal(jax.random.key(1), (2, 11))
-    v = _perturbed(model, x)
 
-    def last_block(inp):
-        _, state = model.apply(v, inp[None], train=False, mutable=["intermediates"])
-        sown = state["intermediates"]
-        out = sown["blocks"]["block"]["block_out"][0][-1] if scan else sown[f"blocks_{k - 1}"]["block_out"][0]
-        return out[0]
+    @jax.jit
+    def everything(x):  # one program: the variables, the expansion and both Jacobians
+        v = _perturbed(model, x)
 
-    def stem(inp):
-        return paths.stream_input(model, v, inp[None])[0]
+        def last_block(inp):
+            _, state = model.apply(v, inp[None], train=False, mutable=["intermediates"])
+            sown = state["intermediates"]
+            out = sown["blocks"]["block"]["block_out"][0][-1] if scan else sown[f"blocks_{k - 1}"]["block_out"][0]
+            return out[0]
 
-    with HIGHEST:
-        pe = jax.jit(lambda inp: paths.path_expansion(model, v, inp))(x)
-        full = jax.jit(jax.vmap(jax.jacfwd(last_block)))(x)
-        d_stem = jax.jit(jax.vmap(jax.jacfwd(stem)))(x)
+        def stem(inp):
+            return paths.stream_input(model, v, inp[None])[0]
+
+        with HIGHEST:
+            return (paths.path_expansion(model, v, x), jax.vmap(jax.jacfwd(last_block))(x),
+                    jax.vmap(jax.jacfwd(stem))(x))
+
+    pe, full, d_stem = everything(x)
     for i in range(x.shape[0]):
         terms = jnp.einsum("mij,jk->mik", pe.terms[i], d_stem[i], precision="highest")
         assert float(paths.expansion_rel_error(terms, full[i])) < 1e-5
@@ -118,15 +122,18 @@ def test_unscaled_54_block_expansion_matches_jacfwd_relative_to_terms():
 
 def test_jvp_and_vjp_forms_equal_the_dense_form():
     model = ResidualMLP(width=6, num_blocks=5, norm="batch", scan=True)
-    x = jax.random.normal(jax.random.key(3), (1, 4))
-    v = _perturbed(model, x, seed=1)
-    stack = paths.residual_stack_of(model, v)
-    x0 = paths.stream_input(model, v, x)[0]
+
+    @jax.jit
+    def forms(x, vec):  # one program: the dense, JVP and VJP forms (op by op: one per op and shape)
+        v = _perturbed(model, x, seed=1)
+        stack = paths.residual_stack_of(model, v)
+        x0 = paths.stream_input(model, v, x)[0]
+        with HIGHEST:
+            return (paths.expand_by_length(paths.block_jacobians(stack, x0)[0]), paths.expand_jvp(stack, x0, vec),
+                    paths.expand_vjp(stack, x0, vec))
+
     vec = jax.random.normal(jax.random.key(4), (6,))
-    with HIGHEST:
-        terms = paths.expand_by_length(paths.block_jacobians(stack, x0)[0])
-        e = paths.expand_jvp(stack, x0, vec)
-        r = paths.expand_vjp(stack, x0, vec)
+    terms, e, r = forms(jax.random.normal(jax.random.key(3), (1, 4)), vec)
     # Term by term, relative to the terms' total size: a branch is block(x) - x, so J v carries an absolute
     # float32 rounding of about eps |v| (see resjax.analysis.paths), whatever the size of J v itself.
     dense_e = np.asarray(jnp.einsum("mij,j->mi", terms, vec), np.float64)
@@ -140,13 +147,17 @@ def test_jvp_and_vjp_forms_equal_the_dense_form():
 def test_jvp_form_on_a_convolutional_stream():
     """Matrix-free: a (H, W, C) stream with conv branches, against jax.jvp of the whole stack."""
     conv = nn.Conv(3, (3, 3))
+
+    @jax.jit
+    def expansion_and_jvp(x0, v):  # one program (op by op: one per op and shape)
+        kernels = jax.vmap(lambda k: conv.init(k, x0)["params"])(jax.random.split(jax.random.key(6), 4))
+        stack = paths.BranchStack(lambda p, x: 0.5 * conv.apply({"params": p}, nn.relu(x)), kernels, 4)
+        with HIGHEST:
+            return paths.expand_jvp(stack, x0, v), jax.jvp(lambda z: paths.trajectory(stack, z)[-1], (x0,), (v,))[1]
+
     x0 = jax.random.normal(jax.random.key(5), (6, 6, 3))
-    kernels = jax.vmap(lambda k: conv.init(k, x0)["params"])(jax.random.split(jax.random.key(6), 4))
-    stack = paths.BranchStack(lambda p, x: 0.5 * conv.apply({"params": p}, nn.relu(x)), kernels, 4)
     v = jax.random.normal(jax.random.key(7), x0.shape)
-    with HIGHEST:
-        e = paths.expand_jvp(stack, x0, v)
-        _, full = jax.jvp(lambda z: paths.trajectory(stack, z)[-1], (x0,), (v,))
+    e, full = expansion_and_jvp(x0, v)
     assert e.shape == (5, 6, 6, 3)
     assert _rel(e.sum(0), np.asarray(full, np.float64)) < 1e-5
     np.testing.assert_array_equal(e[0], v)

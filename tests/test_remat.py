@@ -18,8 +18,9 @@ Y = jax.random.randint(jax.random.key(1), (32,), 0, 10)
 
 
 def _init_both(plain, remat, x, **kwargs):
-    """Both models' variables from one key: the remat model's are the plain model's (layout and values)."""
-    v0, v1 = plain.init(jax.random.key(2), x, **kwargs), remat.init(jax.random.key(2), x, **kwargs)
+    """Both models' variables from one key: the remat model's are the plain model's (layout and values). Each
+    ``init`` jitted: one program (eagerly, every op with new shapes compiles a program of its own)."""
+    v0, v1 = (jax.jit(lambda k, x, m=m: m.init(k, x, **kwargs))(jax.random.key(2), x) for m in (plain, remat))
     chex.assert_trees_all_equal_shapes_and_dtypes(v0, v1)
     chex.assert_trees_all_equal(v0, v1)
     return v0
@@ -45,8 +46,8 @@ def test_logits_and_gradient_equal_the_plain_scans_bit_for_bit(kind, remat):
     assert jax.tree_util.tree_map(jnp.shape, variables["params"]["blocks"]) == {
         "block": {"linear_0": {"kernel": (7, 8, 8)}}}  # one subtree, leading axis K
     # fixup: W_l = 0 at init: take other parameters, where the blocks do something
-    params = jax.tree_util.tree_map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(3), p.shape),
-                                    variables["params"])
+    params = jax.jit(lambda ps: jax.tree_util.tree_map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(3), p.shape),
+                                                       ps))(variables["params"])
     (l0, (y0, s0)), g0 = _loss_and_grads(plain, variables, params, X, Y)
     (l1, (y1, s1)), g1 = _loss_and_grads(model, variables, params, X, Y)
     chex.assert_trees_all_equal((l0, y0, g0, s0), (l1, y1, g1, s1))  # intermediates: block_out, leading axis K

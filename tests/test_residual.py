@@ -74,9 +74,13 @@ def test_scan_equals_unrolled(order, norm, scaling):
     v = jax.tree_util.tree_map(lambda a: a + 0.1 * jax.random.normal(jax.random.key(a.size), a.shape), v)
     vs = {c: stack_unrolled(col, 5) for c, col in v.items()}
     with jax.default_matmul_precision("highest"):
+        # the scanned model in both modes in one jitted program (eager, each nn.scan compiles a program of its
+        # own); the unrolled one eagerly, whose ops the cases share
+        scanned_out = jax.jit(lambda vs: [scanned.apply(vs, X, train=train, mutable=["batch_stats"])
+                                          for train in (False, True)])(vs)
         for train in (False, True):
             yu, su = unrolled.apply(v, X, train=train, mutable=["batch_stats"])
-            ys, ss = scanned.apply(vs, X, train=train, mutable=["batch_stats"])
+            ys, ss = scanned_out[train]
             np.testing.assert_allclose(yu, ys, rtol=1e-5, atol=1e-5)
             if norm == "batch":
                 chex.assert_trees_all_close(unstack_scanned(ss["batch_stats"], 5), su["batch_stats"], rtol=1e-5, atol=1e-6)
@@ -139,14 +143,18 @@ def test_unnormalised_residual_variance_doubles_per_block_and_rescale_keeps_it()
     x = jax.random.normal(jax.random.key(2), (256, 512))
     kw = dict(width=512, num_blocks=8, order="pre", kernel_init="he_normal", use_bias=False)
 
-    def second_moments(model, seed):
-        _, inter = model.apply(model.init(jax.random.key(seed), x), x, mutable=["intermediates"])
-        i = inter["intermediates"]
-        outs = [i["stem_out"][0]] + [i[f"blocks_{k}"]["block_out"][0] for k in range(8)]
-        return [np.mean(o ** 2) for o in outs]
+    def second_moments(model):  # per seed: the stream's mean square at every depth (one jitted program per model)
+        def one(seed):
+            _, inter = model.apply(model.init(jax.random.key(seed), x), x, mutable=["intermediates"])
+            i = inter["intermediates"]
+            outs = [i["stem_out"][0]] + [i[f"blocks_{k}"]["block_out"][0] for k in range(8)]
+            return jnp.stack([jnp.mean(o ** 2) for o in outs])
 
-    grow = np.mean([second_moments(ResidualMLP(**kw), s) for s in range(8)], 0)
-    flat = np.mean([second_moments(ResidualMLP(**kw, scaling="rescale"), s) for s in range(8)], 0)
+        one = jax.jit(one)
+        return np.stack([np.asarray(one(seed)) for seed in range(8)])
+
+    grow = np.mean(second_moments(ResidualMLP(**kw)), 0)
+    flat = np.mean(second_moments(ResidualMLP(**kw, scaling="rescale")), 0)
     np.testing.assert_allclose(grow[1:] / grow[:-1], 2.0, rtol=0.1)
     np.testing.assert_allclose(flat[1:] / flat[:-1], 1.0, rtol=0.1)
     np.testing.assert_allclose(grow[-1] / grow[0], 2.0 ** 8, rtol=0.25)
@@ -170,17 +178,18 @@ class UserNet(nn.Module):
 
 def test_blocks_inside_user_module_under_jit_vmap_and_scan():
     net = UserNet()
-    v = net.init(jax.random.key(0), X)
+    v = jax.jit(net.init)(jax.random.key(0), X)
     assert v["params"]["ScanStep_0"]["ResidualBlock_0"]["linear_0"]["kernel"].shape == (3, 16, 16)
-    y = jax.jit(net.apply)(v, X)
+    apply = jax.jit(net.apply)  # one program for every apply below
+    y = apply(v, X)
     assert y.shape == (16, 2)
     # vmap over a stack of parameter sets (e.g. seeds): each equals its own apply.
-    vs = jax.vmap(lambda k: net.init(k, X))(jax.random.split(jax.random.key(3), 2))
+    vs = jax.jit(jax.vmap(lambda k: net.init(k, X)))(jax.random.split(jax.random.key(3), 2))
     ys = jax.jit(jax.vmap(lambda vv: net.apply(vv, X)))(vs)
     for i in range(2):
         vi = jax.tree_util.tree_map(lambda a: a[i], vs)
-        np.testing.assert_allclose(ys[i], net.apply(vi, X), rtol=1e-5, atol=1e-6)
-    g = jax.grad(lambda vv: jnp.sum(net.apply(vv, X) ** 2))(v)
+        np.testing.assert_allclose(ys[i], apply(vi, X), rtol=1e-5, atol=1e-6)
+    g = jax.jit(jax.grad(lambda vv: jnp.sum(net.apply(vv, X) ** 2)))(v)
     assert all(np.isfinite(leaf).all() for leaf in jax.tree_util.tree_leaves(g))
 
 

@@ -1,5 +1,6 @@
 """Block-output norms of the CIFAR ResNets (resjax.analysis.resnet_signal) and the resnet_signal experiment."""
 
+import contextlib
 import json
 
 import jax
@@ -18,12 +19,28 @@ from resjax.nn.resnet import cifar_resnet
 
 @pytest.fixture(scope="module")
 def images():
-    return jax.random.normal(jax.random.key(3), (3, 32, 32, 3))
+    """4 CIFAR-shaped images: the quick run's batch (``get_config('quick').batch_size``), so that the tests run
+    op by op below reuse the programs the quick run compiles for its unrolled networks (one per op and shape)."""
+    return jax.random.normal(jax.random.key(3), (4, 32, 32, 3))
+
+
+@contextlib.contextmanager
+def _without_xla_optimisations():
+    """XLA's optimisation passes off inside (the run's default, turned on by ``optimized_compiles`` for the
+    bit-for-bit test): for programs that only make that test's inputs (a scanned ResNet's init, jitted, compiles
+    in ~1 s without them; op by op with them, each stage's nn.scan compiles for seconds)."""
+    old = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", old)
 
 
 def _sown_in_order(model, variables, x, train):
-    """The block outputs of a scanned CIFAR ResNet read by hand from the sown intermediates, in depth order."""
-    _, state = model.apply(variables, x, train=train, mutable=["intermediates", "batch_stats"])
+    """The block outputs of a scanned CIFAR ResNet read by hand from the sown intermediates, in depth order, and
+    the model's own output (logits) from the same ``model.apply``."""
+    logits, state = model.apply(variables, x, train=train, mutable=["intermediates", "batch_stats"])
     inter = state["intermediates"]
     n = model.stage_sizes[0]
     outs = []
@@ -31,7 +48,7 @@ def _sown_in_order(model, variables, x, train):
         outs.append(inter[f"stage{s}_first"]["block_out"][0])
         stacked = inter[f"stage{s}"]["block"]["block_out"][0]
         outs += [stacked[k] for k in range(n - 1)]
-    return outs
+    return outs, logits
 
 
 def test_norms_equal_a_hand_computation_from_the_sown_intermediates(images):
@@ -43,28 +60,30 @@ def test_norms_equal_a_hand_computation_from_the_sown_intermediates(images):
         with jax.default_matmul_precision("highest"):
             norms = block_output_norms(model, variables, x, train=True)
             logs, logits = block_output_norms(model, variables, x, train=True, log10=True, return_output=True)
-            hand = [jnp.sqrt(jnp.sum(jnp.square(h.reshape(len(x), -1)), axis=1))
-                    for h in _sown_in_order(model, variables, x, train=True)]
-            direct = model.apply(variables, x, train=True, mutable=["batch_stats"])[0]
+            sown, direct = _sown_in_order(model, variables, x, train=True)  # direct: model.apply's own logits
+            hand = [jnp.sqrt(jnp.sum(jnp.square(h.reshape(len(x), -1)), axis=1)) for h in sown]
         return norms, logs, logits, jnp.stack(hand), direct, block_outputs(model, variables, x, train=True)
 
     # one compilation for everything (each eager apply would compile the scan again)
     norms, logs, logits, hand, direct, stages = jax.device_get(jax.jit(everything)(jax.random.key(0), images))
-    assert norms.shape == (model.num_blocks, len(images)) == (9, 3)
+    assert norms.shape == (model.num_blocks, len(images)) == (9, 4)
     np.testing.assert_allclose(norms, hand, rtol=1e-5)
     np.testing.assert_allclose(logs, np.log10(hand), atol=1e-5)
     np.testing.assert_allclose(logits, direct, rtol=1e-5, atol=1e-6)
     # one stacked array per stage, with the stage's shape
-    assert [a.shape for a in stages] == [(3, 3, 32, 32, 16), (3, 3, 16, 16, 32), (3, 3, 8, 8, 64)]
+    assert [a.shape for a in stages] == [(3, 4, 32, 32, 16), (3, 4, 16, 16, 32), (3, 4, 8, 8, 64)]
     np.testing.assert_array_equal(resnet_signal.elements_per_example(20),
                                   np.repeat([np.prod(a.shape[2:]) for a in stages], 3))
 
 
 def test_batchnorm_uses_batch_statistics_by_default(images):
+    """Op by op at the quick run's settings (unrolled, batch 4, ``highest`` precision): the quick run's own
+    programs for its BatchNorm network."""
     model = cifar_resnet(14, norm="batch")
     variables = model.init(jax.random.key(0), images)
-    train = np.asarray(block_output_norms(model, variables, images, train=True))
-    running = np.asarray(block_output_norms(model, variables, images, train=False))
+    with jax.default_matmul_precision("highest"):
+        train = np.asarray(block_output_norms(model, variables, images, train=True))
+        running = np.asarray(block_output_norms(model, variables, images, train=False))
     assert not np.allclose(train, running)  # running estimates 0/1 at init: no normalisation
     assert np.all(np.isfinite(train))
 
@@ -75,10 +94,13 @@ def test_tau_zero_blocks_pass_the_stem_through(images):
     model = cifar_resnet(20, norm="none", scaling="tau", scalar_biases=True)
     variables = model.init(jax.random.key(1), images)
     # tau = 0 traced: a concrete tau <= 0 is refused, a traced one cannot be checked by value
-    norms = np.asarray(jax.jit(lambda t: block_output_norms(model, variables, images, train=True, tau=t))(0.0))
-    _, state = jax.jit(lambda t: model.apply(variables, images, tau=t, mutable=["intermediates"]))(0.0)
-    stem = np.asarray(state["intermediates"]["stem"][0], np.float64)
-    expect = [np.linalg.norm(stem[:, ::k, ::k].reshape(3, -1), axis=1) for k in (1, 2, 4)]
+    def norms_and_stem(t):  # one program
+        _, state = model.apply(variables, images, tau=t, mutable=["intermediates"])
+        return block_output_norms(model, variables, images, train=True, tau=t), state["intermediates"]["stem"][0]
+
+    norms, stem = jax.device_get(jax.jit(norms_and_stem)(0.0))
+    stem = np.asarray(stem, np.float64)
+    expect = [np.linalg.norm(stem[:, ::k, ::k].reshape(len(images), -1), axis=1) for k in (1, 2, 4)]
     np.testing.assert_allclose(norms, np.repeat(np.stack(expect), 3, axis=0), rtol=1e-5)
 
 
@@ -188,8 +210,9 @@ def test_the_scanned_step_equals_the_unrolled_step_bit_for_bit(images, kind):
     kw = dict(norm="none", scaling="tau", tau="1/sqrt(K)", scalar_biases=True) if kind == "tau" else dict(
         norm="none", scaling="fixup")
     scanned, unrolled = (cifar_resnet(14, scan=s, num_classes=10, **kw) for s in (True, False))
-    y = jnp.array([0, 1, 2])
-    params = scanned.init(jax.random.key(0), images)["params"]
+    y = jnp.array([0, 1, 2, 3])
+    with _without_xla_optimisations():  # the inputs; the promise is about the steps, compiled as the experiment's
+        params = jax.jit(scanned.init)(jax.random.key(0), images)["params"]
     if kind == "fixup":  # a random head, so that the first step moves the blocks too
         params = {**params, "head": jax.tree_util.tree_map(lambda a: 0.1 * jnp.ones_like(a), params["head"])}
     after = rs._step_fn(scanned, 0.1)(params, images, y)

@@ -133,7 +133,7 @@ def test_one_step_of_every_block_type_and_scaling(cifar10, name):
             logits, _ = model.apply({"params": params}, images, train=True, mutable=["batch_stats"])
             return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
-        grads = leaves(jax.grad(loss)(before.params))
+        grads = leaves(jax.jit(jax.grad(loss))(before.params))  # one program (op by op: one per op)
         b, a = leaves(before.params), leaves(state.state.params)
         for k, g in grads.items():
             f = SCALAR_LR_FACTOR if g.ndim == 0 else 1.0

@@ -18,7 +18,7 @@ import types
 import numpy as np
 import pytest
 
-from experiments import checkpoints, common, files
+from experiments import checkpoints, common, files, reproduce
 from resjax.train.lock import LOCK_FILE
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -30,6 +30,23 @@ from compare_results import compare_values  # noqa: E402
 # after the first lands well inside the cell), one seed.
 DEGRADATION = ["-m", "experiments.degradation", "--quick", "--cells", "plain:2,plain:8", "--train.epochs", "12",
                "--chunk_epochs", "1", "--num_seeds", "1"]
+
+
+def _in_process(capsys, args, out, *extra) -> str:
+    """``python args --out out`` run in this process (the entry point's own ``main``, as ``-m`` runs it): its
+    stdout. A JAX process costs seconds to start and to build its programs again; the runs whose promise is about
+    a process of their own (signalled, or their exit status and stderr) stay real processes (``_run``,
+    ``_signal_at``)."""
+    import importlib
+
+    module = importlib.import_module(args[1])
+    argv = [*args[2:], "--out", str(out), *extra]
+    capsys.readouterr()
+    if module is reproduce:
+        reproduce.main(argv)
+    else:
+        common.main(module, argv)
+    return capsys.readouterr().out
 
 
 def _run(args, out, *extra):
@@ -85,9 +102,10 @@ def _log(path):
 # `_run_experiment`: `log_to(..., fresh=not resuming)` -> `fresh=True` (the resumed run's metrics.jsonl loses the
 # lines of the epochs trained before the stop); resjax/train/ondevice.py `sweep`: `log.start(done, history)` ->
 # `log.start(done)` (a cell loaded from its final checkpoint into a new metrics.jsonl leaves its epochs out).
-def test_a_stopped_experiment_resumes_from_its_checkpoints_and_ends_as_an_unbroken_run(tmp_path):
-    reference = _run(DEGRADATION, tmp_path / "unbroken", "--checkpoint_dir", "none")
-    assert reference.returncode == 0, reference.stderr[-3000:]
+def test_a_stopped_experiment_resumes_from_its_checkpoints_and_ends_as_an_unbroken_run(tmp_path, capsys):
+    """The stopped run is a real process; the unbroken reference and the runs of the same command again run in
+    this process."""
+    _in_process(capsys, DEGRADATION, tmp_path / "unbroken", "--checkpoint_dir", "none")
     assert not (tmp_path / "unbroken" / "checkpoints").exists()  # --checkpoint_dir none: nothing saved
 
     out = tmp_path / "run"
@@ -103,9 +121,8 @@ def test_a_stopped_experiment_resumes_from_its_checkpoints_and_ends_as_an_unbrok
     before = {(r["cell"], r["run"], r["epoch"]): r["time"] for r in map(json.loads, open(out / "metrics.jsonl"))}
     assert before and {cell for cell, _, _ in before} <= {"B=64 plain_d2", "B=64 plain_d8"}
 
-    again = _run(DEGRADATION, out)
-    assert again.returncode == 0, again.stderr[-3000:]
-    said = again.stdout
+    said = _in_process(capsys, DEGRADATION, out)
+    assert re.search(r"^\[B=64 plain_d8\] epoch 12/12 ", said, re.M), said  # its progress lines are in `said`
     assert f"degradation: resuming the run of this config from its checkpoints in {out / 'checkpoints'}" in said, said
     assert ("degradation: [B=64 plain_d2] resuming from its checkpoint at epoch" in said
             or "degradation: [B=64 plain_d2] finished in an earlier run" in said), said
@@ -125,19 +142,17 @@ def test_a_stopped_experiment_resumes_from_its_checkpoints_and_ends_as_an_unbrok
     # a finished run, again: every cell comes from its final checkpoint; a new metrics.jsonl gets every epoch back
     (out / "metrics.jsonl").unlink()
     (out / "checkpoints" / ".run-degradation.json").unlink()  # as if made by another config: metrics.jsonl anew
-    third = _run(DEGRADATION, out)
-    assert third.returncode == 0, third.stderr[-3000:]
-    assert third.stdout.count("finished in an earlier run: its results come from its final checkpoint") == 2
-    assert "epoch 1/12" not in third.stdout  # nothing trained
+    third = _in_process(capsys, DEGRADATION, out)
+    assert third.count("finished in an earlier run: its results come from its final checkpoint") == 2
+    assert "epoch 1/12" not in third  # nothing trained
     assert _log(out / "metrics.jsonl") == (ref_table, ref_count)
 
 
 # Mutation caught: experiments/runner.py `main`: `with checkpoints.stop_signals(module.NAME):` removed (a SIGINT
 # before the first cell finished gave a KeyboardInterrupt traceback, or a bare exit by the signal).
-def test_a_stop_before_training_says_nothing_was_trained(tmp_path):
+def test_a_stop_before_training_says_nothing_was_trained(tmp_path, capsys):
     out = tmp_path / "run"
-    first = _run(DEGRADATION, out, "--cells", "plain:2", "--train.epochs", "1")
-    assert first.returncode == 0, first.stderr[-3000:]
+    _in_process(capsys, DEGRADATION, out, "--cells", "plain:2", "--train.epochs", "1")  # results to replace
     # run again with --fresh: it announces the results it will replace, then sets up its first cell
     rc, output = _signal_at(DEGRADATION, out, "exists and will be replaced", signal.SIGINT, "--cells", "plain:2",
                             "--train.epochs", "1", "--fresh")
@@ -148,22 +163,21 @@ def test_a_stop_before_training_says_nothing_was_trained(tmp_path):
     assert not (out / LOCK_FILE).exists()  # the output folder's lock was given up
 
 
-def test_reproduce_skips_finished_experiments_and_resumes_the_interrupted_one(tmp_path):
+def test_reproduce_skips_finished_experiments_and_resumes_the_interrupted_one(tmp_path, capsys):
+    """The interrupted run is a real process; the same command again, and once more, run in this process."""
     args = ["-m", "experiments.reproduce", "--quick", "--only", "batch_noise", "tau_training"]
     rc, output = _signal_at(args, tmp_path, "[tau_training] epoch 1/1")  # the first chunk: the whole tau cell
     assert rc == 128 + signal.SIGTERM, output[-3000:]
     assert _resume_command(args, tmp_path).search(output), output[-3000:]
     assert (tmp_path / "batch_noise" / "results.json").exists() and not (tmp_path / "tau_training" / "results.json").exists()
-    again = _run(args, tmp_path)
-    assert again.returncode == 0, again.stderr[-3000:]
-    said = again.stdout
+    said = _in_process(capsys, args, tmp_path)
     assert "reproduce: [1/2] batch_noise finished earlier with this config: reusing" in said, said  # not run again
     assert "reproduce: [2/2] running tau_training" in said and "tau_training: resuming the run of this config" in said
     assert "tau_training: [L=4 tau] finished in an earlier run" in said, said
     assert "[tau_training] epoch 1/1" not in said  # the interrupted cell was not trained again
     assert (tmp_path / "REPORT.md").exists()
-    third = _run(args, tmp_path, "--reuse")  # kept for old command lines; finished experiments are reused anyway
-    assert third.returncode == 0 and third.stdout.count("finished earlier with this config: reusing") == 2
+    third = _in_process(capsys, args, tmp_path, "--reuse")  # kept for old command lines; finished ones are reused
+    assert third.count("finished earlier with this config: reusing") == 2
 
 
 # ---- in-process: the cell folders and the settings ---------------------------------------------------------
@@ -279,15 +293,16 @@ def test_checkpoint_every_saves_an_experiment_cell_that_often(tmp_path):
 
 # Mutation caught: experiments/runner.py: `unusable_checkpoints_end_the_run(module.NAME)` dropped from `main` (the
 # refusal ends in a Python traceback again, no word on how to go on).
-def test_unusable_checkpoints_end_the_run_with_the_message_and_how_to_go_on(tmp_path):
+def test_unusable_checkpoints_end_the_run_with_the_message_and_how_to_go_on(tmp_path, capsys):
     """Every step of a finished cell damaged: the same command again exits 1 with resjax's message naming the cell's
-    folder and saying how to train it again, and no traceback; with --fresh the run trains and ends."""
+    folder and saying how to train it again, and no traceback; with --fresh the run trains and ends. (The run
+    that checkpoints and the one with --fresh run in this process; the refused one is a process of its own.)"""
     from tests.test_faults import _flip
 
-    args = ["-m", "experiments.degradation", "--quick", "--cells", "plain:2", "--train.epochs", "2", "--num_seeds",
-            "1", "--ablations", "false"]
+    # the cell of the stop-before-training test's first run (its programs are on disk already)
+    args = [*DEGRADATION, "--cells", "plain:2", "--train.epochs", "1", "--ablations", "false"]
     out = tmp_path / "out"
-    assert _run(args, out).returncode == 0
+    _in_process(capsys, args, out)
     (cell,) = [p for p in (out / "checkpoints").iterdir() if p.is_dir()]
     steps = [p for p in cell.iterdir() if p.name.isdigit()]
     assert steps
@@ -297,5 +312,4 @@ def test_unusable_checkpoints_end_the_run_with_the_message_and_how_to_go_on(tmp_
     assert again.returncode == 1, again.stderr[-3000:]
     assert "no step in this directory is good" in again.stderr and f"remove {cell}" in again.stderr, again.stderr
     assert "--fresh" in again.stderr and "Traceback" not in again.stderr, again.stderr[-3000:]
-    fresh = _run(args, out, "--fresh")
-    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    _in_process(capsys, args, out, "--fresh")  # returns (no SystemExit): the run trains and ends

@@ -36,27 +36,33 @@ def test_input_gradients_of_a_known_function():
 def test_relu_network_gradient_by_hand_and_many_networks_match_jacfwd():
     # One hidden layer with hand-set weights: y = relu(x - 1) * 3 + relu(-x) * 5 -> dy/dx = 3 [x > 1] - 5 [x < 0].
     module = PlainMLP(width=2, depth=1, num_classes=1)
-    v = module.init(jax.random.key(0), jnp.zeros((1, 1)))
-    p = jax.tree_util.tree_map(jnp.zeros_like, v["params"])
-    p["stem"] = {"kernel": jnp.array([[1.0, -1.0]]), "bias": jnp.array([-1.0, 0.0])}
-    p["blocks_0"] = {"linear_0": {"kernel": jnp.eye(2), "bias": jnp.zeros(2)}}
-    p["head"] = {"kernel": jnp.array([[3.0], [5.0]]), "bias": jnp.zeros(1)}
+    v = jax.eval_shape(module.init, jax.random.key(0), jnp.zeros((1, 1)))  # the parameters' structure
+    p = jax.tree_util.tree_map(lambda a: np.zeros(a.shape, a.dtype), v["params"])
+    p["stem"] = {"kernel": np.array([[1.0, -1.0]], np.float32), "bias": np.array([-1.0, 0.0], np.float32)}
+    p["blocks_0"] = {"linear_0": {"kernel": np.eye(2, dtype=np.float32), "bias": np.zeros(2, np.float32)}}
+    p["head"] = {"kernel": np.array([[3.0], [5.0]], np.float32), "bias": np.zeros(1, np.float32)}
     grid = jnp.array([-1.5, -0.5, 0.5, 1.5, 1.9])
-    np.testing.assert_allclose(shattering.input_gradients(module, {"params": p}, grid), [-5, -5, 0, 3, 3])
+    by_hand = jax.jit(lambda p: shattering.input_gradients(module, {"params": p}, grid))(p)  # one program
+    np.testing.assert_allclose(by_hand, [-5, -5, 0, 3, 3])
 
     module = ResidualMLP(width=6, num_blocks=3, num_classes=1, scaling="tau", kernel_init="fan_in", bias_init="fan_in")
-    many = shattering.init_many(module, jax.random.key(1), 3)
-    g = shattering.input_gradients_many(module, many, grid)
+
+    @jax.jit
+    def run(key, tau):  # one program, not one per eager op
+        many = shattering.init_many(module, key, 3)
+        one = lambda n: jax.tree_util.tree_map(lambda a: a[n], many)  # noqa: E731  network n's variables
+        jacs = [jax.vmap(jax.jacfwd(lambda x, vn=one(n): module.apply(vn, x.reshape(1, 1))[0, 0]))(grid)
+                for n in range(3)]
+        # A traced tau reaches the module through apply_kwargs: tau = 0 removes every branch (traced: a concrete
+        # tau <= 0 is refused).
+        g0 = shattering.input_gradients(module, one(0), grid, tau=tau)
+        return many, shattering.input_gradients_many(module, many, grid), jacs, g0
+
+    many, g, jacs, g0 = run(jax.random.key(1), 0.0)
     assert g.shape == (3, 5)
     for n in range(3):
-        vn = jax.tree_util.tree_map(lambda a: a[n], many)
-        jac = jax.vmap(jax.jacfwd(lambda x: module.apply(vn, x.reshape(1, 1))[0, 0]))(grid)
-        np.testing.assert_allclose(g[n], jac, rtol=1e-5, atol=1e-6)
-    # A traced tau reaches the module through apply_kwargs: tau = 0 removes every branch (traced: a concrete
-    # tau <= 0 is refused).
-    v0 = jax.tree_util.tree_map(lambda a: a[0], many)
-    g0 = jax.jit(lambda t: shattering.input_gradients(module, v0, grid, tau=t))(0.0)
-    p0 = jax.tree_util.tree_map(lambda a: a[0], many)["params"]
+        np.testing.assert_allclose(g[n], jacs[n], rtol=1e-5, atol=1e-6)
+    p0 = jax.tree_util.tree_map(lambda a: np.asarray(a[0]), many)["params"]
     np.testing.assert_allclose(g0, (p0["stem"]["kernel"] @ p0["head"]["kernel"])[0, 0], rtol=1e-5)
 
 
@@ -123,16 +129,17 @@ def test_constant_slope_and_linear_ramp():
 
 
 def test_half_correlation_distance_interpolates_exactly():
+    half_distance = jax.jit(shattering.half_correlation_distance, static_argnums=1)  # a program per shape, not per op
     spacing = 1 / 64
     ramp = 1 - 0.03 * np.arange(40)  # crosses 0.5 at lag 50/3
-    assert float(shattering.half_correlation_distance(ramp, spacing)) == pytest.approx(50 / 3 * spacing, rel=1e-5)
+    assert float(half_distance(ramp, spacing)) == pytest.approx(50 / 3 * spacing, rel=1e-5)
     batched = np.stack([ramp, 1 - 0.1 * np.arange(40), np.ones(40), np.r_[0.4, np.ones(39)]])
-    np.testing.assert_allclose(shattering.half_correlation_distance(batched, 0.5),
+    np.testing.assert_allclose(half_distance(batched, 0.5),
                                [50 / 3 * 0.5, 2.5, np.nan, 0.0], rtol=1e-5)
-    assert np.isnan(float(shattering.half_correlation_distance(np.r_[1.0, np.nan, 0.2], 1.0)))
+    assert np.isnan(float(half_distance(np.r_[1.0, np.nan, 0.2], 1.0)))
     # Through the estimators: the Pearson autocorrelation of a cosine crosses 0.5 at a sixth of its period.
     a = np.cos(2 * np.pi * np.arange(1024) / 96)
-    d = shattering.half_correlation_distance(shattering.autocorrelation(a, 40, "pearson"), 1.0)
+    d = half_distance(shattering.autocorrelation(a, 40, "pearson"), 1.0)
     assert float(d) == pytest.approx(16.0, abs=0.1)
 
 
@@ -152,19 +159,23 @@ def test_autocorrelation_refuses_bad_input():
 # ---- bias initialisation -----------------------------------------------------------------------------
 
 
+def _init_params(module, shape):
+    """``module``'s parameters for inputs of ``shape``, as numpy arrays (init jitted: one program)."""
+    params = jax.jit(module.init)(jax.random.key(0), jnp.zeros(shape))["params"]
+    return jax.tree_util.tree_map(np.asarray, params)
+
+
 def test_bias_init_fan_in_variance_and_defaults():
-    b = get_bias_initializer("fan_in", 4)(jax.random.key(0), (40000,))
-    assert float(jnp.var(b)) == pytest.approx(0.25, rel=0.03)
-    v = PlainMLP(width=300, depth=1, num_classes=1, kernel_init="fan_in", bias_init="fan_in").init(
-        jax.random.key(0), jnp.zeros((1, 1)))["params"]
-    assert float(jnp.var(v["stem"]["bias"])) == pytest.approx(1.0, rel=0.25)  # fan-in 1
-    assert float(jnp.var(v["blocks_0"]["linear_0"]["bias"])) == pytest.approx(1 / 300, rel=0.25)
-    v = ResidualMLP(width=8, num_blocks=2, num_classes=1).init(jax.random.key(0), jnp.zeros((1, 3)))["params"]
-    assert all(float(jnp.abs(leaf).max()) == 0 for path, leaf in jax.tree_util.tree_leaves_with_path(v)
+    b = np.asarray(jax.jit(get_bias_initializer("fan_in", 4), static_argnums=1)(jax.random.key(0), (40000,)))
+    assert float(np.var(b)) == pytest.approx(0.25, rel=0.03)
+    v = _init_params(PlainMLP(width=300, depth=1, num_classes=1, kernel_init="fan_in", bias_init="fan_in"), (1, 1))
+    assert float(np.var(v["stem"]["bias"])) == pytest.approx(1.0, rel=0.25)  # fan-in 1
+    assert float(np.var(v["blocks_0"]["linear_0"]["bias"])) == pytest.approx(1 / 300, rel=0.25)
+    v = _init_params(ResidualMLP(width=8, num_blocks=2, num_classes=1), (1, 3))
+    assert all(float(np.abs(leaf).max()) == 0 for path, leaf in jax.tree_util.tree_leaves_with_path(v)
                if "bias" in jax.tree_util.keystr(path))
-    v = ResidualMLP(width=8, num_blocks=2, num_classes=1, bias_init="fan_in", scan=True).init(
-        jax.random.key(0), jnp.zeros((1, 3)))["params"]
-    assert float(jnp.abs(v["blocks"]["block"]["linear_0"]["bias"]).min()) > 0
+    v = _init_params(ResidualMLP(width=8, num_blocks=2, num_classes=1, bias_init="fan_in", scan=True), (1, 3))
+    assert float(np.abs(v["blocks"]["block"]["linear_0"]["bias"]).min()) > 0
 
 
 def test_bias_init_unknown_name_is_refused():

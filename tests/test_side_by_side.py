@@ -20,23 +20,26 @@ SCRIPT = textwrap.dedent("""
         return [np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
                 for x in jax.tree_util.tree_leaves(tree)]
 
-    trainers = [make_train(tiny_config(**m), DATA) for m in (
-        dict(kind="residual_mlp", width=8, num_blocks=3, norm="batch"), dict(kind="plain_mlp", width=8, depth=2),
-        dict(kind="residual_mlp", width=6, num_blocks=2))]
+    # Three jobs, each its own trainer of one BatchNorm MLP at its own learning rate (a job mixed up with another
+    # would give another job's numbers): one model, so each device compiles its programs once, not once a job.
+    trainers = [make_train(tiny_config(), DATA) for _ in range(3)]
+    rates = [{"learning_rate": lr} for lr in (0.05, 0.02, 0.1)]
     keys = jax.random.split(jax.random.key(5), 3)
-    jobs = [functools.partial(t.sweep, keys, chunk_epochs=2) for t in trainers]
+    jobs = [functools.partial(t.sweep, keys, hp, chunk_epochs=2) for t, hp in zip(trainers, rates)]
     together = side_by_side(jobs)
     used = set()
-    for t, (run, metrics) in zip(trainers, together):
+    for t, hp, (run, metrics) in zip(trainers, rates, together):
         on = {d.id for d in jax.tree_util.tree_leaves(run)[0].devices()}
         assert len(on) == 1, on  # the job ran whole on one device
         used |= on
         for device in jax.devices():  # each job alone, whole on one device: bit for bit
-            alone_run, alone = t.sweep(keys, chunk_epochs=2, devices=[device])
+            alone_run, alone = t.sweep(keys, hp, chunk_epochs=2, devices=[device])
             for a, b in zip(leaves(run), leaves(alone_run), strict=True):
                 np.testing.assert_array_equal(a, b)
             for name in ("train_loss", "train_error", "test_error", "diverged_epoch"):
                 np.testing.assert_array_equal(metrics[name], alone[name])
+    finals = [np.asarray(metrics["train_loss"])[:, -1].tolist() for _, metrics in together]
+    assert len({tuple(f) for f in finals}) == 3, finals  # the jobs' numbers differ: a mix-up would show
     assert used == {0, 1}, used  # the jobs ran on both devices
 
     # A job that fails: no job starts after it, and its error is raised.

@@ -154,10 +154,16 @@ def test_a_resumed_run_signalled_before_its_first_step_stays_saved(tmp_path, han
 
 # Broken on purpose: Trainer._sweep raising stop.untrained() for a run without checkpoints after its first chunk:
 # the message says nothing was trained; this test fails (and the host case likewise in ImageTrainer._fit).
+@pytest.fixture(scope="module")
+def mlps():
+    """The plain MLP's trainer (3 epochs) of each feeder, shared by the tests below that train it: a trainer keeps
+    its compiled programs, nothing of a call (each ``fit`` is a run of its own)."""
+    return {"on-device": make_train(_config(), _data()), "host": make_image_train(_config(), _data())}
+
+
 @pytest.mark.parametrize("feeder", ["on-device", "host"])
-def test_a_signal_after_training_without_a_checkpoint_dir_says_the_training_is_lost(feeder, handlers, capsys):
-    make = make_train if feeder == "on-device" else make_image_train
-    trainer = make(_config(), _data())
+def test_a_signal_after_training_without_a_checkpoint_dir_says_the_training_is_lost(feeder, handlers, capsys, mlps):
+    trainer = mlps[feeder]
     kwargs = {"chunk_epochs": 1} if feeder == "on-device" else {}
     with pytest.raises(Preempted) as stopped:
         trainer.fit(0, callback=lambda done, summary: os.kill(os.getpid(), signal.SIGINT), **kwargs)
@@ -201,40 +207,6 @@ def _leaves_equal(a, b) -> bool:
     return all(np.array_equal(x, y, equal_nan=True) for x, y in zip(host(a), host(b), strict=True))
 
 
-# Broken on purpose: the default chunk the whole run again (`_Chunks.next` returning epochs - done): the first
-# report comes at the end (epoch 8), and the log holds nothing at epoch 2; fails. The first chunk one epoch
-# (`k = self.size or 1`): the BatchNorm MLP's run differs from one chunk's in the last bit; fails.
-@pytest.mark.usefixtures("optimized_compiles")  # the promise is about the programs users compile
-@pytest.mark.parametrize("size", [None, 3], ids=["measured", "three"])
-def test_the_default_chunks_report_after_the_second_epoch_and_train_as_one_chunk(size, tmp_path, monkeypatch):
-    """By default the first report (callback, progress, metrics.jsonl) comes after two epochs; the run equals
-    one chunk bit for bit, whatever the chunks (``three``: chunks of 3 forced, as if measured: 2, 3, 3)."""
-    if size is not None:
-        def ran(self, epochs, seconds, left):
-            self.size = self.size or size
-        monkeypatch.setattr(_Chunks, "ran", ran)
-    rng = np.random.default_rng(0)  # data and seeds on which a one-epoch first chunk differs in the last bit
-    x = rng.normal(size=(96, 10)).astype(np.float32)
-    y = ((x[:, 0] > 0) + (x[:, 1] > 1)).astype(np.int32)
-    data = from_arrays(x[:64], y[:64], x[64:], y[64:], num_classes=3)
-    trainer = make_train(_config(epochs=8, kind="residual_mlp", width=8, num_blocks=3, norm="batch"), data)
-    keys = jax.random.split(jax.random.key(0), 3)
-    reports, logged = [], []
-
-    def callback(done, summary):
-        reports.append(done)
-        logged.append(len((tmp_path / "metrics.jsonl").read_text().splitlines()))
-
-    run, metrics = trainer.sweep(keys, callback=callback, log=tmp_path)
-    one, one_metrics = trainer.sweep(keys, chunk_epochs=8)
-    assert _leaves_equal(run, one)
-    for k in one_metrics:
-        np.testing.assert_array_equal(metrics[k], one_metrics[k])
-    assert reports[0] == 2 and logged[0] == 6  # epochs 1 and 2 of the three runs in the file at the first report
-    if size == 3:
-        assert reports == [2, 5, 8]
-
-
 # ---- the slow feeder's notice -------------------------------------------------------------------------------
 
 
@@ -246,7 +218,7 @@ class TinyConv(nn.Module):
 
 
 # Broken on purpose: _convolutions_on_cpu returning False: no warning; this test fails.
-def test_a_convolutional_model_on_the_cpu_is_named_slow_once_with_the_fix():
+def test_a_convolutional_model_on_the_cpu_is_named_slow_once_with_the_fix(mlps):
     assert jax.devices()[0].platform == "cpu"
     conv = make_train(_config(epochs=4), _data(shape=(4, 4, 1)), model=TinyConv())
     with warnings.catch_warnings(record=True) as caught:
@@ -256,10 +228,9 @@ def test_a_convolutional_model_on_the_cpu_is_named_slow_once_with_the_fix():
     assert len(slow) == 1, [str(w.message) for w in caught]  # once in the run (chunks of 2 epochs: two or more)
     text = str(slow[0].message)
     assert "make_image_train" in text and "scan" in text and "s an epoch here" in text
-    mlp = make_train(_config(epochs=2), _data())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        mlp.fit(0)
+        mlps["on-device"].fit(0, epochs=2)
     assert not [w for w in caught if issubclass(w.category, SlowFeederWarning)]
 
 
@@ -281,11 +252,55 @@ class SignalOnClose:
 # Broken on purpose: StopSignals.__exit__ only restoring the handlers (the signal, noted after the last check, was
 # dropped and the call returned as if none had come: the experiments' reproduce test caught it first); fails.
 @pytest.mark.parametrize("feeder", ["on-device", "host"])
-def test_a_signal_as_the_call_ends_is_not_swallowed(feeder, handlers, tmp_path, capsys):
-    make = make_train if feeder == "on-device" else make_image_train
-    trainer = make(_config(epochs=1), _data())
-    with pytest.raises(Preempted) as stopped:
-        trainer.fit(0, log=SignalOnClose(tmp_path / "log"), checkpoint_dir=tmp_path / "ckpt")
+def test_a_signal_as_the_call_ends_is_not_swallowed(feeder, handlers, tmp_path, capsys, mlps):
+    with pytest.raises(Preempted) as stopped:  # a call of one epoch (of the trainer's 3)
+        mlps[feeder].fit(0, epochs=1, log=SignalOnClose(tmp_path / "log"), checkpoint_dir=tmp_path / "ckpt")
     assert stopped.value.code == 143
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"resjax: stopped by SIGTERM as the call ended: its training is complete and saved in {tmp_path / 'ckpt'}.")
+
+
+# ---- the default chunks' programs, as users compile them (last: optimized_compiles, module-scoped, turns XLA's
+# optimisation passes on for every test after it, and the tests above compile faster without them) ---------
+
+
+@pytest.fixture(scope="module")
+def one_chunk(optimized_compiles):
+    """The BatchNorm MLP's trainer, its 3 keys, and its 8-epoch run as one chunk: the reference of both chunkings
+    below (one trainer, so the programs they share are built once)."""
+    rng = np.random.default_rng(0)  # data and seeds on which a one-epoch first chunk differs in the last bit
+    x = rng.normal(size=(96, 10)).astype(np.float32)
+    y = ((x[:, 0] > 0) + (x[:, 1] > 1)).astype(np.int32)
+    data = from_arrays(x[:64], y[:64], x[64:], y[64:], num_classes=3)
+    trainer = make_train(_config(epochs=8, kind="residual_mlp", width=8, num_blocks=3, norm="batch"), data)
+    keys = jax.random.split(jax.random.key(0), 3)
+    return trainer, keys, trainer.sweep(keys, chunk_epochs=8)
+
+
+# Broken on purpose: the default chunk the whole run again (`_Chunks.next` returning epochs - done): the first
+# report comes at the end (epoch 8), and the log holds nothing at epoch 2; fails. The first chunk one epoch
+# (`k = self.size or 1`): the BatchNorm MLP's run differs from one chunk's in the last bit; fails.
+@pytest.mark.usefixtures("optimized_compiles")  # the promise is about the programs users compile
+@pytest.mark.parametrize("size", [None, 3], ids=["measured", "three"])
+def test_the_default_chunks_report_after_the_second_epoch_and_train_as_one_chunk(size, tmp_path, monkeypatch,
+                                                                                  one_chunk):
+    """By default the first report (callback, progress, metrics.jsonl) comes after two epochs; the run equals
+    one chunk bit for bit, whatever the chunks (``three``: chunks of 3 forced, as if measured: 2, 3, 3)."""
+    if size is not None:
+        def ran(self, epochs, seconds, left):
+            self.size = self.size or size
+        monkeypatch.setattr(_Chunks, "ran", ran)
+    trainer, keys, (one, one_metrics) = one_chunk
+    reports, logged = [], []
+
+    def callback(done, summary):
+        reports.append(done)
+        logged.append(len((tmp_path / "metrics.jsonl").read_text().splitlines()))
+
+    run, metrics = trainer.sweep(keys, callback=callback, log=tmp_path)
+    assert _leaves_equal(run, one)
+    for k in one_metrics:
+        np.testing.assert_array_equal(metrics[k], one_metrics[k])
+    assert reports[0] == 2 and logged[0] == 6  # epochs 1 and 2 of the three runs in the file at the first report
+    if size == 3:
+        assert reports == [2, 5, 8]

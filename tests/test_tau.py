@@ -58,7 +58,8 @@ def test_plain_mlp_scan_equals_unrolled(norm):
     vs = {name: stack_unrolled(col, depth) for name, col in v.items()}  # the residual MLPs' layout
     with jax.default_matmul_precision("highest"):
         np.testing.assert_allclose(unrolled.apply(v, X, train=False), scanned.apply(vs, X, train=False), rtol=1e-5, atol=1e-5)
-        assert scanned.init(jax.random.key(3), X)["params"]["blocks"]["block"]["linear_0"]["kernel"].shape == (depth, 8, 8)
+    shapes = jax.eval_shape(scanned.init, jax.random.key(3), X)  # scanned.init's own layout, traced only
+    assert shapes["params"]["blocks"]["block"]["linear_0"]["kernel"].shape == (depth, 8, 8)
     # the default is unchanged: unrolled, parameters named blocks_0 ...
     assert PlainMLP(width=8, depth=2).scan is False and "blocks_0" in p
 
@@ -66,7 +67,7 @@ def test_plain_mlp_scan_equals_unrolled(norm):
 def test_model_follows_the_papers_shapes_and_draws():
     model = tau_resnet("tau", 128, 50, tau="1/sqrt(L)")
     assert model.tau == pytest.approx(50 ** -0.5) and model.scaling == "tau" and model.order == "post"
-    p = model.init(jax.random.key(4), X)["params"]
+    p = jax.jit(model.init)(jax.random.key(4), X)["params"]
     assert set(p) == {"stem", "blocks", "head"} and "bias" not in p["stem"]
     assert set(p["blocks"]["block"]) == {"linear_0"} and set(p["blocks"]["block"]["linear_0"]) == {"kernel"}
     # A, W_l: variance 2/m (m = 128); B: variance 1/d (d = 10)
@@ -80,8 +81,8 @@ def test_model_follows_the_papers_shapes_and_draws():
 
 def test_fixup_block_is_the_identity_at_init():
     model = tau_resnet("fixup", 16, 7)
-    v = model.init(jax.random.key(5), X)
-    stream = stream_activations(model, v, X)
+    v = jax.jit(model.init)(jax.random.key(5), X)
+    stream = jax.jit(lambda v: stream_activations(model, v, X))(v)
     for k in range(1, 8):
         np.testing.assert_array_equal(stream[k], stream[0])
     assert np.all(v["params"]["blocks"]["block"]["linear_0"]["kernel"] == 0)
@@ -101,22 +102,23 @@ def test_log_space_tracking_equals_the_direct_pass(kind, scan):
         np.testing.assert_allclose(np.exp(out["log_norm"]), direct, rtol=1e-4)
         np.testing.assert_allclose(np.exp(out["log_ratio"]), direct / direct[:1], rtol=1e-4)
         np.testing.assert_allclose(np.exp(out["log_output_norm"]), jnp.linalg.norm(model.apply(v, X), axis=-1), rtol=1e-4)
-        if scan:  # per-example gradient of <v_i, y_i> with respect to each W_l, by autodiff
+        if scan:  # per-example gradient of <v_i, y_i> with respect to each W_l, by autodiff (one program)
             def f(p, i):
-                return jnp.sum(V[i] * model.apply({"params": p}, X[i:i + 1])[0])
+                return jnp.sum(V[i] * model.apply({"params": p}, X[i][None])[0])
             path = ("blocks", "block", "linear_0")  # the plain network's blocks are named alike
+            grad = jax.jit(jax.grad(f))  # example i traced: one program for both
             for i in (0, 3):
-                g = jax.grad(f)(v["params"], i)
+                g = grad(v["params"], i)
                 for name in path:
                     g = g[name]
-                direct_g = jnp.linalg.norm(g["kernel"].reshape(6, -1), axis=-1)
+                direct_g = np.linalg.norm(np.asarray(g["kernel"]).reshape(6, -1), axis=-1)
                 np.testing.assert_allclose(np.exp(out["log_grad_norm"][:, i]), direct_g, rtol=1e-4)
 
 
 def test_log_space_stays_finite_where_float32_overflows():
     model = tau_resnet("tau", 16, 400, tau=1.0)
-    v = model.init(jax.random.key(7), X)
-    direct = stability.direct_norms(model, v, X)
+    v = jax.jit(model.init)(jax.random.key(7), X)
+    direct = np.asarray(jax.jit(lambda v: stability.direct_norms(model, v, X))(v))
     assert not np.all(np.isfinite(direct[-1]))  # |h_L| beyond float32
     out = jax.jit(lambda v: stability.log_space_propagation(model, v, X, cotangent=V))(v)
     assert np.all(np.isfinite(out["log_ratio"])) and np.all(np.isfinite(out["log_grad_norm"]))
@@ -128,15 +130,22 @@ def test_log_space_stays_finite_where_float32_overflows():
 
 def test_tau_inverse_sqrt_depth_keeps_the_forward_ratio_bounded_and_quarter_power_grows():
     width, draws = 32, 8
-    x = jax.random.normal(jax.random.key(8), (4, 12))
-    medians = {}
-    for depth in (4, 16, 64):
-        model = tau_resnet("tau", width, depth, tau=1.0)
-        params = jax.vmap(lambda k: model.init(k, x))(jax.random.split(jax.random.key(depth), draws))
-        run = jax.jit(jax.vmap(lambda v, t: stability.log_space_propagation(model, v, x, tau=t, backward=False)
-                               ["log_ratio"][-1], in_axes=(0, None)))
-        for name, t in (("sqrt", depth ** -0.5), ("quarter", depth ** -0.25)):
-            medians[name, depth] = float(np.exp(np.median(run(params, jnp.float32(t)))))
+    depths, names = (4, 16, 64), ("sqrt", "quarter")
+
+    @jax.jit
+    def last_log_ratios():  # one program: every depth's draws, each at both taus
+        x = jax.random.normal(jax.random.key(8), (4, 12))
+        out = []
+        for depth in depths:
+            model = tau_resnet("tau", width, depth, tau=1.0)
+            params = jax.vmap(lambda k: model.init(k, x))(jax.random.split(jax.random.key(depth), draws))
+            run = jax.vmap(lambda v, t: stability.log_space_propagation(model, v, x, tau=t, backward=False)
+                           ["log_ratio"][-1], in_axes=(0, None))
+            out.append(jax.vmap(lambda t: run(params, t))(jnp.array([depth ** -0.5, depth ** -0.25], jnp.float32)))
+        return out
+
+    medians = {(name, depth): float(np.exp(np.median(ratios[j])))
+               for depth, ratios in zip(depths, jax.device_get(last_log_ratios())) for j, name in enumerate(names)}
     for depth in (4, 16, 64):
         assert 0.25 <= medians["sqrt", depth] <= 4, medians
     assert medians["quarter", 4] < medians["quarter", 16] < medians["quarter", 64]
@@ -145,32 +154,36 @@ def test_tau_inverse_sqrt_depth_keeps_the_forward_ratio_bounded_and_quarter_powe
 
 def test_log_space_refuses_a_non_homogeneous_module():
     x = X[:4]
+    def variables(model):  # the variables' shapes: the refusals come before anything is computed
+        return jax.eval_shape(model.init, jax.random.key(0), x)
+
     bn = tau_resnet("bn", 8, 3)
     with pytest.raises(ValueError, match="norm"):
-        stability.log_space_propagation(bn, bn.init(jax.random.key(0), x), x)
+        stability.log_space_propagation(bn, variables(bn), x)
     biased = PlainMLP(width=8, depth=2)
     with pytest.raises(ValueError, match="use_bias"):
-        stability.log_space_propagation(biased, biased.init(jax.random.key(0), x), x)
+        stability.log_space_propagation(biased, variables(biased), x)
     plain = tau_resnet("plain", 8, 3)
     with pytest.raises(ValueError, match="tau"):
-        stability.log_space_propagation(plain, plain.init(jax.random.key(0), x), x, tau=0.5)
+        stability.log_space_propagation(plain, variables(plain), x, tau=0.5)
 
 
 def test_plain_params_share_the_residual_draws():
     res, plain = tau_resnet("tau", 8, 4), tau_resnet("plain", 8, 4)
-    p = res.init(jax.random.key(9), X)["params"]
+    p = jax.jit(res.init)(jax.random.key(9), X)["params"]
     q = plain_params_from_residual(p)
-    assert jax.tree_util.tree_structure(q) == jax.tree_util.tree_structure(plain.init(jax.random.key(0), X)["params"])
+    assert jax.tree_util.tree_structure(q) == jax.tree_util.tree_structure(
+        jax.eval_shape(plain.init, jax.random.key(0), X)["params"])
     np.testing.assert_array_equal(q["blocks"]["block"]["linear_0"]["kernel"], p["blocks"]["block"]["linear_0"]["kernel"])
     # named alike, the plain network's own init draws the residual one's A, W_l and B
-    chex.assert_trees_all_equal(plain.init(jax.random.key(9), X)["params"], p)
+    chex.assert_trees_all_equal(jax.jit(plain.init)(jax.random.key(9), X)["params"], p)
 
 
 def test_batchnorm_after_the_branch_grows_like_sqrt_l():
     model = tau_resnet("bn", 32, 300)
     x = jax.random.normal(jax.random.key(10), (64, 12))
-    stream = jax.jit(lambda v: stream_activations(model, v, x, train=True))(model.init(jax.random.key(11), x))
-    curve = np.asarray(jnp.mean(jnp.linalg.norm(stream, axis=-1), axis=-1))
+    stream = jax.jit(lambda k: stream_activations(model, model.init(k, x), x, train=True))(jax.random.key(11))
+    curve = np.mean(np.linalg.norm(np.asarray(stream), axis=-1), axis=-1)
     assert abs(stability.log_log_slope(curve, start=30) - 0.5) < 0.15
 
 

@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from resjax.nn.hourglass import Hourglass, StackedHourglass
@@ -17,11 +18,20 @@ def _init(model, x):
     return model.init(jax.random.PRNGKey(0), x, False)
 
 
+def _init_and_apply(model, x):
+    """``(variables, (output, state))``: init, then apply with the intermediates sown (evaluation mode), in one
+    jitted program (not one program per eager op)."""
+    def run(x):
+        variables = _init(model, x)
+        return variables, model.apply(variables, x, False, mutable=["intermediates"])
+
+    return jax.jit(run)(x)
+
+
 def test_unet_shapes_and_skip_scales():
     model = UNet(features=(4, 8, 8, 8), out_channels=2)
     x = jnp.ones((1, 32, 32, 3))
-    variables = _init(model, x)
-    y, state = model.apply(variables, x, False, mutable=["intermediates"])
+    _, (y, state) = _init_and_apply(model, x)
     assert y.shape == (1, 32, 32, 2)
     assert _skip_sizes(state["intermediates"], 3) == [32, 16, 8]
 
@@ -37,18 +47,19 @@ def test_unet_224_skips_at_lecture_scales():
     assert [inter[f"skip_{i}"][0].shape for i in range(3)] == [(1, 224, 224, 64), (1, 112, 112, 128), (1, 56, 56, 256)]
 
 
-def _train_grad(model, x, loss_of):
-    variables = _init(model, x)
+def _train_grad(model, x, loss_of, variables=None):
+    """Loss and gradient in training mode under jit: finite, and some gradient nonzero (numpy checks)."""
+    variables = jax.jit(_init, static_argnums=0)(model, x) if variables is None else variables
 
     @jax.jit
     def loss(params):
         out, _ = model.apply({**variables, "params": params}, x, True, mutable=["batch_stats"])
         return loss_of(out)
 
-    value, grads = jax.value_and_grad(loss)(variables["params"])
-    assert jnp.isfinite(value)
-    assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree_util.tree_leaves(grads))
-    assert any(float(jnp.abs(g).sum()) > 0 for g in jax.tree_util.tree_leaves(grads))
+    value, grads = jax.tree_util.tree_map(np.asarray, jax.jit(jax.value_and_grad(loss))(variables["params"]))
+    assert np.isfinite(value)
+    assert all(np.all(np.isfinite(g)) for g in jax.tree_util.tree_leaves(grads))
+    assert any(np.abs(g).sum() > 0 for g in jax.tree_util.tree_leaves(grads))
 
 
 def test_unet_forward_backward_jit():
@@ -59,20 +70,20 @@ def test_unet_forward_backward_jit():
 def test_hourglass_forward_backward_jit_and_skips():
     x = jax.random.normal(jax.random.PRNGKey(1), (1, 16, 16, 4))
     model = Hourglass(depth=2, features=4)
-    y, state = model.apply(_init(model, x), x, False, mutable=["intermediates"])
+    variables, (y, state) = _init_and_apply(model, x)
     assert y.shape == (1, 16, 16, 4)
     inter = state["intermediates"]
     assert inter["skip"][0].shape[1] == 16 and inter["inner"]["skip"][0].shape[1] == 8
-    _train_grad(model, x, lambda y: jnp.mean(y ** 2))
+    _train_grad(model, x, lambda y: jnp.mean(y ** 2), variables)
 
 
 def test_stacked_hourglass_heatmaps():
     x = jax.random.normal(jax.random.PRNGKey(1), (2, 16, 16, 3))
     model = StackedHourglass(num_stacks=2, depth=2, features=4, num_heatmaps=5)
-    heat = model.apply(_init(model, x), x, False)
+    variables, (heat, _) = _init_and_apply(model, x)
     assert isinstance(heat, list) and len(heat) == 2
     assert all(h.shape == (2, 16, 16, 5) for h in heat)
-    _train_grad(model, x, lambda hs: sum(jnp.mean(h ** 2) for h in hs))
+    _train_grad(model, x, lambda hs: sum(jnp.mean(h ** 2) for h in hs), variables)
 
 
 @pytest.mark.parametrize("make, shape, setting", [
