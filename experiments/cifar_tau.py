@@ -47,7 +47,7 @@ chance (20% on CIFAR-10, 2% on CIFAR-100); this rule was fixed before any run. E
 200) test error in percent, mean over the seeds that did not fail; ``best`` errors are recorded too.
 
 Data: CIFAR-10 / CIFAR-100 from TFDS (``python -m experiments.cifar_tau`` needs them prepared; the error
-says how). ``--quick``: ResNet-8, two seeds, 2 epochs on 256 synthetic CIFAR-shaped images (a pipeline
+says how). ``--quick``: ResNet-8, two seeds, 2 epochs on 128 synthetic CIFAR-shaped images, batch 32 (a pipeline
 check, not a measurement). Every cell checkpoints into ``<out>/checkpoints`` and a rerun resumes there.
 
 Claims (fixed before any run; "error" = mean final test error over non-failed seeds, a cell whose seeds
@@ -128,8 +128,9 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
         c.num_seeds = 2
         c.train.epochs = 2
         c.train.milestones = (1,)
-        c.train.batch_size = 64
-        c.train.eval_batch_size = 64
+        c.synthetic_examples = 128
+        c.train.batch_size = 32
+        c.train.eval_batch_size = 128
         c.train.checkpoint_every = 0
     return c
 

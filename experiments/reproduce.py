@@ -229,15 +229,16 @@ def _expected_seconds(name: str, label: str) -> float | None:
         return None
 
 
-def record_quick_seconds(out="runs", path=QUICK_SECONDS) -> dict:
-    """Write ``QUICK_SECONDS`` from the ``results.json`` of a quick run (``python -m experiments.reproduce --quick
-    --fresh`` with ``RESJAX_COMPILATION_CACHE`` pointing at an empty folder, on an idle machine): each experiment's
-    ``seconds``, in ``REGISTRY`` order. Run ``python -c "from experiments.reproduce import record_quick_seconds;
-    record_quick_seconds()"``."""
+def record_quick_seconds(*outs, path=QUICK_SECONDS) -> dict:
+    """Write ``QUICK_SECONDS`` from the ``results.json`` of quick runs (``python -m experiments.reproduce --quick
+    --fresh --out DIR`` with ``RESJAX_COMPILATION_CACHE`` pointing at an empty folder, on an idle machine): each
+    experiment's ``seconds``, the mean over the runs in ``outs`` (default: ``runs``), in ``REGISTRY`` order. Run
+    ``python -c "from experiments.reproduce import record_quick_seconds; record_quick_seconds('DIR1', 'DIR2')"``."""
     seconds = {}
     for name in REGISTRY:
-        results = json.loads((pathlib.Path(out) / f"{name}-quick" / "results.json").read_text())
-        seconds[name] = round(float(results["seconds"]), 1)
+        runs = [json.loads((pathlib.Path(out) / name / "results.json").read_text())["seconds"]
+                for out in outs or ("runs",)]
+        seconds[name] = round(sum(runs) / len(runs), 1)
     pathlib.Path(path).write_text(json.dumps(seconds, indent=1) + "\n")
     return seconds
 

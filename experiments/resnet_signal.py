@@ -103,8 +103,8 @@ the 3x3 convolutions' gradients with explicit transposes in that layout (``_conv
 the unrolled network, bit for bit), and one step of ResNet-1202 takes a few seconds instead of about 30-50 s
 (the default run: 108 s before, 35 s after, back to back on a loaded 2-core CPU).
 
-``--quick`` (tests): depths 8 and 14, batch 4, one step, blocks unrolled (``scan=False``; then nothing
-is jitted: op-by-op dispatch is cheaper than compiling for a few blocks). ``--full``
+``--quick`` (tests): depths 8 and 14, batch 4, one step, blocks unrolled (``scan=False``; its programs, compiled
+without XLA's optimisation passes, took 15 s against 21 s run op by op). ``--full``
 (an accelerator): batch 32, 3 steps.
 """
 
@@ -150,7 +150,7 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c.num_steps = 1
     c.seed = 0
     c.scan = True  # nn.scan over each stage's identical blocks: ResNet-1202 compiles as fast as ResNet-20
-    if size == "quick":  # unrolled and run op by op (no jit): cheaper than compiling for a few blocks
+    if size == "quick":  # unrolled: for a few blocks cheaper to compile than a scan
         c.depths, c.batch_size, c.scan = (8, 14), 4, False
     elif size == "full":
         c.batch_size, c.num_steps = 32, 3
@@ -223,12 +223,12 @@ def _log10_output(logits) -> float:
     return math.log10(n) if n > 0 and math.isfinite(n) else (math.inf if n > 0 else -math.inf)
 
 
-def _measure_fn(model, jit: bool = True):
+def _measure_fn(model):
     def measure(variables, x, tau):
         with jax.default_matmul_precision("highest"):
             return block_output_norms(model, variables, x, train=True, tau=tau, log10=True, return_output=True)
 
-    return jax.jit(measure) if jit else measure
+    return jax.jit(measure)
 
 
 # ---- the SGD step's 3x3 convolutions ------------------------------------------------------------------
@@ -286,11 +286,11 @@ def _fast_conv_interceptor(next_fun, args, kwargs, context):
     return next_fun(*args, **kwargs)
 
 
-def _step_fn(model, learning_rate: float, jit: bool = True):
+def _step_fn(model, learning_rate: float, fast_conv: bool = True):
     def step(params, x, y):
         def loss(p):
             with jax.default_matmul_precision("highest"):
-                if jit:  # scanned (see above)
+                if fast_conv:  # scanned (see above)
                     with nn.intercept_methods(_fast_conv_interceptor):
                         logits = model.apply({"params": p}, x, train=True)
                 else:
@@ -300,7 +300,7 @@ def _step_fn(model, learning_rate: float, jit: bool = True):
         grads = jax.grad(loss)(params)
         return jax.tree_util.tree_map(lambda p, g: p - learning_rate * g, params, grads)
 
-    return jax.jit(step) if jit else step
+    return jax.jit(step)
 
 
 def run_depth(depth: int, x, y, key, config) -> dict:
@@ -314,7 +314,7 @@ def run_depth(depth: int, x, y, key, config) -> dict:
 
     # (a) BatchNorm, batch statistics
     v_bn = bn.init(key, x)
-    ln_bn, _ = _measure_fn(bn, config.scan)(v_bn, x, None)
+    ln_bn, _ = _measure_fn(bn)(v_bn, x, None)
     ln_bn = np.asarray(ln_bn, np.float64)
     curve_bn = _mean_curve(ln_bn)
     m[f"curves.log10_norm.bn.{d}"] = curve_bn
@@ -323,7 +323,7 @@ def run_depth(depth: int, x, y, key, config) -> dict:
 
     # (b) tau = 1/sqrt(L), no BN; (c) the same weights with tau = 1
     v_tau = tau_model.init(key, x)
-    measure_tau = _measure_fn(tau_model, config.scan)
+    measure_tau = _measure_fn(tau_model)
     ln_tau, _ = measure_tau(v_tau, x, jnp.float32(tau))
     curve_tau = _mean_curve(ln_tau)
     m[f"curves.log10_norm.tau.{d}"] = curve_tau
@@ -354,7 +354,7 @@ def run_depth(depth: int, x, y, key, config) -> dict:
     fns = {}
     for variant, (model, params, t) in starts.items():
         if id(model) not in fns:
-            fns[id(model)] = (_measure_fn(model, config.scan), _step_fn(model, config.learning_rate, config.scan))
+            fns[id(model)] = (_measure_fn(model), _step_fn(model, config.learning_rate, fast_conv=config.scan))
         measure, step = fns[id(model)]
         for k in range(config.num_steps + 1):
             if k:

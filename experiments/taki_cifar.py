@@ -24,7 +24,7 @@ reported beside 0.434 and 0.017; (3) Taki's mean first-epoch accuracy is higher 
 first-epoch accuracy varies more across runs than Taki's (variance); (5) BN's mean accuracy at epoch 20 is
 at least Taki's ("slightly better") and (6) within 10 points of it ("comparable").
 
-``--quick``: 6 blocks, 2 runs, 2 epochs on 256 synthetic CIFAR-shaped images (a pipeline check).
+``--quick``: 3 blocks, 2 runs, 2 epochs on 128 synthetic CIFAR-shaped images (a pipeline check).
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c.train.checkpoint_every = 5
     if size == "quick":
         c.data = "synthetic"
-        c.num_blocks = 6
+        c.num_blocks = 3
+        c.synthetic_examples = 128
         c.num_seeds = 2
         c.train.epochs = 2
         c.train.batch_size = 64

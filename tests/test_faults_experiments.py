@@ -77,7 +77,7 @@ def test_preflight_refuses_every_bad_cell(tmp_path):
         (degradation, "train.momentum", float("inf"), r"^train\.momentum: must be a finite number, got inf"),
         (batch_noise, "sweep_batch_sizes", (4, 1), r"^sweep_batch_sizes: .*>= 2"),
         (batch_noise, "epsilon", float("nan"), r"^epsilon: must be a finite number"),
-        (taki_cifar, "train.batch_size", 257, r"^train\.batch_size: .*from 1 to 256 .*got 257"),
+        (taki_cifar, "train.batch_size", 129, r"^train\.batch_size: .*from 1 to 128 .*got 129"),
         (taki_cifar, "variants", ("he", "xavier"), r"^variants: unknown variant 'xavier'"),
     ]
     for module, name, value, match in cases:
