@@ -33,9 +33,14 @@ To register an experiment, add its module name to ``REGISTRY``; the module follo
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
+import os
 import pathlib
+import signal
+import subprocess
+import sys
 import time
 
 from experiments import checkpoints, common, image_runs
@@ -261,6 +266,62 @@ def _whereabouts(start: float, expected: list, k: int) -> str:
     return f"{format_seconds(elapsed)} elapsed, about {format_seconds(left)} left"
 
 
+def jax_process_count() -> int:
+    """How many JAX processes run this job (several hosts: ``--jobs`` does not split them)."""
+    import jax
+
+    return jax.process_count()
+
+
+def _groups(names: list, expected: list, jobs: int) -> list[list]:
+    """``names`` split into at most ``jobs`` groups of about equal measured time (each next longest experiment to
+    the group with the least so far), each group in ``names``' order."""
+    known = [e for e in expected if e]
+    mean = sum(known) / len(known) if known else 1.0
+    weight = {n: e or mean for n, e in zip(names, expected)}
+    groups: list[list] = [[] for _ in range(min(jobs, len(names)))]
+    for name in sorted(names, key=lambda n: -weight[n]):
+        min(groups, key=lambda g: sum(weight[n] for n in g)).append(name)
+    return [sorted(g, key=names.index) for g in groups]
+
+
+def _run_in_processes(groups: list[list], argv: list[str]) -> None:
+    """Each group of experiments run by a process of its own (``python -m experiments.reproduce ARGV --only
+    GROUP --jobs 1``, which writes no report, in a session of its own), all at once; wait for them. A stop signal is passed on to
+    every process (each saves its training cells and stops) and this one then stops with 128 + the signal
+    number; a process that failed ends this one with its exit status, once the others have finished."""
+    procs = [subprocess.Popen([sys.executable, "-m", "experiments.reproduce", *argv, "--only", *g, "--jobs", "1",
+                               "--no_report"],
+                              start_new_session=True) for g in groups]
+    received: list[int] = []
+
+    def forward(signum, frame):
+        received.append(signum)
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        codes = [p.wait() for p in procs]
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if received:
+        from resjax.train.preemption import resume_command
+
+        print(f"reproduce: stopped by {signal.Signals(received[0]).name}; each experiment's finished training "
+              f"cells are saved. Run the same command again to resume:\n  {resume_command()}", file=sys.stderr,
+              flush=True)
+        raise SystemExit(128 + received[0])
+    failed = [(g, c) for g, c in zip(groups, codes) if c]
+    if failed:
+        group, code = failed[0]
+        print(f"reproduce: the process running {', '.join(group)} ended with status {code} (its output above)",
+              file=sys.stderr, flush=True)
+        raise SystemExit(code)
+
+
 def main(argv=None) -> pathlib.Path:
     common.start(argv)
     parser = common.ArgumentParser(prog="python -m experiments.reproduce", description=__doc__.split("\n\n")[0],
@@ -285,7 +346,14 @@ def main(argv=None) -> pathlib.Path:
     parser.add_argument("--checkpoint_dir", default=None, metavar="DIR",
                         help="where the experiments checkpoint, DIR/<name> each (default: each experiment's "
                              "<folder>/checkpoints; 'none': no checkpoints, an interrupted experiment starts over)")
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                        help="experiments run side by side in N processes of their own (default: 2 with --quick on "
+                             "a machine of 2 or more cores, whose programs take longer to compile than to run and "
+                             "compile on one core; otherwise 1: the default and --full sizes keep every core busy)")
+    parser.add_argument("--no_report", action="store_true", help=argparse.SUPPRESS)  # a process of --jobs
     args = parser.parse_args(argv)
+    if args.jobs is not None and args.jobs < 1:
+        parser.error(f"--jobs: must be at least 1, got {args.jobs}")
     size_name = "quick" if args.quick else "full" if args.full else "default"
     out = pathlib.Path(args.out) if args.out else pathlib.Path("runs")
     suffix = "-quick" if size_name == "quick" and not args.out else ""  # common.default_out's rule
@@ -314,6 +382,21 @@ def main(argv=None) -> pathlib.Path:
     previous = [None if args.fresh else _previous(folder, config) for _, config, _, _, folder in plan]
     expected = [0.0 if prev is not None else _expected_seconds(module.NAME, label)  # reused: no time
                 for (module, _, label, _, _), prev in zip(plan, previous)]
+    jobs = args.jobs or (2 if size_name == "quick" and (os.cpu_count() or 1) >= 2 else 1)
+    todo = [k for k, prev in enumerate(previous) if prev is None]
+    side_by_side = set()  # experiments run by the processes of --jobs
+    if jobs > 1 and len(todo) > 1 and jax_process_count() == 1:
+        groups = _groups([plan[k][0].NAME for k in todo], [expected[k] for k in todo], jobs)
+        print(f"reproduce: {len(todo)} experiments in {len(groups)} processes side by side: "
+              + "; ".join(", ".join(g) for g in groups), flush=True)
+        same = ([f"--{size_name}"] if size_name != "default" else []) + (["--out", args.out] if args.out else []) \
+            + (["--fresh"] if args.fresh else []) \
+            + (["--checkpoint_dir", args.checkpoint_dir] if args.checkpoint_dir is not None else [])
+        _run_in_processes(groups, same)
+        for k in todo:
+            module, config, _, _, folder = plan[k]
+            previous[k] = _previous(folder, config)
+            side_by_side.add(k)
     # SIGTERM/SIGINT: a clean exit 143/130, resumable (#22); unusable checkpoints: a message, exit 1
     # a folder another run holds: one line naming its process, exit 1 (#32)
     with common.folder_in_use_ends_the_run("reproduce"), common.unusable_checkpoints_end_the_run("reproduce"), \
@@ -327,7 +410,7 @@ def main(argv=None) -> pathlib.Path:
                 results = common.run_experiment(module, config, folder, _checkpoint_arg(args.checkpoint_dir, name),
                                                 args.fresh)
                 common.release_memory()  # the next experiment starts from a small heap, not on this one's
-            else:
+            elif k not in side_by_side:
                 print(f"reproduce: [{k + 1}/{len(plan)}] {name} finished earlier with this config: reusing "
                       f"{folder / 'results.json'} (--fresh runs it again)", flush=True)
                 reused.append(name)
@@ -336,14 +419,16 @@ def main(argv=None) -> pathlib.Path:
             rows += claim_rows(module, results)
     header = [
         "# resjax reproduction report", "",
-        f"Size: `{size_name}`. The experiments took {experiment_seconds:.0f} s in all; this run took "
+        f"Size: `{size_name}`. The experiments took {experiment_seconds:.0f} s in all"
+        + (f" ({len(side_by_side)} of them side by side in {jobs} processes)" if side_by_side else "")
+        + "; this run took "
         f"{time.time() - start:.0f} s" + (f", reusing the results of {len(reused)} of them" if reused else "")
         + f". Generated by `python -m experiments.reproduce{'' if size_name == 'default' else ' --' + size_name}`.",
         "",
         *front_matter(rows, len(sections), size_name == "quick"),
     ]
     path = out / f"REPORT{suffix}.md"
-    if common.is_main():
+    if common.is_main() and not args.no_report:
         path.write_text("\n".join(header + sections))
         print(f"reproduce: wrote {path}")
     return path
