@@ -1,6 +1,7 @@
 """Run every registered experiment and write ``REPORT.md``: claim, the seed document's value, the measured value, holds.
 
     python -m experiments.reproduce [--quick | --full] [--out DIR] [--only NAME ...] [--fresh] [--checkpoint_dir DIR]
+                                    [--jobs N]
 
 Sizes: ``--quick`` (a minute or two; what the tests run), the default (every lecture-scale figure,
 well under an hour on a 2-core CPU) and ``--full`` (paper-scale runs meant for an accelerator). Each
@@ -10,6 +11,13 @@ Without ``--out``, ``--quick`` writes ``runs/<name>-quick`` and ``runs/REPORT-qu
 
 Every experiment to be run is preflighted (``experiments.common.preflight``: every cell, every setting,
 the output folders) before the first one starts.
+
+``--jobs N`` runs the experiments side by side in N processes of their own (each ``python -m
+experiments.reproduce ... --only <its experiments>``; the groups balanced by the experiments' measured times,
+``QUICK_SECONDS`` and ``docs/report``), then writes the one report from their results. It is the default with
+``--quick`` on a machine of 2 or more cores (N = 2): quick programs take longer to compile than to run, and a
+compilation keeps one core busy. The default and ``--full`` sizes keep every core busy in one process (N = 1).
+A stop signal is passed on to every process; each saves as it would alone, and the same command resumes.
 
 An experiment whose ``DIR/<name>/results.json`` records the config of this run is not run again: its
 results are taken as they are (``--reuse``, which asked for that, is still accepted). The others run, each

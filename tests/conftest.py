@@ -99,7 +99,8 @@ def release_compiled_programs():
 #: worker idle at the end. Every other module follows in name order.
 LONGEST_FIRST = ("test_multiprocess", "test_experiments", "test_resume_experiments", "test_training",
                  "test_side_by_side", "test_interop",
-                 "test_doc_examples", "test_docs", "test_peer_training", "test_accelerator_benchmark", "test_tau", "test_experiment_cli",
+                 "test_doc_examples", "test_docs", "test_peer_training", "test_accelerator_benchmark", "test_tau",
+                 "test_reproduce_jobs", "test_experiment_cli",
                  "test_loss_surface", "test_resnet_signal", "test_paths", "test_batchnorm", "test_grid",
                  "test_monitor", "test_image_experiments", "test_grain_feeder", "test_residual", "test_train_core",
                  "test_image_train", "test_compare")
