@@ -4,7 +4,6 @@ parameter groups) from the peers' weights, against float64 fixtures of the peers
 (``tools/make_parity_fixtures.py``: the repositories' ``cifar_train.py`` optimiser, parameter groups and
 step sequence, run by torch). Torch is not needed here."""
 
-import contextlib
 import json
 from pathlib import Path
 
@@ -17,24 +16,12 @@ from resjax.nn.resnet import REPOSITORY_MODELS, cifar_resnet
 from resjax.train import image_train_config, run_config
 from resjax.train.core import Core, with_hyperparams
 from resjax.train.optim import PARAM_GROUP_PRESETS, fixup_param_groups, fixup_recipe, group_factors, make_optimizer
+from tests.conftest import xla_optimisations
 
 # float64 convolutions: ~20% slower to run here without XLA's optimisation passes (the test run's default)
 pytestmark = pytest.mark.usefixtures("optimized_compiles")
 DATA = Path(__file__).parent / "data" / "parity"
 TOL = 1e-12
-
-
-@contextlib.contextmanager
-def _unoptimised():
-    """XLA's optimisation passes off inside (the test run's default; this module turns them on for its float64
-    convolutions), for programs that cost far more to optimise than to run: a model's initialisers (~0.9 s each
-    eager ``jax.random.normal`` optimised, ~0.1 s not) and an optimiser's elementwise update."""
-    old = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_disable_most_optimizations", old)
 
 
 def _fixtures(name):
@@ -77,7 +64,7 @@ def assert_two_peer_steps(model, config, variables, steps, bn_count=None) -> lis
     params = variables["params"]
     core = Core(config=run_config(train=config), model=model, tx=make_optimizer(config, params, 1),
                 example_shape=(32, 32, 3), uses_tau=False, steps_per_epoch=1)
-    with _unoptimised():  # the run's other fields (step, key, epoch, history); the rest is replaced below
+    with xla_optimisations(False):  # the run's other fields (step, key, epoch, history); the rest is replaced below
         run = jax.jit(core.init_run)(jax.random.key(0))
         opt_state = with_hyperparams(core.tx.init(params), core.default_hparams())
     assert opt_state.hyperparams["learning_rate"].dtype == np.float64
@@ -140,7 +127,7 @@ def test_fixup_recipe_steps_at_the_peer_s_rate_of_every_group_at_every_epoch(bat
     model = cifar_resnet(meta["depth"], **meta["resjax"], **REPOSITORY_MODELS["fixup"])
     config = image_train_config(**fixup_recipe(batch))
     steps_per_epoch = 3
-    with jax.enable_x64(True), _unoptimised():  # elementwise updates: nothing for XLA's passes to speed up
+    with jax.enable_x64(True), xla_optimisations(False):  # elementwise updates: nothing for XLA's passes to speed up
         params = interop.from_torch_state_dict(model, start)["params"]
         grads = jax.tree_util.tree_map(lambda p: np.cos(np.arange(p.size).reshape(p.shape) + 1.0), params)
         tx = make_optimizer(config, params, steps_per_epoch)

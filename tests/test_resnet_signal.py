@@ -1,6 +1,5 @@
 """Block-output norms of the CIFAR ResNets (resjax.analysis.resnet_signal) and the resnet_signal experiment."""
 
-import contextlib
 import json
 
 import jax
@@ -15,6 +14,7 @@ from resjax.analysis.resnet_signal import (
     mean_log10_norm,
 )
 from resjax.nn.resnet import cifar_resnet
+from tests.conftest import xla_optimisations
 
 
 @pytest.fixture(scope="module")
@@ -22,19 +22,6 @@ def images():
     """4 CIFAR-shaped images: the quick run's batch (``get_config('quick').batch_size``), so that the tests run
     op by op below reuse the programs the quick run compiles for its unrolled networks (one per op and shape)."""
     return jax.random.normal(jax.random.key(3), (4, 32, 32, 3))
-
-
-@contextlib.contextmanager
-def _without_xla_optimisations():
-    """XLA's optimisation passes off inside (the run's default, turned on by ``optimized_compiles`` for the
-    bit-for-bit test): for programs that only make that test's inputs (a scanned ResNet's init, jitted, compiles
-    in ~1 s without them; op by op with them, each stage's nn.scan compiles for seconds)."""
-    old = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_disable_most_optimizations", old)
 
 
 def _sown_in_order(model, variables, x, train):
@@ -211,7 +198,7 @@ def test_the_scanned_step_equals_the_unrolled_step_bit_for_bit(images, kind):
         norm="none", scaling="fixup")
     scanned, unrolled = (cifar_resnet(14, scan=s, num_classes=10, **kw) for s in (True, False))
     y = jnp.array([0, 1, 2, 3])
-    with _without_xla_optimisations():  # the inputs; the promise is about the steps, compiled as the experiment's
+    with xla_optimisations(False):  # the inputs; the promise is about the steps, compiled as the experiment's
         params = jax.jit(scanned.init)(jax.random.key(0), images)["params"]
     if kind == "fixup":  # a random head, so that the first step moves the blocks too
         params = {**params, "head": jax.tree_util.tree_map(lambda a: 0.1 * jnp.ones_like(a), params["head"])}
