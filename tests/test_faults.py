@@ -322,6 +322,37 @@ def test_a_refused_resume_prints_resjax_message_without_orbax_event_loop_noise(t
     assert "Event loop is closed" not in again.stderr, again.stderr[:3000]
 
 
+# Mutation caught: resjax/train/checkpoint.py: the asyncio filter not installed, or letting Orbax's unretrieved read
+# errors through (asyncio's "Task exception was never retrieved" traceback printed after the refusal, as in about one
+# of three runs of test_resume_experiments.py::test_unusable_checkpoints_end_the_run_...).
+def test_asyncio_reports_of_orbax_reads_nobody_awaited_are_dropped_and_no_other_record(tmp_path, caplog):
+    """An asyncio task of ``async_deserialize`` whose error nobody retrieved is not reported once a
+    ``Checkpoints`` exists; a task of any other coroutine still is."""
+    import asyncio
+    import gc
+
+    from resjax.train.checkpoint import Checkpoints
+
+    Checkpoints(tmp_path / "ckpt").close()  # installs the filter (every Checkpoints does)
+
+    async def async_deserialize():  # the name of Orbax's coroutine that reads an array
+        raise ValueError("DATA_LOSS: Error reading ... CRC-32C checksum verification failed")
+
+    async def my_own_task():
+        raise ValueError("a user's own task failed")
+
+    for coroutine in (async_deserialize, my_own_task):
+        loop = asyncio.new_event_loop()
+        task = loop.create_task(coroutine())
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.close()
+        with caplog.at_level("ERROR", logger="asyncio"):
+            del task
+            gc.collect()  # asyncio reports an unretrieved exception when the task is collected
+    reports = [r for r in caplog.records if str(r.msg).startswith("Task exception was never retrieved")]
+    assert len(reports) == 1 and "my_own_task" in reports[0].getMessage(), [r.getMessage() for r in reports]
+
+
 def test_a_checkpoint_of_another_model_with_the_same_shapes_is_refused(saved, tmp_path):
     pristine, _, _ = saved
     d = tmp_path / "ckpt"
