@@ -256,6 +256,14 @@ def record_quick_seconds(*outs, path=QUICK_SECONDS) -> dict:
     return seconds
 
 
+def _weights(expected: list) -> list[float]:
+    """Measured times with each unknown one (None) as the mean of the known (1 when none is known); 0 (reused,
+    not run) stays 0."""
+    known = [e for e in expected if e]
+    mean = sum(known) / len(known) if known else 1.0
+    return [mean if e is None else e for e in expected]
+
+
 def _whereabouts(start: float, expected: list, k: int) -> str:
     """``'12:03 elapsed, about 20:00 left'`` before experiment ``k`` (0-based) of ``expected``, their measured times
     at this size (None: unknown, weighed as the mean of the known; 0: reused, not run). The time left is the
@@ -264,11 +272,9 @@ def _whereabouts(start: float, expected: list, k: int) -> str:
     from resjax.train.monitor import format_seconds
 
     elapsed = time.time() - start
-    known = [e for e in expected if e]
-    if k == 0 and not known:
+    if k == 0 and not any(expected):
         return f"{format_seconds(elapsed)} elapsed"
-    mean = sum(known) / len(known) if known else 1.0
-    weights = [mean if e is None else e for e in expected]
+    weights = _weights(expected)
     done = sum(weights[:k])
     left = sum(weights[k:]) * (elapsed / done if done > 0 else 1.0)
     return f"{format_seconds(elapsed)} elapsed, about {format_seconds(left)} left"
@@ -284,9 +290,7 @@ def _jax_process_count() -> int:
 def _groups(names: list, expected: list, jobs: int) -> list[list]:
     """``names`` split into at most ``jobs`` groups of about equal measured time (each next longest experiment to
     the group with the least so far), each group in ``names``' order."""
-    known = [e for e in expected if e]
-    mean = sum(known) / len(known) if known else 1.0
-    weight = {n: e or mean for n, e in zip(names, expected)}
+    weight = dict(zip(names, _weights(expected)))
     groups: list[list] = [[] for _ in range(min(jobs, len(names)))]
     for name in sorted(names, key=lambda n: -weight[n]):
         min(groups, key=lambda g: sum(weight[n] for n in g)).append(name)

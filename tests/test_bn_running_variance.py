@@ -86,17 +86,14 @@ def test_two_sgd_steps_continue_exactly_with_the_unbiased_option(monkeypatch):
     the training step compiles with them (float64 convolutions)."""
     from resjax.train import image_train_config
     from resjax.train.core import Core
+    from tests.conftest import xla_optimisations
     from tests.test_peer_training import assert_two_peer_steps
 
     init_run = Core.init_run
 
     def init_run_unoptimised(self, *args, **kwargs):
-        old = jax.config.read("jax_disable_most_optimizations")
-        jax.config.update("jax_disable_most_optimizations", True)
-        try:
+        with xla_optimisations(False):
             return init_run(self, *args, **kwargs)
-        finally:
-            jax.config.update("jax_disable_most_optimizations", old)
 
     monkeypatch.setattr(Core, "init_run", init_run_unoptimised)
 

@@ -48,10 +48,10 @@ def one_device() -> list:
 def unoptimised_compiles():
     """XLA's optimisation passes off (the run's default; this module's is on) for a test whose promise is not about
     the programs users compile: its programs compile in about half the time."""
-    old = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", old)
+    from tests.conftest import xla_optimisations  # here: subprocesses import this module, not the test run's setup
+
+    with xla_optimisations(False):
+        yield
 
 
 def vmapped_init(trainer, keys, hparams=None):
