@@ -244,7 +244,8 @@ def _expected_seconds(name: str, label: str) -> float | None:
 
 def record_quick_seconds(*outs, path=QUICK_SECONDS) -> dict:
     """Write ``QUICK_SECONDS`` from the ``results.json`` of quick runs (``python -m experiments.reproduce --quick
-    --fresh --out DIR`` with ``RESJAX_COMPILATION_CACHE`` pointing at an empty folder, on an idle machine): each
+    --fresh --out DIR`` with ``RESJAX_COMPILATION_CACHE`` pointing at an empty folder, on an idle machine, with the
+    default ``--jobs``: each experiment's time as it runs beside the other process's): each
     experiment's ``seconds``, the mean over the runs in ``outs`` (default: ``runs``), in ``REGISTRY`` order. Run
     ``python -c "from experiments.reproduce import record_quick_seconds; record_quick_seconds('DIR1', 'DIR2')"``."""
     seconds = {}
@@ -264,11 +265,13 @@ def _weights(expected: list) -> list[float]:
     return [mean if e is None else e for e in expected]
 
 
-def _whereabouts(start: float, expected: list, k: int) -> str:
+def _whereabouts(start: float, expected: list, k: int, ran: list | None = None) -> str:
     """``'12:03 elapsed, about 20:00 left'`` before experiment ``k`` (0-based) of ``expected``, their measured times
     at this size (None: unknown, weighed as the mean of the known; 0: reused, not run). The time left is the
-    measured times of the remaining experiments, scaled by how this run compares with them on the finished ones
-    (before the first has finished: the measured times as they are); by count when no times are known."""
+    measured times of the remaining experiments, scaled by how this run compares with them on the finished ones:
+    by ``ran``, the seconds the finished experiments took (``results.json``'s ``seconds``), or else by the time
+    elapsed since ``start``, which counts the process's start and JAX's too (before the first has finished: the
+    measured times as they are); by count when no times are known."""
     from resjax.train.monitor import format_seconds
 
     elapsed = time.time() - start
@@ -276,7 +279,8 @@ def _whereabouts(start: float, expected: list, k: int) -> str:
         return f"{format_seconds(elapsed)} elapsed"
     weights = _weights(expected)
     done = sum(weights[:k])
-    left = sum(weights[k:]) * (elapsed / done if done > 0 else 1.0)
+    took = sum(ran) if ran is not None else elapsed
+    left = sum(weights[k:]) * (took / done if done > 0 and took > 0 else 1.0)
     return f"{format_seconds(elapsed)} elapsed, about {format_seconds(left)} left"
 
 
@@ -391,7 +395,7 @@ def main(argv=None) -> pathlib.Path:
         except ValueError as err:
             parser.error(f"{name}: {' '.join(str(err).split())}")
         plan.append((module, config, label, missing, out / f"{name}{suffix}"))
-    sections, experiment_seconds, reused, rows = [], 0.0, [], []
+    sections, experiment_seconds, reused, rows, ran = [], 0.0, [], [], []
     previous = [None if args.fresh else _previous(folder, config) for _, config, _, _, folder in plan]
     expected = [0.0 if prev is not None else _expected_seconds(module.NAME, label)  # reused: no time
                 for (module, _, label, _, _), prev in zip(plan, previous)]
@@ -419,10 +423,11 @@ def main(argv=None) -> pathlib.Path:
             name = module.NAME
             results = previous[k]  # finished with this config: not run again (#22)
             if results is None:
-                print(f"reproduce: [{k + 1}/{len(plan)}] running {name} ({label}); {_whereabouts(start, expected, k)}",
-                      flush=True)
+                print(f"reproduce: [{k + 1}/{len(plan)}] running {name} ({label}); "
+                      f"{_whereabouts(start, expected, k, ran)}", flush=True)
                 results = common.run_experiment(module, config, folder, _checkpoint_arg(args.checkpoint_dir, name),
                                                 args.fresh)
+                ran.append(results["seconds"])
                 common.release_memory()  # the next experiment starts from a small heap, not on this one's
             elif k not in side_by_side:
                 print(f"reproduce: [{k + 1}/{len(plan)}] {name} finished earlier with this config: reusing "

@@ -187,6 +187,11 @@ def test_the_time_left_scales_the_measured_times_of_the_remaining_experiments(mo
     assert reproduce._whereabouts(100.0, [0.0, 10.0], 1) == "0:00:05 elapsed, about 0:00:10 left"
     assert reproduce._whereabouts(100.0, [None, None], 0) == "0:00:05 elapsed"  # nothing known: no estimate yet
     assert reproduce._whereabouts(100.0, [None, None], 1) == "0:00:05 elapsed, about 0:00:05 left"  # by count
+    # by the finished experiments' own seconds where given (the process's start is not theirs): the first took
+    # 15 s of its measured 10 (1.5x), 20 s after the process started
+    clock[0] = 120.0
+    assert reproduce._whereabouts(100.0, expected, 1, [15.0]) == "0:00:20 elapsed, about 0:01:45 left"
+    assert reproduce._whereabouts(100.0, [0.0, 10.0], 1, []) == "0:00:20 elapsed, about 0:00:10 left"  # reused only
 
 
 def test_quick_runs_are_weighed_by_their_measured_quick_times():
