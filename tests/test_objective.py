@@ -219,7 +219,19 @@ def test_a_metric_of_your_own_is_in_a_grids_frame_and_label_smoothing_is_an_axis
     frame = result.frame()
     assert {"label_smoothing", "batch_top2_error", "test_top2_error", "train_top2_error"} <= set(frame.columns)
     assert len(frame) == 4 and frame["test_top2_error"].notna().all()
-    assert "best_test_top2_error" in result.summary().columns
+    summary = result.summary()
+    assert "best_test_top2_error" in summary.columns
+    np.testing.assert_array_equal(summary.best_test_top2_error, np.nanmin(result.history["test_top2_error"], axis=1))
+    # a metric named in maximize= (by its name in metrics=, or a history entry's): best is the highest epoch's
+    for names in ("top2_error", ["test_top2_error", "batch_top2_error", "train_top2_error"]):
+        highest = result.summary(maximize=names)
+        for m in ("batch_top2_error", "train_top2_error", "test_top2_error"):
+            np.testing.assert_array_equal(highest[f"best_{m}"], np.nanmax(result.history[m], axis=1))
+        np.testing.assert_array_equal(highest.best_test_loss, summary.best_test_loss)  # the others: the lowest
+    with pytest.raises(ValueError, match=r"'accuracy' names no metric of the history \(its metrics: .*test_top2_error"):
+        result.summary(maximize=["top2_error", "accuracy"])
+    with pytest.raises(ValueError, match=r"summary\(maximize=...\): want a metric's name or a list of them, got 1"):
+        result.summary(maximize=1)
     alone, hist = make_train(config(epochs=2, label_smoothing=0.1), CLASSES, metrics={"top2_error": top2_error}).fit(0)
     row = frame.query("seed == 0 and label_smoothing == 0.1 and epoch == 2").iloc[0]
     assert row["test_top2_error"] == float(hist["test_top2_error"][-1]) and row["train_loss"] == float(hist["train_loss"][-1])

@@ -52,7 +52,8 @@ settings, runs, trainer and results.
 
 Diverged runs: the trainers freeze a run whose loss or gradient became non-finite and record its epoch
 (``diverged_epoch``, 1-based; -1 for none), and its later epochs' metrics are NaN. ``summary()`` reports, per
-run, the ``final_*`` (last epoch), ``best_*`` (lowest over the finite epochs only) and ``last_finite_*``
+run, the ``final_*`` (last epoch), ``best_*`` (lowest over the finite epochs only; the highest for the metrics
+named in ``summary(maximize=...)``, e.g. an accuracy) and ``last_finite_*``
 (the last finite epoch's value) metrics, and ``diverged_epoch`` (None when the run did not diverge).
 ``frame()`` keeps every epoch as trained (NaN after divergence) with ``diverged`` per row.
 
@@ -257,22 +258,36 @@ class GridResult:
                              "diverged": d >= 0 and e + 1 >= d, "diverged_epoch": d if d >= 0 else None})
         return pd.DataFrame(rows)
 
-    def summary(self) -> Any:
-        """A pandas DataFrame with one row per run: the labels, ``final_<m>``, ``best_<m>`` (over finite epochs;
-        the lowest, as for losses and errors) and ``last_finite_<m>`` of each metric but ``lr``, and
-        ``diverged_epoch``."""
+    def summary(self, maximize: str | Sequence[str] = ()) -> Any:
+        """A pandas DataFrame with one row per run: the labels, ``final_<m>``, ``best_<m>`` (over finite epochs)
+        and ``last_finite_<m>`` of each metric but ``lr``, and ``diverged_epoch``. ``best_<m>`` is the lowest
+        value, as for losses and errors, or the highest for the metrics named in ``maximize``: a metric's name as
+        the trainer's ``metrics=`` gave it (``summary(maximize="accuracy")``: its ``batch_``, ``train_`` and
+        ``test_`` entries) or a history entry's (``"test_accuracy"``). A name that is no metric of the history
+        is a ``ValueError`` naming it."""
         import pandas as pd
 
+        names = [m for m in self.metric_names() if m != "lr"]
+        wanted = [maximize] if isinstance(maximize, str) else maximize
+        if not isinstance(wanted, (Sequence, set, frozenset)) or not all(isinstance(w, str) for w in wanted):
+            raise ValueError(f"summary(maximize=...): want a metric's name or a list of them, got {maximize!r}")
+        highest, unknown = set(), []
+        for want in wanted:
+            hits = {m for m in names if m == want or m in (f"batch_{want}", f"train_{want}", f"test_{want}")}
+            highest |= hits
+            unknown += [want] if not hits else []
+        if unknown:
+            raise ValueError(f"summary(maximize=...): {', '.join(map(repr, unknown))} names no metric of the "
+                             f"history (its metrics: {', '.join(names)})")
         rows, diverged = [], np.asarray(self.history["diverged_epoch"]).reshape(-1)
         for label in self.grid.labels():
             r, row = label["run"], dict(label)
-            for m in self.metric_names():
-                if m == "lr":
-                    continue
+            for m in names:
                 v = np.asarray(self.history[m][r], np.float64)
                 finite = np.flatnonzero(np.isfinite(v))
+                best = np.max if m in highest else np.min
                 row[f"final_{m}"] = float(v[-1]) if len(v) else np.nan
-                row[f"best_{m}"] = float(np.min(v[finite])) if len(finite) else np.nan
+                row[f"best_{m}"] = float(best(v[finite])) if len(finite) else np.nan
                 row[f"last_finite_{m}"] = float(v[finite[-1]]) if len(finite) else np.nan
             row["diverged_epoch"] = int(diverged[r]) if diverged[r] >= 0 else None
             rows.append(row)
