@@ -259,7 +259,8 @@ class Trainer(Core):
         hooks = self.step_hook is not None or self.epoch_hook is not None
         chunks = _Chunks(epochs, chunk_epochs, one_program=not hooks)  # without hooks one program runs every length
         every = self.config.train.get("checkpoint_every", 0) if checkpoint_dir is not None else 0
-        run = self._init_fn(keys, hp)
+        seeds = keys.sharding if isinstance(keys.sharding, jax.sharding.NamedSharding) else None
+        run = self._init_fn(seeds)(keys, hp)
         ckpt, run, _ = self.open_checkpoints(checkpoint_dir, run, num + pad, resume, hp)
         stop.saving = stop.saving or ckpt is not None  # (for the message the first signal prints)
         if own and ckpt is not None:
@@ -351,9 +352,15 @@ class Trainer(Core):
                                                        *[r[name] for r in records])
         return (first_rows(run, num) if pad else run), metrics
 
-    @functools.cached_property
-    def _init_fn(self):
-        return jax.jit(jax.vmap(self.init))
+    def _init_fn(self, sharding: jax.sharding.Sharding | None = None):
+        """``(keys, hparams) -> runs``, jitted. With ``sharding`` (the seeds' over the devices), every leaf of the
+        runs is placed so, as the chunk program places its output; the first chunk then runs the program of every
+        later one. (Placed as the initialiser's program chose, zero biases and step counts replicated, the first
+        chunk compiled a program of its own: one more compilation of the largest program per sweep.)"""
+        key = ("init", sharding)
+        if key not in self._programs:
+            self._programs[key] = jax.jit(jax.vmap(self.init), out_shardings=sharding)
+        return self._programs[key]
 
     @functools.cached_property
     def _programs(self) -> dict:
