@@ -91,8 +91,7 @@ SMALL = [
     ("heatmaps = hourglass.apply(hourglass.init(key, x[..., :3]), x[..., :3], False)",
      "heatmaps = jax.jit(lambda x: hourglass.apply(hourglass.init(key, x), x, False))(x[..., :3])"),
     # Two epochs where a page trains on the on-device feeder for more (with the stated shapes that follow): its
-    # first chunk is two epochs, and its later chunks compile the chunk program once more (the initial state is
-    # placed otherwise than a chunk's output), a second compilation that two epochs leave out
+    # first chunk is two epochs, and the later chunks' training is run time that the stated results do not need
     ("batch_size=128, epochs=4), data=", "batch_size=128, epochs=2), data="),  # README, mnist1d_seeds.md
     ("# -> (3, 4); per seed and epoch", "# -> (3, 2); per seed and epoch"),
     ("trainer.model.num_blocks  # -> (4, 4)", "trainer.model.num_blocks  # -> (2, 4)"),

@@ -142,7 +142,7 @@ def test_a_finished_run_extended_from_its_checkpoint_equals_the_longer_run(tmp_p
     """Constant learning rate: 2 epochs, then ``fit(..., epochs=4)`` resumes from the checkpoint of the finished
     run and equals a run configured for 4 epochs from the start."""
     make = (lambda e: _mlp(epochs=e, learning_rate=0.05)) if feeder == "on-device" else _host_with_epochs
-    # the longer run on the on-device feeder in one chunk: a second, taking the first's outputs, compiles again
+    # the longer run on the on-device feeder in one chunk: one call of its program
     one_chunk = {"chunk_epochs": 4} if feeder == "on-device" else {}
     short, long = make(2), make(4)
     _, first = short.fit([0, 1], checkpoint_dir=tmp_path / "ckpt")
@@ -172,7 +172,7 @@ def test_extending_a_cosine_run_retimes_its_schedule(tmp_path):
                                                                                 schedule="cosine")
     _, first = short.fit([0], checkpoint_dir=tmp_path / "ckpt")
     _, extended = short.fit([0], epochs=4, checkpoint_dir=tmp_path / "ckpt")
-    _, whole = long.fit([0], chunk_epochs=4)  # one chunk: a second, taking the first's outputs, compiles again
+    _, whole = long.fit([0], chunk_epochs=4)  # one chunk: one call of its program
     np.testing.assert_allclose(extended["lr"][:, :2], first["lr"], rtol=1e-6)
     np.testing.assert_allclose(extended["lr"][:, 2:], whole["lr"][:, 2:], rtol=1e-6)
     assert not np.allclose(first["lr"], whole["lr"][:, :2])

@@ -61,7 +61,7 @@ def test_a_loss_of_your_own_equal_to_cross_entropy_trains_bit_identically(feeder
 
 def test_mse_regression_trains_with_three_seeds_and_resumes_bit_identically_after_a_sigterm(tmp_path):
     """The sweeps (``fit``'s body) on one device: the three seeds in one program, every chunk the same program (on
-    several devices 3 seeds are padded to 4, and a chunk taking another chunk's outputs compiles again)."""
+    several devices 3 seeds are padded to 4)."""
     c = config(epochs=4)
     one = jax.devices()[:1]
     full, hist = make_train(c, REGRESSION, loss="mse", metrics=("mae",)).sweep([0, 1, 2], chunk_epochs=1, devices=one)
