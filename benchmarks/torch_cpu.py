@@ -300,17 +300,17 @@ def step_worker(spec: dict) -> dict:
             keys, hp = jax.tree_util.tree_map(lambda a: jnp.concatenate([a, jnp.repeat(a[-1:], pad, 0)]), (keys, hp))
         keys, hp = shard_over_seeds((keys, hp))
         program = jax.jit(jax.vmap(lambda r, h: mtrainer.run_epochs(r, h, epochs)), donate_argnums=0)  # sweep's chunk
-        lowered = program.lower(mtrainer._init_fn()(keys, hp), hp)
+        lowered = program.lower(mtrainer._init_runs(keys, hp), hp)
         mlp = {"programs": {}, "epochs": epochs}
         for name, (options, precision) in variants.items():
             if precision:
                 with jax.default_matmul_precision(precision):
-                    low = program.lower(mtrainer._init_fn()(keys, hp), hp)
+                    low = program.lower(mtrainer._init_runs(keys, hp), hp)
             else:
                 low = lowered
             start = time.perf_counter()
             compiled = low.compile(compiler_options=options) if options else low.compile()
-            run, _ = compiled(mtrainer._init_fn()(keys, hp), hp)  # untimed first call
+            run, _ = compiled(mtrainer._init_runs(keys, hp), hp)  # untimed first call
             loss = np.asarray(run.history["train_loss"])[:num, 0]
             mlp["programs"][name] = compiled
             progress(f"compiled the sweep program: {name} ({time.perf_counter() - start:.0f} s)")
@@ -336,7 +336,7 @@ def step_worker(spec: dict) -> dict:
                 times[n].append(time.perf_counter() - t0)
                 cpu[n].append(time.process_time() - c0)
         for n in (list(sweep_times)[r % max(len(sweep_times), 1):] + list(sweep_times)[:r % max(len(sweep_times), 1)]):
-            run0 = _block(mtrainer._init_fn()(keys, hp))
+            run0 = _block(mtrainer._init_runs(keys, hp))
             t0 = time.perf_counter()
             _block(mlp["programs"][n](run0, hp))
             sweep_times[n].append(time.perf_counter() - t0)

@@ -259,8 +259,7 @@ class Trainer(Core):
         hooks = self.step_hook is not None or self.epoch_hook is not None
         chunks = _Chunks(epochs, chunk_epochs, one_program=not hooks)  # without hooks one program runs every length
         every = self.config.train.get("checkpoint_every", 0) if checkpoint_dir is not None else 0
-        seeds = keys.sharding if isinstance(keys.sharding, jax.sharding.NamedSharding) else None
-        run = self._init_fn(seeds)(keys, hp)
+        run = self._init_runs(keys, hp)
         ckpt, run, _ = self.open_checkpoints(checkpoint_dir, run, num + pad, resume, hp)
         stop.saving = stop.saving or ckpt is not None  # (for the message the first signal prints)
         if own and ckpt is not None:
@@ -351,6 +350,12 @@ class Trainer(Core):
                 metrics[name] = jax.tree_util.tree_map(lambda *c: keep(np.concatenate(c, axis=1)),
                                                        *[r[name] for r in records])
         return (first_rows(run, num) if pad else run), metrics
+
+    def _init_runs(self, keys: jax.Array, hp: dict) -> RunState:
+        """The runs' initial states for ``keys`` and ``hp`` as placed by ``shard_over_seeds``: sharded over the
+        seeds as the keys are (see ``_init_fn``)."""
+        seeds = keys.sharding if isinstance(keys.sharding, jax.sharding.NamedSharding) else None
+        return self._init_fn(seeds)(keys, hp)
 
     def _init_fn(self, sharding: jax.sharding.Sharding | None = None):
         """``(keys, hparams) -> runs``, jitted. With ``sharding`` (the seeds' over the devices), every leaf of the
