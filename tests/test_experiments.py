@@ -44,6 +44,20 @@ def test_report_lists_every_claim(quick_report):
     assert "degradation/degradation.png" in text
 
 
+def test_report_names_the_machine_its_numbers_come_from(quick_report, monkeypatch):
+    import jax
+
+    line = (quick_report / "REPORT.md").read_text().split("\n\n")[2]
+    assert line.startswith("Machine: ") and f"{os.cpu_count()} cores" in line and f"jax {jax.__version__}" in line
+    assert f"{jax.device_count()} JAX cpu device" in line
+    # the processor and its instruction-set extensions, read from /proc/cpuinfo
+    cpuinfo = "processor\t: 0\nmodel name\t: Test CPU 9000\nflags\t\t: fpu sse avx2 fma avx512f amx_tile\n"
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: __import__("io").StringIO(cpuinfo)
+                        if path == "/proc/cpuinfo" else real_open(path, *a, **k))
+    assert reproduce.machine().startswith("Test CPU 9000 (avx2, fma, avx512f, amx_tile), ")
+
+
 @pytest.mark.parametrize("name", reproduce.REGISTRY)
 def test_every_registered_experiment_follows_the_contract(name):
     import importlib
