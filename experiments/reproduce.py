@@ -338,13 +338,14 @@ def _groups(names: list, expected: list, jobs: int) -> list[list]:
 
 def _run_in_processes(groups: list[list], argv: list[str]) -> None:
     """Each group of experiments run by a process of its own (``python -m experiments.reproduce ARGV --only
-    GROUP --jobs 1 --no_report``: it writes no report; in a session of its own, so that a terminal's Ctrl-C
-    reaches this process only), all at once; wait for them. A stop signal is passed on to every process (each
+    GROUP --jobs 1 --no_report --process I/N``: it writes no report, and names itself in its progress lines,
+    ``reproduce (process I/N): [k/n] running ...``, which interleave with the other processes'; in a session of its
+    own, so that a terminal's Ctrl-C reaches this process only), all at once; wait for them. A stop signal is passed on to every process (each
     saves its training cells and stops) and this one then stops with 128 + the signal number; a process that
     failed ends this one with its exit status, once the others have finished."""
     procs = [subprocess.Popen([sys.executable, "-m", "experiments.reproduce", *argv, "--only", *g, "--jobs", "1",
-                               "--no_report"],
-                              start_new_session=True) for g in groups]
+                               "--no_report", "--process", f"{i}/{len(groups)}"],
+                              start_new_session=True) for i, g in enumerate(groups, 1)]
     received: list[int] = []
 
     def forward(signum, frame):
@@ -403,6 +404,7 @@ def main(argv=None) -> pathlib.Path:
                              "a machine of 2 or more cores, whose programs take longer to compile than to run and "
                              "compile on one core; otherwise 1: the default and --full sizes keep every core busy)")
     parser.add_argument("--no_report", action="store_true", help=argparse.SUPPRESS)  # a process of --jobs
+    parser.add_argument("--process", default=None, help=argparse.SUPPRESS)  # which one: I/N, in its progress lines
     args = parser.parse_args(argv)
     if args.jobs is not None and args.jobs < 1:
         parser.error(f"--jobs: must be at least 1, got {args.jobs}")
@@ -452,20 +454,21 @@ def main(argv=None) -> pathlib.Path:
             side_by_side.add(k)
     # SIGTERM/SIGINT: a clean exit 143/130, resumable (#22); unusable checkpoints: a message, exit 1
     # a folder another run holds: one line naming its process, exit 1 (#32)
+    who = "reproduce" if args.process is None else f"reproduce (process {args.process})"
     with common.folder_in_use_ends_the_run("reproduce"), common.unusable_checkpoints_end_the_run("reproduce"), \
             checkpoints.stop_signals("reproduce"):
         for k, (module, config, label, missing, folder) in enumerate(plan):
             name = module.NAME
             results = previous[k]  # finished with this config: not run again (#22)
             if results is None:
-                print(f"reproduce: [{k + 1}/{len(plan)}] running {name} ({label}); "
+                print(f"{who}: [{k + 1}/{len(plan)}] running {name} ({label}); "
                       f"{_whereabouts(start, expected, k, ran)}", flush=True)
                 results = common.run_experiment(module, config, folder, _checkpoint_arg(args.checkpoint_dir, name),
                                                 args.fresh)
                 ran.append(results["seconds"])
                 common.release_memory()  # the next experiment starts from a small heap, not on this one's
             elif k not in side_by_side:
-                print(f"reproduce: [{k + 1}/{len(plan)}] {name} finished earlier with this config: reusing "
+                print(f"{who}: [{k + 1}/{len(plan)}] {name} finished earlier with this config: reusing "
                       f"{folder / 'results.json'} (--fresh runs it again)", flush=True)
                 reused.append(name)
             experiment_seconds += results["seconds"]

@@ -4,6 +4,7 @@
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -36,6 +37,9 @@ def test_two_processes_give_the_results_and_the_report_of_one(tmp_path):
     done = subprocess.run([sys.executable, "-m", "experiments.reproduce", "--quick", "--jobs", "2", "--out", str(two),
                            "--only", *SMALL], env=ENV, cwd=ROOT, capture_output=True, text=True, check=True)
     assert "4 experiments in 2 processes side by side" in done.stdout and "reusing" not in done.stdout
+    # each process names itself in its progress lines, which interleave: every experiment run by one of the two
+    said = re.findall(r"^reproduce \(process (\d)/2\): \[\d/\d\] running (\w+) ", done.stdout, re.M)
+    assert sorted(n for _, n in said) == sorted(SMALL) and {p for p, _ in said} == {"1", "2"}, done.stdout
     for name in SMALL:
         assert _metrics(two, name) == _metrics(one, name), name
     report_one, report_two = ([line for line in (d / "REPORT.md").read_text().split("\n\n")[2:]
