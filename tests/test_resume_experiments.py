@@ -164,8 +164,11 @@ def test_a_stop_before_training_says_nothing_was_trained(tmp_path, capsys):
 
 
 def test_reproduce_skips_finished_experiments_and_resumes_the_interrupted_one(tmp_path, capsys):
-    """The interrupted run is a real process; the same command again, and once more, run in this process."""
-    args = ["-m", "experiments.reproduce", "--quick", "--only", "batch_noise", "tau_training"]
+    """The interrupted run is a real process; the same command again, and once more, run in this process. One
+    process (``--jobs 1``), so that batch_noise has finished when tau_training trains: with --quick's default of two
+    processes side by side, the signal could stop batch_noise too, on a loaded machine (``tests/test_reproduce_jobs.py``
+    signals a run of several processes)."""
+    args = ["-m", "experiments.reproduce", "--quick", "--jobs", "1", "--only", "batch_noise", "tau_training"]
     rc, output = _signal_at(args, tmp_path, "[tau_training] epoch 1/1")  # the first chunk: the whole tau cell
     assert rc == 128 + signal.SIGTERM, output[-3000:]
     assert _resume_command(args, tmp_path).search(output), output[-3000:]
