@@ -8,9 +8,13 @@ README install, nothing else)::
 The default run is sized to take under 8 minutes on one GPU or TPU (most of it compiling the ResNets);
 ``--quick`` (tiny sizes) is what the tests run: about 5 minutes on this project's 2-core CPU (mostly
 compiling), 90 s in ``tests/test_accelerator_benchmark.py``, which turns most XLA optimisations off. Everything is
-measured in one run, printed as tables and written as JSON (``--out``); nothing is hard-coded and nothing is
-asserted: a failed correctness check is reported (``"passed": false``), not raised. When a device is lent,
-run the default (not ``--quick``) and fill the README's accelerator table from the printed tables.
+measured in one run and nothing is hard-coded or asserted: a failed correctness check is reported
+(``"passed": false``), not raised. ``benchmarks/accelerator_check.sh`` is the prepared script for a lent machine.
+
+The sections run in this order, the cheap and telling ones first. Each prints its table when it finishes, and the
+JSON (``--out``) is written after each section and each ResNet program (``"finished": false`` until the end):
+a run stopped by a lease's time limit keeps what it measured. A section (or one ResNet program) that raises is
+recorded with its error and traceback, and the rest still run.
 
 Timing reuses ``benchmarks.throughput`` (best of ``repeats`` calls after a warm-up call) and
 ``benchmarks.resnet`` (median of timed calls, programs lowered and compiled once, XLA cost analysis).
@@ -20,17 +24,7 @@ Timing reuses ``benchmarks.throughput`` (best of ``repeats`` calls after a warm-
    ``jax.default_matmul_precision('highest')`` (true float32), float32 inputs at the default precision
    (on GPUs with TF32 and on TPUs this is a reduced-precision pass), and bfloat16 inputs. On a CPU the three
    can be close; they are reported as measured.
-2. The five ``experiments.degradation`` configs' (quick: the first one) training throughput (``throughput.training_throughput``:
-   3 seeds vmapped, batch 100, width 64, steps in one ``lax.scan``): examples/s, dense-layer GFLOP/s and
-   that as a fraction of each of the three peaks; and ``throughput.vmap_vs_sequential`` for ``plain_d32``
-   (seeds as one vmapped program against one single-seed program per seed, in turn).
-3. CIFAR ResNet-56 and ResNet-110 (quick: ResNet-8) training steps at batch 128 (quick: 8) on one device:
-   one seed, and 4 seeds (quick: 2) with ``seed_axis='vmap'`` (each seed its own batch), each with the
-   stages scanned (``scan=True``) and unrolled. Images/s (median of the timed steps), compile time, XLA's
-   FLOPs per step (``resnet.cost_flops``) and achieved FLOP/s as a fraction of the bfloat16 peak (the models
-   run in float32 at the default precision, so on an accelerator that is the relevant ceiling); and one seed
-   unrolled in mixed precision (``dtype='bfloat16'``: bfloat16 compute, float32 parameters and statistics).
-4. Correctness on the default device, every computation under ``jax.default_matmul_precision('highest')``;
+2. Correctness on the default device, every computation under ``jax.default_matmul_precision('highest')``;
    each check records the max abs and max rel difference, its tolerance (``rtol``, ``atol``: passed when
    ``|a - b| <= atol + rtol |b|`` everywhere) and passed:
    a. scan vs unrolled: a BatchNorm ``ResidualMLP`` with ``scan=True`` equals the unrolled one on the same
@@ -42,14 +36,29 @@ Timing reuses ``benchmarks.throughput`` (best of ``repeats`` calls after a warm-
       and on ``jax.devices('cpu')[0]``: the loss and every leaf of the new state. On a CPU-only machine
       both are the same CPU device (``same_device: true`` in the JSON, said in the output), so the check
       is trivial there.
+3. The five ``experiments.degradation`` configs' (quick: the first one) training throughput (``throughput.training_throughput``:
+   3 seeds vmapped, batch 100, width 64, steps in one ``lax.scan``): examples/s, dense-layer GFLOP/s and
+   that as a fraction of each of the three peaks; and ``throughput.vmap_vs_sequential`` for ``plain_d32``
+   (seeds as one vmapped program against one single-seed program per seed, in turn).
+4. CIFAR ResNet-56 and ResNet-110 (quick: ResNet-8) training steps at batch 128 (quick: 8) on one device:
+   one seed, and 4 seeds (quick: 2) with ``seed_axis='vmap'`` (each seed its own batch), each with the
+   stages scanned (``scan=True``) and unrolled. Images/s (median of the timed steps), compile time, XLA's
+   FLOPs per step (``resnet.cost_flops``) and achieved FLOP/s as a fraction of the bfloat16 peak (the models
+   run in float32 at the default precision, so on an accelerator that is the relevant ceiling); and one seed
+   unrolled in mixed precision (``dtype='bfloat16'``: bfloat16 compute, float32 parameters and statistics).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import math
 import os
+import pathlib
 import platform
+import time
+import traceback
 
 import jax
 import jax.numpy as jnp
@@ -150,20 +159,24 @@ def resnet_step(depth: int, batch_size: int, scan: bool, num_seeds: int | None, 
     return rn.summary(times, images, prog["flops"], peak, prog["compile_s"])
 
 
-def resnets(s: dict, peak_bf16: float) -> dict:
-    out = {}
+def resnet_programs(s: dict, peak_bf16: float):
+    """``(key, build)`` per ResNet program, in the order they run: each depth's four float32 programs (one seed
+    and ``seeds`` vmapped, scanned and unrolled) and then its mixed-precision one (the accelerator users'
+    setting: bfloat16 compute, float32 parameters and statistics), the shallower depth first."""
     for depth in s["depths"]:
         for seeds in (None, s["seeds"]):
             for scan in (True, False):
                 key = f"resnet{depth}/{'1 seed' if seeds is None else f'{seeds} seeds vmapped'}/" \
                       f"{'scan' if scan else 'unrolled'}"
-                out[key] = {"depth": depth, "batch_size": s["batch_size"], "seeds": seeds or 1, "scan": scan,
-                            "dtype": "float32",
-                            **resnet_step(depth, s["batch_size"], scan, seeds, s["timed_steps"], peak_bf16)}
-        out[f"resnet{depth}/1 seed/unrolled/bfloat16"] = {  # mixed precision, the accelerator users' setting
-            "depth": depth, "batch_size": s["batch_size"], "seeds": 1, "scan": False, "dtype": "bfloat16",
-            **resnet_step(depth, s["batch_size"], False, None, s["timed_steps"], peak_bf16, dtype="bfloat16")}
-    return out
+                yield key, functools.partial(_resnet_row, depth, s, seeds, scan, peak_bf16, "float32")
+        yield f"resnet{depth}/1 seed/unrolled/bfloat16", functools.partial(
+            _resnet_row, depth, s, None, False, peak_bf16, "bfloat16")
+
+
+def _resnet_row(depth: int, s: dict, seeds: int | None, scan: bool, peak_bf16: float, dtype: str) -> dict:
+    return {"depth": depth, "batch_size": s["batch_size"], "seeds": seeds or 1, "scan": scan, "dtype": dtype,
+            **resnet_step(depth, s["batch_size"], scan, seeds, s["timed_steps"], peak_bf16,
+                          dtype=None if dtype == "float32" else dtype)}
 
 
 # ---- 4. correctness --------------------------------------------------------------------------------
@@ -255,31 +268,15 @@ def correctness(s: dict) -> dict:
 # ---- report ----------------------------------------------------------------------------------------
 
 
-def report(res: dict) -> None:
-    d, pk = res["device"], res["matmul"]
-    print(f"device: {d['device_kind']} (platform {d['platform']}, {d['device_count']} device(s), jax {d['jax']})")
+def print_matmul(pk: dict) -> None:
     print_table("1. matmul peak (square n x n @ n x n, best of repeats after warm-up)",
                 ["inputs / precision", "peak GFLOP/s", "at n"],
                 [[f"{m['dtype']}, precision {m['precision']}", f"{m['peak_gflops']:.1f}",
                   max(m["sizes"], key=lambda n: m["sizes"][n]["gflops"])] for m in pk.values()])
 
-    g, s = res["degradation"], res["settings"]
-    print_table(f"2. degradation configs: {NUM_SEEDS} seeds vmapped, {s['steps']} train steps per call",
-                ["config", "examples/s", "GFLOP/s", *(f"of {h} peak" for h in PEAKS)],
-                [[name, f"{r['examples_per_s']:,.0f}", f"{r['gflops']:.2f}",
-                  *(f"{r['fraction_of_peak'][h]:.1%}" for h in PEAKS)] for name, r in g["configs"].items()])
-    v = g["vmap_vs_sequential"]
-    print(f"plain_d32, {v['seeds']} seeds: vmapped {v['vmapped']['best_s']:.3f} s, sequential "
-          f"{v['sequential']['best_s']:.3f} s, sequential / vmapped {v['sequential_over_vmapped']:.2f}x")
 
-    print_table("3. CIFAR ResNet training step, one device (median of timed steps)",
-                ["program", "images/step", "images/s", "compile (s)", "GFLOP/step", "of bf16 peak"],
-                [[k, r["images"], f"{r['images_per_s']:,.1f}", f"{r['compile_s']:.1f}",
-                  f"{r['flops_per_call'] / 1e9:.2f}", f"{r['fraction_of_peak']:.1%}"]
-                 for k, r in res["resnets"].items()])
-
-    c = res["correctness"]
-    print_table("4. correctness under jax.default_matmul_precision('highest')",
+def print_correctness(c: dict) -> None:
+    print_table("2. correctness under jax.default_matmul_precision('highest')",
                 ["check", "max abs diff", "max rel diff", "rtol", "atol", "result"],
                 [[k, f"{r['max_abs_diff']:.2e}", f"{r['max_rel_diff']:.2e}", r["rtol"], r["atol"],
                   "pass" if r["passed"] else "FAIL"] for k, r in c.items()])
@@ -288,20 +285,81 @@ def report(res: dict) -> None:
               "the CPU with itself")
 
 
+def print_degradation(g: dict, s: dict) -> None:
+    print_table(f"3. degradation configs: {NUM_SEEDS} seeds vmapped, {s['steps']} train steps per call",
+                ["config", "examples/s", "GFLOP/s", *(f"of {h} peak" for h in PEAKS)],
+                [[name, f"{r['examples_per_s']:,.0f}", f"{r['gflops']:.2f}",
+                  *(f"{r['fraction_of_peak'][h]:.1%}" for h in PEAKS)] for name, r in g["configs"].items()])
+    v = g["vmap_vs_sequential"]
+    print(f"plain_d32, {v['seeds']} seeds: vmapped {v['vmapped']['best_s']:.3f} s, sequential "
+          f"{v['sequential']['best_s']:.3f} s, sequential / vmapped {v['sequential_over_vmapped']:.2f}x")
+
+
+def print_resnets(rows: dict) -> None:
+    print_table("4. CIFAR ResNet training step, one device (median of timed steps)",
+                ["program", "images/step", "images/s", "compile (s)", "GFLOP/step", "of bf16 peak"],
+                [[k, r["images"], f"{r['images_per_s']:,.1f}", f"{r['compile_s']:.1f}",
+                  f"{r['flops_per_call'] / 1e9:.2f}", f"{r['fraction_of_peak']:.1%}"]
+                 for k, r in rows.items() if "error" not in r])
+
+
 # ---- main ------------------------------------------------------------------------------------------
 
+#: The order the sections run in: the cheap, telling ones first, so that a run stopped by a time limit (a lent
+#: machine's lease) has kept them; the ResNets, most of whose time is compilation, last.
+SECTIONS = ("matmul", "correctness", "degradation", "resnets")
 
-def run(quick: bool) -> dict:
+
+def _failure(e: BaseException) -> dict:
+    return {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+
+
+def run(quick: bool, keep=lambda res: None) -> dict:
+    """Every section in ``SECTIONS`` order. ``keep(res)`` is called after each section and each ResNet program
+    (``main`` writes the JSON there, ``"finished": false`` until the end), so a run stopped part-way has kept
+    what it measured. A section (or one ResNet program) that raises is recorded as ``{"error", "traceback"}``
+    and the others still run: one broken path on a new backend does not cost the rest of the check."""
     s = SETTINGS["quick" if quick else "default"]
     res = {"settings": {"quick": quick, **s, "degradation_seeds": NUM_SEEDS,
                         "throughput_settings": THROUGHPUT_SETTINGS["quick" if quick else "default"]},
-           "device": device_info()}
-    res["matmul"] = {how: matmul_rates(s["matmul_sizes"], s["matmul_repeats"], how) for how in PEAKS}
-    peaks = {how: m["peak_gflops"] for how, m in res["matmul"].items()}
-    res["degradation"] = degradation(s, peaks)
-    res["resnets"] = resnets(s, peaks["bfloat16"])
-    res["correctness"] = correctness(s)
+           "device": device_info(), "finished": False, "section_s": {}}
+    d = res["device"]
+    print(f"device: {d['device_kind']} (platform {d['platform']}, {d['device_count']} device(s), jax {d['jax']})",
+          flush=True)
+    peaks = dict.fromkeys(PEAKS, math.nan)
+
+    def matmul():
+        out = {how: matmul_rates(s["matmul_sizes"], s["matmul_repeats"], how) for how in PEAKS}
+        peaks.update({how: m["peak_gflops"] for how, m in out.items()})
+        return out
+
+    def resnet_rows():
+        rows = res["resnets"] = {}
+        for key, build in resnet_programs(s, peaks["bfloat16"]):
+            try:
+                rows[key] = build()
+            except Exception as e:  # noqa: BLE001 - recorded, the next program still runs
+                rows[key] = _failure(e)
+            keep(res)
+        return rows
+
+    steps = {"matmul": (matmul, print_matmul), "correctness": (lambda: correctness(s), print_correctness),
+             "degradation": (lambda: degradation(s, peaks), lambda g: print_degradation(g, res["settings"])),
+             "resnets": (resnet_rows, print_resnets)}
+    for name in SECTIONS:
+        compute, show = steps[name]
+        start = time.perf_counter()
+        try:
+            res[name] = compute()
+            show(res[name])
+        except Exception as e:  # noqa: BLE001 - recorded and reported, the next section still runs
+            res[name] = _failure(e)
+            print(f"\n{name}: FAILED\n{res[name]['traceback']}")
+        res["section_s"][name] = time.perf_counter() - start
+        print(f"({name}: {res['section_s'][name]:.0f} s)", flush=True)
+        keep(res)
     res["device"]["load_avg_1min_at_end"] = os.getloadavg()[0]
+    res["finished"] = True
     return res
 
 
@@ -311,7 +369,19 @@ def main(argv=None) -> dict:
     parser.add_argument("--quick", action="store_true", help="tiny sizes (the CPU test run: about 5 minutes here, 90 s in the tests)")
     parser.add_argument("--out", default="runs/benchmarks/accelerator.json", help="JSON output (default: %(default)s)")
     args = parser.parse_args(argv)
-    return run_and_write(lambda: run(args.quick), report, args.out)
+    out = pathlib.Path(args.out)
+
+    def keep(res: dict) -> None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(res, indent=1))
+
+    def failures(res: dict) -> None:  # the tables were printed as their sections finished
+        broken = [name for name in SECTIONS if "error" in res[name]]
+        if "error" not in res["resnets"]:
+            broken += [f"resnets/{key}" for key, row in res["resnets"].items() if "error" in row]
+        print(f"\nfailed: {', '.join(broken)}" if broken else "\nevery section ran")
+
+    return run_and_write(lambda: run(args.quick, keep), failures, args.out)
 
 
 if __name__ == "__main__":

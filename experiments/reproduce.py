@@ -15,8 +15,9 @@ the output folders) before the first one starts.
 ``--jobs N`` runs the experiments side by side in N processes of their own (each ``python -m
 experiments.reproduce ... --only <its experiments>``; the groups balanced by the experiments' measured times,
 ``QUICK_SECONDS`` and ``docs/report``), then writes the one report from their results. It is the default with
-``--quick`` on a machine of 2 or more cores (N = 2): quick programs take longer to compile than to run, and a
-compilation keeps one core busy. The default and ``--full`` sizes keep every core busy in one process (N = 1).
+``--quick`` on a CPU host of 2 or more cores (N = 2): quick programs take longer to compile than to run, and a
+compilation keeps one core busy. The default and ``--full`` sizes keep every core busy in one process (N = 1). On
+a GPU or TPU host the experiments share the one device in one process: ``--jobs`` above 1 is refused there.
 A stop signal is passed on to every process; each saves as it would alone, and the same command resumes.
 
 An experiment whose ``DIR/<name>/results.json`` records the config of this run is not run again: its
@@ -326,6 +327,20 @@ def _jax_process_count() -> int:
     return jax.process_count()
 
 
+def _backend() -> str:
+    """JAX's default backend in this process: 'cpu', 'gpu' or 'tpu'."""
+    import jax
+
+    return jax.default_backend()
+
+
+def default_jobs(size_name: str, backend: str, cores: int) -> int:
+    """``--jobs``' default: 2 for ``--quick`` on a CPU host of 2 or more cores (its small programs compile on one
+    core each), otherwise 1. On an accelerator the experiments share the device: processes side by side would
+    each claim it (a GPU's memory is preallocated by the first, a TPU opens in one process only)."""
+    return 2 if size_name == "quick" and backend == "cpu" and cores >= 2 else 1
+
+
 def _groups(names: list, expected: list, jobs: int) -> list[list]:
     """``names`` split into at most ``jobs`` groups of about equal measured time (each next longest experiment to
     the group with the least so far), each group in ``names``' order."""
@@ -400,14 +415,19 @@ def main(argv=None) -> pathlib.Path:
                         help="where the experiments checkpoint, DIR/<name> each (default: each experiment's "
                              "<folder>/checkpoints; 'none': no checkpoints, an interrupted experiment starts over)")
     parser.add_argument("--jobs", type=int, default=None, metavar="N",
-                        help="experiments run side by side in N processes of their own (default: 2 with --quick on "
-                             "a machine of 2 or more cores, whose programs take longer to compile than to run and "
-                             "compile on one core; otherwise 1: the default and --full sizes keep every core busy)")
+                        help="experiments run side by side in N processes of their own, on a CPU host (default: 2 "
+                             "with --quick on a CPU host of 2 or more cores, whose programs take longer to compile "
+                             "than to run and compile on one core; otherwise 1: the default and --full sizes keep "
+                             "every core busy, and on a GPU or TPU the experiments share the one device)")
     parser.add_argument("--no_report", action="store_true", help=argparse.SUPPRESS)  # a process of --jobs
     parser.add_argument("--process", default=None, help=argparse.SUPPRESS)  # which one: I/N, in its progress lines
     args = parser.parse_args(argv)
     if args.jobs is not None and args.jobs < 1:
         parser.error(f"--jobs: must be at least 1, got {args.jobs}")
+    backend = _backend()
+    if args.jobs is not None and args.jobs > 1 and backend != "cpu":
+        parser.error(f"--jobs {args.jobs}: processes side by side are for a CPU host; on this {backend} host each "
+                     "would claim the one device (run with --jobs 1, the default here)")
     size_name = "quick" if args.quick else "full" if args.full else "default"
     out = pathlib.Path(args.out) if args.out else pathlib.Path("runs")
     suffix = "-quick" if size_name == "quick" and not args.out else ""  # common.default_out's rule
@@ -436,7 +456,7 @@ def main(argv=None) -> pathlib.Path:
     previous = [None if args.fresh else _previous(folder, config) for _, config, _, _, folder in plan]
     expected = [0.0 if prev is not None else _expected_seconds(module.NAME, label)  # reused: no time
                 for (module, _, label, _, _), prev in zip(plan, previous)]
-    jobs = args.jobs or (2 if size_name == "quick" and (os.cpu_count() or 1) >= 2 else 1)
+    jobs = args.jobs or default_jobs(size_name, backend, os.cpu_count() or 1)
     todo = [k for k, prev in enumerate(previous) if prev is None]
     side_by_side, processes = set(), 1  # experiments run by the processes of --jobs, and how many
     if jobs > 1 and len(todo) > 1 and _jax_process_count() == 1:

@@ -63,3 +63,32 @@ def test_the_three_correctness_checks_pass_within_their_tolerances(result):
     # on this CPU-only machine the default device is the CPU: the JSON says so
     assert c["device_vs_cpu"]["same_device"] is True
     assert c["device_vs_cpu"]["max_abs_diff"] == 0.0
+
+
+def test_a_failing_section_is_recorded_and_the_rest_still_run_and_are_kept(monkeypatch):
+    """On a new backend one broken code path must not cost the rest of a lease's check: the section's error is
+    recorded, the later sections run, and the JSON is kept after each section and each ResNet program."""
+    def broken(s):
+        raise RuntimeError("no such kernel")
+
+    def program(name):
+        if name == "b":
+            raise ValueError("out of memory")
+        return {"images_per_s": 1.0}
+
+    monkeypatch.setattr(accelerator, "matmul_rates", lambda sizes, repeats, how: {"peak_gflops": 2.0})
+    monkeypatch.setattr(accelerator, "correctness", broken)
+    monkeypatch.setattr(accelerator, "degradation", lambda s, peaks: {"peaks": dict(peaks)})
+    monkeypatch.setattr(accelerator, "resnet_programs", lambda s, peak: [(k, lambda k=k: program(k)) for k in "abc"])
+    monkeypatch.setattr(accelerator, "print_degradation", lambda g, s: None)
+    monkeypatch.setattr(accelerator, "print_resnets", lambda rows: None)
+    kept = []
+    res = accelerator.run(quick=True, keep=lambda r: kept.append(json.loads(json.dumps(r, default=str))))
+    assert res["finished"] is True and list(res["section_s"]) == list(accelerator.SECTIONS)
+    assert res["correctness"]["error"] == "RuntimeError: no such kernel" and "Traceback" in res["correctness"]["traceback"]
+    assert res["degradation"] == {"peaks": {"highest": 2.0, "default": 2.0, "bfloat16": 2.0}}
+    assert res["resnets"]["b"]["error"] == "ValueError: out of memory"
+    assert res["resnets"]["a"] == res["resnets"]["c"] == {"images_per_s": 1.0}
+    # kept after matmul, correctness, degradation, each of the three programs and the resnets section
+    assert len(kept) == 7 and not any(k["finished"] for k in kept)
+    assert "correctness" not in kept[0] and "error" in kept[1]["correctness"] and list(kept[3]["resnets"]) == ["a"]

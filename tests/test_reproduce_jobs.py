@@ -95,3 +95,20 @@ def test_a_bad_jobs_value_is_refused_before_anything_runs(tmp_path, capsys):
         reproduce.main(["--quick", "--jobs", "0", "--out", str(tmp_path / "o")])
     assert err.value.code == 2 and "--jobs: must be at least 1, got 0" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_processes_side_by_side_only_on_a_cpu_host(tmp_path, capsys, monkeypatch):
+    """On a GPU or TPU host the experiments share the one device: --quick's default is one process there, and an
+    asked-for --jobs 2 is refused before anything runs (each process would claim the device: the first one's
+    preallocation leaves a GPU's memory to no other, a TPU opens in one process only)."""
+    assert reproduce.default_jobs("quick", "cpu", 2) == 2
+    assert reproduce.default_jobs("quick", "cpu", 1) == 1
+    assert reproduce.default_jobs("default", "cpu", 16) == 1
+    for backend in ("gpu", "tpu"):
+        assert reproduce.default_jobs("quick", backend, 16) == 1
+        monkeypatch.setattr(reproduce, "_backend", lambda: backend)
+        with pytest.raises(SystemExit) as err:
+            reproduce.main(["--quick", "--jobs", "2", "--out", str(tmp_path / "o")])
+        assert err.value.code == 2
+        assert f"--jobs 2: processes side by side are for a CPU host; on this {backend} host" in capsys.readouterr().err
+        assert not (tmp_path / "o").exists()
