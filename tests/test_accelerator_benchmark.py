@@ -2,6 +2,7 @@
 import json
 import math
 
+import numpy as np
 import pytest
 
 from benchmarks import accelerator
@@ -55,15 +56,30 @@ def test_throughputs_are_positive(result):
 
 def test_the_three_correctness_checks_pass_within_their_tolerances(result):
     c = result["correctness"]
-    assert set(c) == {"scan_vs_unrolled", "vmapped_sweep_vs_alone", "device_vs_cpu"}
-    for r in c.values():
+    assert set(c) == {"scan_vs_unrolled", "vmapped_sweep_vs_alone", "device_vs_float64"}
+    for r in (c["scan_vs_unrolled"], c["vmapped_sweep_vs_alone"]):
         assert r["passed"] is True
         assert r["rtol"] > 0 and r["atol"] > 0
         assert 0 <= r["max_abs_diff"] <= r["atol"] + r["rtol"] * 1e6  # finite and recorded
-    # on this CPU-only machine the default device is the CPU: the JSON says so
-    assert c["device_vs_cpu"]["same_device"] is True
-    assert c["device_vs_cpu"]["max_abs_diff"] == 0.0
+    f = c["device_vs_float64"]
+    assert f["passed"] is True and f["factor"] == 4.0
+    # the float32 step really is compared with a float64 one: a small error, not zero, on some leaf
+    assert f["dtypes"] == {"device": "float32", "cpu": "float32", "reference": "float64"}
+    assert 0 < f["cpu_error"] < 1e-2 and 0 <= f["cpu_median_error"] <= f["cpu_error"] and f["leaves"] > 10
+    # on this CPU-only machine the default device is the CPU: the JSON says so, and the two runs are one
+    assert f["same_device"] is True
+    assert f["device_error"] == f["cpu_error"] and f["device_vs_cpu"]["max_abs_diff"] == 0.0
 
+
+def test_relative_errors_are_per_leaf_norms_largest_first():
+    nan = np.nan
+    ref = {"a": np.array([3.0, 4.0]), "b": np.zeros(2), "h": np.array([1.0, nan]), "k": np.array([1, 2])}
+    got = {"a": np.array([3.0, 4.5]), "b": np.array([0.0, 0.25]), "h": np.array([1.0, nan]), "k": np.array([5, 6])}
+    errors = accelerator.relative_errors(got, ref)
+    assert [p for _, p in errors] == ["['b']", "['a']", "['h']"]  # integer leaves left out, NaN = NaN
+    assert errors[1][0] == pytest.approx(0.5 / 5.0) and errors[0][0] == pytest.approx(0.25) and errors[2][0] == 0
+    got["h"] = np.array([nan, 2.0])  # a NaN the reference does not have: an infinite error, first
+    assert accelerator.relative_errors(got, ref)[0] == (math.inf, "['h']")
 
 def test_a_failing_section_is_recorded_and_the_rest_still_run_and_are_kept(monkeypatch):
     """On a new backend one broken code path must not cost the rest of a lease's check: the section's error is
