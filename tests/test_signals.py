@@ -67,6 +67,31 @@ def test_sigint_during_the_first_compilation_stops_cleanly_10_times_in_a_row():
         _stopped_cleanly(result)
 
 
+def test_fit_runs_no_program_before_its_stop_signals_are_open(monkeypatch):
+    """The window the test above samples: between ``make_train`` returning (its own handlers closed) and the sweep's
+    ``StopSignals`` opening, ``fit`` ran ``seed_handles`` (PRNG keys made on the device: small programs compiled
+    on first use), and a SIGINT there was Python's KeyboardInterrupt from inside XLA's compilation (seen once on a
+    slow 2-core CPU, exit -2). Every seed handling now happens with the handlers open."""
+    from resjax.train.core import asks_for_seed_axis
+    from resjax.train.preemption import StopSignals
+
+    handlers = []
+    real = ondevice.seed_handles
+
+    def watched(*args, **kwargs):
+        handlers.append(getattr(signal.getsignal(signal.SIGINT), "__self__", None))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ondevice, "seed_handles", watched)
+    trainer = make_train(_config(epochs=1), _data())
+    for keys in (3, [3, 4]):
+        handlers.clear()
+        trainer.fit(keys)
+        assert handlers and all(isinstance(h, StopSignals) for h in handlers), handlers
+    assert [asks_for_seed_axis(k) for k in (3, np.int64(3), [3], (3, 4), np.array([3, 4]))] == [False] * 2 + [True] * 3
+    assert asks_for_seed_axis(jax.random.key(0)) is False and asks_for_seed_axis(jax.random.split(jax.random.key(0)))
+
+
 def test_sigint_or_sigterm_during_the_data_checks_stops_cleanly():
     """The host feeder's fit, signalled while its training source checks the first batch."""
     results = _children("checks", 2, "SIGINT,SIGTERM")

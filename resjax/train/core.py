@@ -581,6 +581,17 @@ def resume_config(config: dict) -> dict:
 ADDED = {"train.loss": "cross_entropy", "train.label_smoothing": 0.0}
 
 
+def asks_for_seed_axis(key: int | Sequence[int] | np.ndarray | jax.Array) -> bool:
+    """Whether ``key``, as ``seed_handles(key, None)`` reads it, gives runs with a leading seed axis (a list of
+    seed integers, a 1-d array of keys), worked out without running anything on a device: a caller that has not
+    yet opened its ``StopSignals`` runs no program (whose compilation a stop signal would interrupt)."""
+    if is_int(key):
+        return False
+    if isinstance(key, (list, tuple)) or (isinstance(key, np.ndarray) and key.dtype.kind in "iu"):
+        return True
+    return getattr(key, "ndim", 0) == 1
+
+
 def seed_handles(key: int | Sequence[int] | np.ndarray | jax.Array | None, num_seeds: int | None,
                  default_seed: int = 0) -> tuple[jax.Array, np.ndarray | np.integer, bool]:
     """``(keys, data_seeds, seeded)`` from a seed integer, a list of them, a typed PRNG key or keys of

@@ -62,7 +62,8 @@ from resjax.data import ArrayData, Dataset, check_finite, load_dataset
 from resjax.nn import build_model
 from resjax.train.checkpoint import closed_on_error
 from resjax.train.config import check_step_count, is_int
-from resjax.train.core import Core, check_run_config, check_targets, divergence, progress_bar, seed_handles
+from resjax.train.core import (Core, asks_for_seed_axis, check_run_config, check_targets, divergence, progress_bar,
+                               seed_handles)
 from resjax.train.distributed import to_host
 from resjax.train.monitor import resolve_log
 from resjax.train.objective import make_objective
@@ -194,7 +195,7 @@ class Trainer(Core):
         ``hparams``, ``epochs``, ``checkpoint_dir``, ``resume``, ``progress``, ``callback``, ``log``,
         ``chunk_epochs``: as ``sweep``'s. Returns ``(run, history)``."""
         keys = self.config.train.get("seed", 0) if keys is None else keys
-        _, _, seeded = seed_handles(keys, None)
+        seeded = asks_for_seed_axis(keys)  # no program before sweep's StopSignals is open (seed_handles runs some)
         run, metrics = self.sweep(keys, hparams, chunk_epochs, progress, callback, checkpoint_dir, resume,
                                   epochs=epochs, log=log)
         if seeded:
