@@ -601,12 +601,11 @@ def seed_handles(key: int | Sequence[int] | np.ndarray | jax.Array | None, num_s
         raise ValueError(f"num_seeds: must be an integer >= 1, got {num_seeds!r}")
     key = default_seed if key is None else key
     if is_int(key) or isinstance(key, (list, tuple)) or (isinstance(key, np.ndarray) and key.dtype.kind in "iu"):
+        seeded = num_seeds is not None or asks_for_seed_axis(key)
         if is_int(key):
-            seeded = num_seeds is not None
             ints = [int(key) + i for i in range(num_seeds or 1)]
         else:
             ints = [int(k) for k in np.asarray(key).reshape(-1)]
-            seeded = True
             if not ints or (num_seeds is not None and num_seeds != len(ints)):
                 raise ValueError(f"num_seeds: {num_seeds} does not match the {len(ints)} seeds given")
         if any(not 0 <= i < 2**31 for i in ints):
@@ -622,7 +621,7 @@ def seed_handles(key: int | Sequence[int] | np.ndarray | jax.Array | None, num_s
         raise ValueError(f"num_seeds: {num_seeds} does not match the {key.shape[0]} keys given")
     elif key.ndim > 1:
         raise ValueError(f"key: expected one key or a 1-d array of keys, got shape {key.shape}")
-    seeded = key.ndim == 1
+    seeded = asks_for_seed_axis(key)
     draw = lambda k: (jax.random.bits(jax.random.fold_in(k, _DATA_SEED_TAG), (), jnp.uint32) >> 1).astype(jnp.int32)  # noqa: E731
     data_seeds = np.asarray(jax.device_get(jax.vmap(draw)(key) if seeded else draw(key)))
     return key, data_seeds, seeded
