@@ -13,6 +13,7 @@ import contextlib
 import gc
 import os
 import shutil
+import sys
 import tempfile
 
 # Tests compile many tiny programs whose XLA optimisation passes cost far more than they save (initialising a
@@ -33,6 +34,13 @@ os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 # 2-core CPU, test_residual + test_batchnorm + test_tau in one process, alternating: 69.7 / 66.6 s with the
 # default thresholds, 65.2 / 63.9 s with these (about 5% less).
 gc.set_threshold(100_000, 50, 1000)
+
+# Bytecode kept: with PYTHONDONTWRITEBYTECODE set (this project's machines set it for every command), every
+# process of the run (pytest-xdist's workers, the ~150 subprocesses that start JAX) would compile every source it
+# imports again, ~1 s of CPU per JAX process; the whole suite from a fresh clone took 13.3 min so on the 2-core
+# machine, 11.1 min without it (2026-12-06). ``.ci/run`` unsets it too, for this first process's imports.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 # Tests never write to the user's cache.
 os.environ.setdefault("RESJAX_CACHE", os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "resjax"))

@@ -195,16 +195,21 @@ def test_the_time_left_scales_the_measured_times_of_the_remaining_experiments(mo
     expected = [10.0, 30.0, None, 0.0, 20.0]  # None: unknown (the mean of the known, 20); 0: reused, not run
     clock[0] = 101.0  # before the first: the measured times as they are, 10 + 30 + 20 + 0 + 20
     assert reproduce._whereabouts(100.0, expected, 0) == "0:00:01 elapsed, about 0:01:20 left"
-    clock[0] = 120.0  # the first took twice its measured time: so will the rest
-    assert reproduce._whereabouts(100.0, expected, 1) == "0:00:20 elapsed, about 0:02:20 left"
+    clock[0] = 120.0  # the first took twice its measured time: the rest (70 s measured) scaled by (20 + 8) / (10 + 8),
+    # the ratio drawn towards 1 by a prior of a tenth of the whole job's measured 80 s
+    assert reproduce.PRIOR_WEIGHT == 0.1
+    assert reproduce._whereabouts(100.0, expected, 1) == "0:00:20 elapsed, about 0:01:49 left"
     clock[0] = 105.0  # only reused ones so far: nothing to scale by
     assert reproduce._whereabouts(100.0, [0.0, 10.0], 1) == "0:00:05 elapsed, about 0:00:10 left"
     assert reproduce._whereabouts(100.0, [None, None], 0) == "0:00:05 elapsed"  # nothing known: no estimate yet
-    assert reproduce._whereabouts(100.0, [None, None], 1) == "0:00:05 elapsed, about 0:00:05 left"  # by count
+    assert reproduce._whereabouts(100.0, [None, None], 1) == "0:00:05 elapsed, about 0:00:04 left"  # by count:
+    # one of two done in 5 s, (5 + 0.2) / (1 + 0.2) for the other
     # by the finished experiments' own seconds where given (the process's start is not theirs): the first took
-    # 15 s of its measured 10 (1.5x), 20 s after the process started
+    # 15 s of its measured 10 (1.5x), 20 s after the process started: 70 * (15 + 8) / (10 + 8)
     clock[0] = 120.0
-    assert reproduce._whereabouts(100.0, expected, 1, [15.0]) == "0:00:20 elapsed, about 0:01:45 left"
+    assert reproduce._whereabouts(100.0, expected, 1, [15.0]) == "0:00:20 elapsed, about 0:01:29 left"
+    # a long run of finished experiments outweighs the prior: ten of 10 s each took 20 s: the last, 19 s
+    assert reproduce._whereabouts(100.0, [10.0] * 11, 10, [20.0] * 10) == "0:00:20 elapsed, about 0:00:19 left"
     assert reproduce._whereabouts(100.0, [0.0, 10.0], 1, []) == "0:00:20 elapsed, about 0:00:10 left"  # reused only
 
 
