@@ -303,9 +303,11 @@ def _weights(expected: list) -> list[float]:
 
 #: How much the measured times themselves weigh in the time-left estimate's scale, as a fraction of the whole job's
 #: measured time: the scale is ``(finished seconds + prior) / (their measured seconds + prior)``, so that one finished
-#: experiment (the first of a process, which also pays its warm-up: 1.9x its measured time in a quick run of
-#: 2026-12-06 where the rest took 1.1x) does not scale the whole rest by itself. Replayed on that run's log: the worst
-#: line's error +65% with no prior, +22% with 0.1; on the same log slowed 1.7x, +12% after each process's first line.
+#: experiment (the first of a process, which also pays its warm-up) does not scale the whole rest by itself. In a cold
+#: quick run of 2026-12-06 whose processes compiled every source they imported (PYTHONDONTWRITEBYTECODE set),
+#: the first experiments took 1.4-1.9x their measured times and the rest 1.1x: replayed on its log, the worst line's
+#: error was +65% with no prior, +22% with 0.1 (and +12% after each process's first line on that log slowed 1.7x).
+#: On three cold runs with bytecode kept, the worst lines were -15 to -18% either way.
 PRIOR_WEIGHT = 0.1
 
 

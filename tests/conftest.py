@@ -114,17 +114,18 @@ def release_compiled_programs():
     gc.collect()
 
 
-#: Test modules that take longest (seconds summed over their tests on this project's 2-core CPU, 2026-12-02, with the
-#: run's compiles without XLA's optimisation passes), run first: pytest-xdist hands whole modules
+#: Test modules that take longest, longest first (each over 20 s, seconds summed over its tests in a ``--junitxml``
+#: run of the whole suite on this project's 2-core CPU, 2026-12-06): pytest-xdist hands whole modules
 #: (``--dist=loadfile``) to workers in collection order, so a long module collected last would leave the other
-#: worker idle at the end. Every other module follows in name order.
-LONGEST_FIRST = ("test_multiprocess", "test_experiments", "test_resume_experiments", "test_training",
-                 "test_side_by_side", "test_interop",
-                 "test_doc_examples", "test_docs", "test_peer_training", "test_accelerator_benchmark", "test_tau",
-                 "test_reproduce_jobs", "test_experiment_cli",
-                 "test_loss_surface", "test_resnet_signal", "test_paths", "test_batchnorm", "test_grid",
-                 "test_monitor", "test_image_experiments", "test_grain_feeder", "test_residual", "test_train_core",
-                 "test_image_train", "test_compare")
+#: worker idle at the end (the list of 2026-12-02 had fallen behind: test_signals, 58 s, ran among the last).
+#: Every other module follows in name order.
+LONGEST_FIRST = ("test_doc_examples", "test_multiprocess", "test_analysis_matrix", "test_signals", "test_reproduce_jobs",
+                 "test_flax_native", "test_resnet_signal", "test_interop", "test_resume_experiments", "test_docs",
+                 "test_accelerator_benchmark", "test_grid", "test_faults", "test_image_train", "test_residual",
+                 "test_training", "test_experiments", "test_tau", "test_paths", "test_grid_settings",
+                 "test_resnet_training", "test_equality_claims", "test_import_hygiene", "test_remat", "test_batchnorm",
+                 "test_peer_training", "test_image_experiments", "test_resnet", "test_train_core",
+                 "test_mixed_precision", "test_objective")
 
 
 def pytest_collection_modifyitems(config, items):
