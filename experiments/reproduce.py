@@ -317,8 +317,8 @@ def _whereabouts(start: float, expected: list, k: int, ran: list | None = None) 
     measured times of the remaining experiments, scaled by how this run compares with them on the finished ones:
     by ``ran``, the seconds the finished experiments took (``results.json``'s ``seconds``), or else by the time
     elapsed since ``start``, which counts the process's start and JAX's too (before the first has finished: the
-    measured times as they are), the ratio drawn towards 1 by ``PRIOR_WEIGHT``; by count when no times are
-    known."""
+    measured times as they are), the ratio drawn towards 1 by ``PRIOR_WEIGHT``; by count, with no prior, when no
+    times are known."""
     from resjax.train.monitor import format_seconds
 
     elapsed = time.time() - start
@@ -327,7 +327,7 @@ def _whereabouts(start: float, expected: list, k: int, ran: list | None = None) 
     weights = _weights(expected)
     done = sum(weights[:k])
     took = sum(ran) if ran is not None else elapsed
-    prior = PRIOR_WEIGHT * sum(weights)
+    prior = PRIOR_WEIGHT * sum(weights) if any(expected) else 0.0  # by count: a count is no measured time
     scale = (took + prior) / (done + prior) if done > 0 and took > 0 else 1.0
     return f"{format_seconds(elapsed)} elapsed, about {format_seconds(sum(weights[k:]) * scale)} left"
 

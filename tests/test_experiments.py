@@ -202,8 +202,8 @@ def test_the_time_left_scales_the_measured_times_of_the_remaining_experiments(mo
     clock[0] = 105.0  # only reused ones so far: nothing to scale by
     assert reproduce._whereabouts(100.0, [0.0, 10.0], 1) == "0:00:05 elapsed, about 0:00:10 left"
     assert reproduce._whereabouts(100.0, [None, None], 0) == "0:00:05 elapsed"  # nothing known: no estimate yet
-    assert reproduce._whereabouts(100.0, [None, None], 1) == "0:00:05 elapsed, about 0:00:04 left"  # by count:
-    # one of two done in 5 s, (5 + 0.2) / (1 + 0.2) for the other
+    assert reproduce._whereabouts(100.0, [None, None], 1) == "0:00:05 elapsed, about 0:00:05 left"  # by count
+    # (one of two done in 5 s: the other too; a count is no measured time, so no prior)
     # by the finished experiments' own seconds where given (the process's start is not theirs): the first took
     # 15 s of its measured 10 (1.5x), 20 s after the process started: 70 * (15 + 8) / (10 + 8)
     clock[0] = 120.0
