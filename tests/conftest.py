@@ -10,6 +10,7 @@ worker). ``RESJAX_COMPILATION_CACHE=0`` set before pytest starts turns the cache
 """
 
 import contextlib
+import functools
 import gc
 import os
 import shutil
@@ -24,6 +25,15 @@ import tempfile
 # CPU, one module at a time (-n 0, CPU seconds): test_readme 88 -> 44, test_tau 53 -> 26, test_batchnorm
 # 45 -> 23, test_paths 38 -> 24; test_peer_training 42 -> 51 (float64 convolutions; kept optimised).
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+# XLA:CPU's older loop emitters (``--xla_cpu_use_fusion_emitters=false``) for the same reason: they compile the suite's
+# programs in about two thirds of the time of the default fusion emitters (the whole suite from a warm virtual
+# environment on the 2-core CPU, 2026-12-06: 527 -> 407 s). Every program compiled with XLA's optimisation passes on
+# (``optimized_compiles``, ``xla_optimisations(True)``: the promises about what users compile) and every program in
+# a ``default_emitters`` block is compiled with the default emitters again (``_users_codegen_when_optimised``), as a
+# user's program is: the two emitters round some fused reductions differently, so a promise of bit-identity
+# between two programs holds under the default emitters (what users run) and may fail under the loop emitters (the
+# traced momentum of test_grid_settings did). ``RESJAX_TEST_LOOP_EMITTERS=0`` before pytest starts turns this off.
+LOOP_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 # The experiments' entry points at --quick sizes compile so too (``resjax.use_every_cpu_core(fast_compile=True)``),
 # and keep what the run set here: the suite's processes all compile alike (tests compare numbers across them bit
 # for bit).
@@ -63,6 +73,44 @@ resjax.enable_compilation_cache()
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+from jax._src import compiler as _jax_compiler  # noqa: E402
+
+#: Programs compiled with XLA's default (fusion) emitters however the run's ``XLA_FLAGS`` chose: set by
+#: ``default_emitters``.
+_DEFAULT_EMITTERS = [False]
+
+
+def _loop_emitters_wanted() -> bool:
+    """The loop emitters for the run: unless ``RESJAX_TEST_LOOP_EMITTERS`` is off, ``XLA_FLAGS`` chose emitters
+    already, jaxlib is older than the flag (XLA aborts on a flag it does not know), or JAX's compile options can not
+    be given back the default emitters (``_users_codegen_when_optimised``) for the programs that need them."""
+    if os.environ.get("RESJAX_TEST_LOOP_EMITTERS", "1").strip().lower() in resjax.OFF_VALUES + ("",):
+        return False
+    if "xla_cpu_use_fusion_emitters" in os.environ.get("XLA_FLAGS", "").replace(LOOP_EMITTERS, ""):
+        return False
+    jaxlib = resjax._jaxlib_version()
+    return (jaxlib is not None and jaxlib >= resjax.CPU_XLA_FLAGS_SINCE
+            and callable(getattr(_jax_compiler, "get_compile_options", None)))
+
+
+def _users_codegen_when_optimised(get_compile_options):
+    """JAX's ``get_compile_options`` with XLA:CPU's default emitters put back (a per-program option, as
+    ``jax.jit(...).lower(...).compile({...})`` gives one) whenever XLA's optimisation passes are on or a
+    ``default_emitters`` block is open: those programs are compiled exactly as a user's are."""
+    @functools.wraps(get_compile_options)
+    def wrapped(*args, env_options_overrides=None, **kwargs):
+        if _DEFAULT_EMITTERS[0] or not jax.config.read("jax_disable_most_optimizations"):
+            env_options_overrides = {"xla_cpu_use_fusion_emitters": True, **(env_options_overrides or {})}
+        return get_compile_options(*args, env_options_overrides=env_options_overrides, **kwargs)
+    return wrapped
+
+
+# Before JAX's backend starts, which reads XLA_FLAGS once; pytest-xdist's workers and subprocesses inherit the flag
+# (a worker finds it set and wraps its own JAX's compile options).
+if _loop_emitters_wanted():
+    if LOOP_EMITTERS not in os.environ.get("XLA_FLAGS", "").split():
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {LOOP_EMITTERS}".strip()
+    _jax_compiler.get_compile_options = _users_codegen_when_optimised(_jax_compiler.get_compile_options)
 
 
 def pytest_unconfigure(config):
@@ -99,6 +147,27 @@ def fast_compiles():
     ResNet compiles in ~8 s with them, ~1 s without); modules that only check numbers of such programs
     compile without them (``jax_disable_most_optimizations``): the run's default, stated where it matters."""
     with xla_optimisations(False):
+        yield
+
+
+@contextlib.contextmanager
+def default_emitters_block():
+    """XLA:CPU's default (fusion) emitters inside the block, whatever the optimisation passes: for a promise of
+    bit-identity between two programs, which users' default compile keeps and the run's faster loop emitters (top
+    of this file) may not."""
+    old = _DEFAULT_EMITTERS[0]
+    _DEFAULT_EMITTERS[0] = True
+    try:
+        yield
+    finally:
+        _DEFAULT_EMITTERS[0] = old
+
+
+@pytest.fixture(scope="module")
+def default_emitters():
+    """``default_emitters_block`` for the module (programs in memory are dropped after each module, so none
+    compiled with the other emitters is reused)."""
+    with default_emitters_block():
         yield
 
 

@@ -18,7 +18,10 @@ from tests.small_data import separable_arrays
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _fast(fast_compiles):
+def _fast(fast_compiles, default_emitters):
+    """XLA's optimisation passes off; XLA:CPU's default emitters (not the run's loop emitters, see conftest): the
+    promises here are bit-identities between programs (a traced momentum against a constant one), which the loop
+    emitters break in the last bit of a fused evaluation loss."""
     yield
 
 
