@@ -150,6 +150,15 @@ def fast_compiles():
         yield
 
 
+def subprocess_xla_flags(device_count: int | None = None) -> str:
+    """``XLA_FLAGS`` for a JAX process that a test starts: the run's own (the loop emitters, resjax's CPU options)
+    with ``device_count`` host devices in place of the run's count (``None``: no count, the process sets its own)."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
+    if device_count is not None:
+        flags.insert(0, f"--xla_force_host_platform_device_count={device_count}")
+    return " ".join(flags)
+
+
 @contextlib.contextmanager
 def default_emitters_block():
     """XLA:CPU's default (fusion) emitters inside the block, whatever the optimisation passes: for a promise of

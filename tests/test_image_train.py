@@ -21,6 +21,7 @@ from resjax.train import (
     make_schedule,
     run_config,
 )
+from tests.conftest import subprocess_xla_flags
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -317,7 +318,7 @@ SHARDED = textwrap.dedent("""
 
 
 def test_batch_sharded_over_4_devices_equals_one_device():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "XLA_FLAGS": subprocess_xla_flags(4), "JAX_PLATFORMS": "cpu"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", SHARDED], check=False, env=env, cwd=root, capture_output=True, text=True)
     assert out.returncode == 0 and "SHARDED OK" in out.stdout, out.stderr[-3000:]

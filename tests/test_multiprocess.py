@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from resjax import launch
+from tests.conftest import subprocess_xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "multiprocess_worker.py")
@@ -32,7 +33,7 @@ TOL = 1e-5  # the issue's bound; on this CPU two processes have given bit-identi
 
 def _env(**extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COORDINATOR", "JAX_NUM_PROC", "JAX_PROCESS"))}
-    env.pop("XLA_FLAGS", None)  # each process sets its own device count
+    env["XLA_FLAGS"] = subprocess_xla_flags()  # each process sets its own device count
     env.update(PYTHONPATH=ROOT, **extra)
     return env
 

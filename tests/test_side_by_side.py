@@ -8,6 +8,8 @@ import textwrap
 
 import pytest
 
+from tests.conftest import subprocess_xla_flags
+
 # Two CPU devices need XLA_FLAGS before JAX starts: the checks run in a subprocess.
 SCRIPT = textwrap.dedent("""
     import functools, os, signal, threading, time
@@ -85,7 +87,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_side_by_side_jobs_equal_each_alone_and_stop_cleanly():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "XLA_FLAGS": subprocess_xla_flags(2), "JAX_PLATFORMS": "cpu"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=root, capture_output=True, text=True,
                           timeout=600)
