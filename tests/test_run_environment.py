@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax._src import compiler as jax_compiler
 
 from tests import conftest
 
@@ -32,7 +31,7 @@ def _emitter_options(monkeypatch, block) -> list:
     """The per-program XLA options of each program that JAX compiles inside ``block`` (a context manager), as JAX
     asks the run's ``get_compile_options`` for them."""
     seen = []
-    wrapped = jax_compiler.get_compile_options
+    wrapped = conftest._jax_compiler.get_compile_options
 
     def spy(*args, **kwargs):
         options = wrapped(*args, **kwargs)
@@ -40,12 +39,12 @@ def _emitter_options(monkeypatch, block) -> list:
         return options
 
     with monkeypatch.context() as patch, block:
-        patch.setattr(jax_compiler, "get_compile_options", spy)
+        patch.setattr(conftest._jax_compiler, "get_compile_options", spy)
         jax.jit(lambda v: jnp.tanh(v).sum()).lower(np.arange(7.0, dtype=np.float32)).compile()
     return seen
 
 
-@pytest.mark.skipif(not conftest._loop_emitters_wanted() and conftest.LOOP_EMITTERS not in os.environ["XLA_FLAGS"],
+@pytest.mark.skipif(not conftest._loop_emitters_wanted(),
                     reason="the loop emitters are off for this run (RESJAX_TEST_LOOP_EMITTERS=0, XLA_FLAGS or jaxlib)")
 def test_fast_programs_use_the_loop_emitters_and_programs_as_users_compile_them_the_default_ones(monkeypatch):
     """The run compiles with ``--xla_cpu_use_fusion_emitters=false`` (its processes inherit it), and every program
