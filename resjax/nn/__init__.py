@@ -21,7 +21,7 @@ Every name below is importable from ``resjax.nn`` (``__all__`` lists them):
   scanned parameter layouts); the settings ``ORDERS``, ``SCALINGS``, ``BLOCK_KINDS``, ``SHORTCUTS``,
   ``OPTION_A_INPUTS``, ``CIFAR_DEPTHS``, ``IMAGENET_STAGES``, ``TAU_CONVENTIONS``; tau (``resolve_tau``,
   ``check_tau_field``, ``check_tau_value``, ``check_call_tau``); and the pieces every residual block shares,
-  for writing new ones (``scale_branch``, ``close_block``, ``fixup_kernel_init``);
+  for writing new ones (``scale_branch``, ``close_block``, ``computed_once``, ``fixup_kernel_init``);
 - normalisation: ``make_norm`` (every norm by name, ``NORMS``, or any flax normalisation class or partial:
   ``nn.BatchNorm`` is given ``train`` as ``use_running_average``), ``BatchNorm`` (PyTorch's defaults,
   ``BATCHNORM_DEFAULTS``), ``GroupNorm`` (``default_groups``: the groups fit any channel count), ``is_batch_norm``,
@@ -113,6 +113,7 @@ from resjax.nn.residual import (
     check_tau_field,
     check_tau_value,
     close_block,
+    computed_once,
     concat_merge,
     fixup_kernel_init,
     residual_add,
@@ -152,7 +153,7 @@ __all__ = [
     "TakiResNet", "Transition", "UNet", "UnbiasedBatchNorm",
     # functions
     "build_model", "check_call_tau", "check_model_fields", "check_norm", "check_tau_field", "check_tau_value",
-    "cifar_resnet", "close_block", "concat_merge", "conv_kernel_weights", "default_groups", "densenet121",
+    "cifar_resnet", "close_block", "computed_once", "concat_merge", "conv_kernel_weights", "default_groups", "densenet121",
     "densenet_bc_cifar", "fixup_kernel_init", "get_bias_initializer", "get_initializer", "imagenet_resnet",
     "imagenet_tau", "is_batch_norm", "layer_dtypes", "make_norm", "moved_settings", "num_blocks_for",
     "plain_params_from_residual", "residual_add", "residual_stack", "resolve_block", "resolve_dtype", "resolve_tau",
