@@ -48,6 +48,13 @@ of ``repeats`` timed calls (all of them are in the JSON).
    training step (forward, backward, SGD update, divergence check) of one seed, from abstract shapes
    (``jax.eval_shape``), so no parameters are initialised. One measurement each (compile is not cached
    between them: every K is a new function).
+6. How a block's merge compiles: depth-32 ``ResidualMLP`` training steps (degradation's width and batch, 3 seeds
+   vmapped on one device, ``profile_steps`` steps per call) for the merges ``pre`` (skip + branch), ``pre`` with the
+   1/sqrt(2) ``rescale``, ``post`` (an activation after the sum) and ``post`` with BatchNorm, each compiled twice in
+   this sitting: as resjax builds it (the merge through ``resjax.nn.computed_once``) and with ``computed_once``
+   patched to return its first argument (the merge as it was before, an elementwise op of one operand that XLA
+   fuses into every consumer). For each: compile seconds, step time and the most operands any fusion of the
+   compiled step takes (a fusion that recomputes the stream from the stem takes about three per block).
 """
 
 from __future__ import annotations
@@ -264,6 +271,37 @@ def step_profile(model: dict, data, batch_size: int, num_seeds: int, steps: int,
     return out
 
 
+# ---- 6. the merge's compilation ---------------------------------------------------------------------
+
+MERGES = {"pre": dict(order="pre"), "pre, rescale": dict(order="pre", scaling="rescale"),
+          "post": dict(order="post"), "post, BatchNorm": dict(order="post", norm="batch")}
+
+
+def largest_fusion(hlo_text: str) -> int:
+    """The most operands any fused computation of a compiled program takes."""
+    return max((len(re.findall(r"param_\d+\.\d+:", line)) for line in hlo_text.splitlines()
+                if line.startswith("%") and "param_" in line), default=0)
+
+
+def merge_compilation(data, num_seeds: int, steps: int, repeats: int) -> dict:
+    """``MERGES`` at depth 32, each with ``computed_once`` (as resjax builds them) and without it."""
+    out = {}
+    for name, merge in MERGES.items():
+        trainer = build_trainer(dict(kind="residual_mlp", num_blocks=32, **merge), data)
+        carry, batches, hparams = seed_inputs(trainer, num_seeds, steps)
+        for variant, patch in (("computed once", contextlib.nullcontext()),
+                               ("fused into consumers", mock.patch("resjax.nn.residual.computed_once",
+                                                                   lambda out, summed: out))):
+            with patch:
+                start = time.perf_counter()
+                compiled = jax.jit(jax.vmap(train_steps_fn(trainer))).lower(carry, batches, hparams).compile()
+                compile_s = time.perf_counter() - start
+            t = time_call(compiled, carry, batches, hparams, repeats=repeats)
+            out[f"{name} / {variant}"] = {"compile_s": compile_s, "ms_per_step": t["best_s"] / steps * 1e3,
+                                          "largest_fusion": largest_fusion(compiled.as_text()), **t}
+    return out
+
+
 # ---- 4. compile time -------------------------------------------------------------------------------
 
 
@@ -340,6 +378,14 @@ def report(res: dict) -> None:
     print("kernels: top-level operations of the compiled step (fusions, dots, copies), each one launch of XLA:CPU's "
           "runtime; 'unguarded': the same step without the divergence check and freeze (guarded_step)")
 
+    m = res.get("merge_compilation")
+    if m:
+        print_table(f"6. a block's merge, ResidualMLP depth 32, width {WIDTH}, batch {BATCH_SIZE}, {NUM_SEEDS} seeds "
+                    "vmapped on one device", ["merge / its output", "compile (s)", "step (ms)", "largest fusion"],
+                    [[name, f"{r['compile_s']:.2f}", f"{r['ms_per_step']:.3f}", r["largest_fusion"]]
+                     for name, r in m.items()])
+        print("'computed once': resjax.nn.computed_once; 'fused into consumers': the merge before it (patched out)")
+
     c = res["compile"]
     print_table("4. compile time of one training step, ResidualMLP(width=64, norm='batch')",
                 ["blocks K", "mode", "trace+lower (s)", "compile (s)", "total (s)"],
@@ -379,6 +425,7 @@ def run(quick: bool) -> dict:
                                                    s["repeats"])
     res["step_profile"] = [step_profile(CONFIGS[name], data, b, NUM_SEEDS, s["profile_steps"], s["repeats"])
                            for name in ("plain_d32", "residual_bn_d32") for b in (16, 64)]
+    res["merge_compilation"] = merge_compilation(data, NUM_SEEDS, s["profile_steps"], s["repeats"])
     res["compile"] = {"scan": {str(k): compile_time(k, True, data) for k in s["scan_depths"]},
                       "unrolled": {str(k): compile_time(k, False, data) for k in s["unrolled_depths"]}}
     return res
