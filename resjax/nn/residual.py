@@ -7,7 +7,8 @@ chex asserts are enabled: after ``chex.disable_asserts()`` the same comparison i
 (shapes are static), with the same message.
 
 The pieces every residual block (``resjax.nn.block.ResidualBlock``) is made of, for writing new ones:
-``scale_branch`` (the branch scale ``s``) and ``close_block`` (the merge), and the stacking of blocks
+``scale_branch`` (the branch scale ``s``) and ``close_block`` (the merge; ``computed_once`` keeps a merge that
+ends in an elementwise op from being recomputed in every later block), and the stacking of blocks
 (``stack_blocks``, unrolled or ``nn.scan``, optionally rematerialised in segments: ``remat``;
 ``stack_unrolled``/``unstack_scanned`` between the layouts).
 The branch scale ``s`` comes from ``scaling``:
