@@ -1,5 +1,7 @@
 """The residual contract, branch scalings, scan, and use from a user's own Flax code."""
 
+from unittest import mock
+
 import chex
 import flax.linen as nn
 import jax
@@ -7,7 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from resjax.nn import ResidualBlock, ResidualMLP, concat_merge, residual_add, stack_unrolled, unstack_scanned
+import resjax.nn.residual as residual
+from benchmarks.throughput import largest_fusion
+from resjax.nn import (ResidualBlock, ResidualMLP, computed_once, concat_merge, residual_add, stack_unrolled,
+                       unstack_scanned)
+from tests.conftest import default_emitters_block, xla_optimisations
 
 
 def test_residual_add_adds_equal_shapes():
@@ -202,14 +208,6 @@ def test_concat_merge_checks_every_axis_but_the_channels():
         concat_merge(a, jnp.zeros((2, 8, 3)))
 
 
-def _largest_fusion(compiled_text: str) -> int:
-    """The most operands any fused computation of an optimised XLA program takes."""
-    import re
-
-    return max(len(re.findall(r"param_\d+\.\d+:", line)) for line in compiled_text.splitlines()
-               if line.startswith("%") and "param_" in line)
-
-
 @pytest.mark.parametrize("order, scaling", [("pre", "rescale"), ("post", "none"), ("post", "rescale"), ("pre", "none")])
 def test_a_merge_ending_in_an_elementwise_op_is_computed_once_in_unrolled_blocks(order, scaling):
     """A block ending in the 1/sqrt(2) rescale or the post activation (an elementwise op of one operand) made XLA
@@ -217,16 +215,13 @@ def test_a_merge_ending_in_an_elementwise_op_is_computed_once_in_unrolled_blocks
     recomputed the stream from the stem (a 32-block rescaled MLP's fusions took up to 97 operands and its step
     2.7x the time). ``computed_once`` keeps one array per block: no fusion of the training step then takes more
     operands than a few blocks' worth, at any depth; and the block's output is still the merge, bit for bit."""
-    from tests.conftest import default_emitters_block, xla_optimisations
-    from resjax.nn import computed_once
-
     x = jax.random.normal(jax.random.key(1), (8, 12))
     model = ResidualMLP(width=16, num_blocks=24, num_classes=4, order=order, scaling=scaling)
     params = model.init(jax.random.key(0), x, train=False)["params"]
     step = jax.jit(jax.grad(lambda p: jnp.mean(model.apply({"params": p}, x, train=True) ** 2)))
     with xla_optimisations(True), default_emitters_block():  # as users' programs compile
         text = step.lower(params).compile().as_text()
-    assert _largest_fusion(text) <= 12, f"a fusion takes {_largest_fusion(text)} operands: the stream is recomputed"
+    assert largest_fusion(text) <= 12, f"a fusion takes {largest_fusion(text)} operands: the stream is recomputed"
 
     summed = jnp.array([[1.5, -2.0, jnp.nan, 0.0]])
     for out in (summed * (1 / np.sqrt(2)), jax.nn.relu(summed)):
@@ -237,10 +232,6 @@ def test_a_merge_ending_in_an_elementwise_op_is_computed_once_in_unrolled_blocks
 def test_only_unrolled_blocks_pass_their_merge_through_computed_once(scan, remat):
     """In a scanned stack the block's output is the scan's carry, which XLA computes once anyway; there the select
     of ``computed_once`` only cost time (3% of a depth-100 tau network's epoch), so it is left out."""
-    from unittest import mock
-
-    import resjax.nn.residual as residual
-
     calls = []
 
     def spy(out, summed):
