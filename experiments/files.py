@@ -31,13 +31,23 @@ def is_main() -> bool:
     return is_main_process()
 
 
-def write_atomically(path: pathlib.Path, write: Callable[[pathlib.Path], Any]) -> None:
+def write_atomically(path: pathlib.Path, write: Callable[[pathlib.Path], Any], setting: str = "out") -> None:
     """``write(tmp)`` then ``tmp`` renamed to ``path``: ``path`` is the old file or the whole new one, never a
-    part; a failed write leaves no temporary file behind."""
+    part; a failed write leaves no temporary file behind. A write the storage refuses (a full disk, a read-only
+    file system, no permission) is ``resjax.train.storage.StorageError`` naming ``setting`` and the folder."""
+    from resjax.train.storage import raise_storage_error
+
+    path = pathlib.Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # this process's, this thread's
+    existed = path.exists()
     try:
         write(tmp)
         os.replace(tmp, path)
+    except OSError as err:
+        raise_storage_error(err, path.parent, setting, f"writing {path.name}",
+                            f"{path.name} {'keeps its previous content' if existed else 'was not written'}, and "
+                            "the checkpoints are kept: the same command writes it once there is room")
+        raise
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -79,22 +89,21 @@ def lock_folder(directory, setting: str) -> Iterator[Any]:
 def acquire(directory, setting: str):
     """``DirectoryLock(directory, setting)`` acquired (``release()`` it), or :class:`FolderInUseError` naming the
     process that holds it (see :func:`lock_folder`)."""
-    import json
-
-    from resjax.train.lock import DirectoryLock
+    from resjax.train.lock import DirectoryLock, LockHeldError
 
     lock = DirectoryLock(directory, setting)
     try:
         return lock.acquire()
-    except ValueError as err:
-        try:
-            holder = json.loads(lock.path.read_text())
-            pid, host = int(holder["pid"]), str(holder["host"])
-        except (OSError, ValueError, KeyError, TypeError):  # not a lock refusal (an unwritable folder): as it was
-            raise err from None
-        command = _command_of(pid) if host == socket.gethostname() else None
-        holder = {**holder, "command": command}
+    except LockHeldError as err:
+        if not err.holder:  # a lock file that cannot be read: the library's message names the file to remove
+            raise FolderInUseError(str(err), lock.directory, {}) from None
+        pid, host = err.holder.get("pid"), err.holder.get("host")
+        here = host == socket.gethostname()
+        command = _command_of(int(pid)) if here else None
+        holder = {**err.holder, "command": command}
+        advice = ("wait for that run to end, or use another folder" if here else
+                  f"wait for that run to end, or use another folder; if that run is gone, remove {err.path}")
         raise FolderInUseError(
             f"{setting}: {lock.directory} is in use by process {pid} on host {host} (since "
             f"{holder.get('started', '?')}" + (f"; command: {command}" if command else "") + "); nothing in it was "
-            "changed: wait for that run to end, or use another folder", lock.directory, holder) from None
+            f"changed: {advice}", lock.directory, holder) from None

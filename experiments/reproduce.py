@@ -253,8 +253,9 @@ def rebuild_report(out="runs", size_name: str = "default", names=None) -> pathli
         run_line = (f"Size: `{size_name}`. The experiments took {seconds:.0f} s in all. Rebuilt from their stored "
                     "results by `experiments.reproduce.rebuild_report`.")
     quick = size_name == "quick" or run_line.startswith("Size: `quick`")
-    path.write_text("\n".join(["# resjax reproduction report", "", run_line, ""]
-                              + front_matter(rows, len(sections), quick) + sections))
+    common.write_atomically(path, lambda tmp: tmp.write_text("\n".join(["# resjax reproduction report", "", run_line,
+                                                                          ""] + front_matter(rows, len(sections), quick)
+                                                                         + sections)))
     return path
 
 
@@ -520,7 +521,10 @@ def main(argv=None) -> pathlib.Path:
     ]
     path = out / f"REPORT{suffix}.md"
     if common.is_main() and not args.no_report:
-        path.write_text("\n".join(header + sections))
+        # whole or not at all, and a stop signal waits for the write to end (#54): never a truncated report
+        with common.folder_in_use_ends_the_run("reproduce"), checkpoints.stop_signals("reproduce"), \
+                checkpoints.signals_deferred():
+            common.write_atomically(path, lambda tmp: tmp.write_text("\n".join(header + sections)))
         print(f"reproduce: wrote {path}")
     return path
 

@@ -152,12 +152,16 @@ def unusable_checkpoints_end_the_run(name: str):
 
 @contextlib.contextmanager
 def folder_in_use_ends_the_run(name: str):
-    """An entry point's ``FolderInUseError`` (its output or checkpoint folder held by another running process:
-    ``experiments.files``) as one line naming that process, exit status 1, without a Python traceback; nothing in
-    that folder was changed."""
+    """An entry point's unusable folder as one line, exit status 1, without a Python traceback: a
+    ``FolderInUseError`` (its output or checkpoint folder held by another running process: ``experiments.files``;
+    nothing in that folder was changed), or a ``resjax.train.storage.StorageError`` (a full disk, a read-only file
+    system, no permission, while locking, saving a checkpoint or writing results: the line names the folder, what
+    to free or change and which checkpoint is intact)."""
+    from resjax.train.storage import StorageError
+
     try:
         yield
-    except FolderInUseError as err:
+    except (FolderInUseError, StorageError) as err:
         print(f"{name}: {err}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
 

@@ -3,6 +3,7 @@ use by a running process is refused at the start, naming the directory and the p
 process gone) is taken over; a directory that cannot be written is named before any training."""
 
 import json
+import pathlib
 import socket
 import subprocess
 import sys
@@ -72,3 +73,103 @@ def test_a_refused_resume_gives_the_lock_up(tmp_path):
     with pytest.raises(ValueError, match="already holds checkpoints"):
         trainer.fit(0, checkpoint_dir=tmp_path, resume=False)
     assert not (tmp_path / LOCK_FILE).exists()
+
+
+# ---- issue #54: a lock two runs can never share ---------------------------------------------------------------
+
+
+def _dead_pid() -> int:
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(gone.stdout)
+
+
+# Broken on purpose (see the closing note of #54): the lock file created with O_EXCL and then written (the old
+# acquisition) -> rounds with two holders; the takeover of a stale lock outside the directory's flock -> rounds
+# with two holders among those that begin with a stale lock.
+def test_racing_processes_never_share_a_lock(tmp_path):
+    """4 processes lock one folder at the same instant, 120 rounds (half of them begin with a stale lock, of a
+    process that has ended, that all of them find and try to take over): every round exactly one holds it."""
+    import multiprocessing
+
+    from tests import lock_racer
+
+    rounds, racers = 120, 4
+    stale = _dead_pid()
+    for r in range(0, rounds, 2):
+        _lock_as(tmp_path / f"round{r}", stale)
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(racers), ctx.Queue()
+    procs = [ctx.Process(target=lock_racer.race, args=(str(tmp_path), rounds, barrier, results)) for _ in range(racers)]
+    for p in procs:
+        p.start()
+    rows = [results.get(timeout=120) for _ in range(rounds * racers)]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    holders = {r: sum(held for rr, _, held in rows if rr == r) for r in range(rounds)}
+    assert all(n == 1 for n in holders.values()), {r: n for r, n in holders.items() if n != 1}
+    assert not list(tmp_path.glob(f"round*/{LOCK_FILE}"))  # every winner gave it up
+    assert not list(tmp_path.glob("round*/.resjax.lock.*.tmp"))  # no holder's record left behind
+
+
+def test_a_lock_file_is_never_seen_before_it_is_whole(tmp_path, monkeypatch):
+    """The lock file appears only with its whole record in it: a reader at the instant of creation (here: right
+    after the name appears, before anything else runs) finds the holder's JSON, never an empty file."""
+    import os as _os
+
+    seen = []
+    link = _os.link
+
+    def watched_link(src, dst, *a, **k):
+        link(src, dst, *a, **k)
+        seen.append(pathlib.Path(dst).read_text())
+
+    monkeypatch.setattr(_os, "link", watched_link)
+    with DirectoryLock(tmp_path):
+        pass
+    assert len(seen) == 1 and json.loads(seen[0])["pid"] == _os.getpid()
+
+
+def test_another_hosts_lock_is_refused_naming_the_file_to_remove(tmp_path):
+    """A lock from another host cannot be checked: refused, naming the lock file to remove if that run is gone,
+    by the library and by the experiments' lock (which keeps that advice), with nothing taken over."""
+    from resjax.train.lock import LockHeldError
+
+    record = {"pid": 4242, "host": "another-host.example", "started": "then", "token": "x"}
+    (tmp_path / LOCK_FILE).write_text(json.dumps(record))
+    with pytest.raises(LockHeldError, match=rf"in use by process 4242 on host another-host.example .*if that run "
+                                            rf"is gone, remove {tmp_path / LOCK_FILE}$"):
+        DirectoryLock(tmp_path).acquire()
+    with pytest.raises(common.FolderInUseError, match=rf"remove {tmp_path / LOCK_FILE}$"):
+        common.lock_folder(tmp_path, "out").__enter__()
+    assert json.loads((tmp_path / LOCK_FILE).read_text()) == record  # untouched
+
+
+def test_an_unreadable_lock_is_refused_unless_its_age_proves_it_stale(tmp_path, capsys):
+    """An empty or damaged lock file (an older resjax's, cut short) is refused naming the file while it is young;
+    older than UNREADABLE_STALE_S it is reported and taken over."""
+    import os as _os
+    import time
+
+    from resjax.train.lock import UNREADABLE_STALE_S, LockHeldError
+
+    path = tmp_path / LOCK_FILE
+    path.write_text("")
+    with pytest.raises(LockHeldError, match=rf"lock file that cannot be read \({path}, 0 bytes"):
+        DirectoryLock(tmp_path).acquire()
+    assert path.read_text() == ""
+    old = time.time() - UNREADABLE_STALE_S - 5
+    _os.utime(path, (old, old))
+    with DirectoryLock(tmp_path) as lock:
+        assert json.loads(path.read_text())["token"] == lock.token
+    assert "taking over the unreadable lock" in capsys.readouterr().err
+
+
+def test_release_leaves_another_runs_lock_alone(tmp_path):
+    """A lock given up removes the lock file only while it is its own (its token): a lock that was taken over
+    meanwhile stays."""
+    lock = DirectoryLock(tmp_path).acquire()
+    theirs = {"pid": 1, "host": socket.gethostname(), "started": "now", "token": "theirs"}
+    (tmp_path / LOCK_FILE).write_text(json.dumps(theirs))
+    lock.release()
+    assert json.loads((tmp_path / LOCK_FILE).read_text()) == theirs

@@ -47,6 +47,7 @@ import numpy as np
 
 from resjax._quiet import quiet_import, root_logger_kept
 from resjax.train.distributed import barrier, is_main_process, to_host
+from resjax.train.storage import raise_storage_error, storage_errno
 
 if TYPE_CHECKING:
     import flax.linen as nn
@@ -139,8 +140,16 @@ def _late_read_after_closed_loop(unraisable) -> bool:
     return False
 
 
+def _write_of_a_failed_save_at_exit(unraisable) -> bool:
+    """Whether an unraisable exception is a write coroutine of a failed Orbax save (``write_fragment``, left
+    pending when a full disk stopped the save, which ``Checkpoints.save`` reported as one ``StorageError``)
+    closed while Python shuts down: about ten tracebacks after that one line (#54)."""
+    return (isinstance(unraisable.exc_value, ImportError) and "Python is likely shutting down" in
+            str(unraisable.exc_value) and getattr(unraisable.object, "__qualname__", "").endswith("write_fragment"))
+
+
 def _quiet_hook(unraisable) -> None:
-    if not _late_read_after_closed_loop(unraisable):
+    if not (_late_read_after_closed_loop(unraisable) or _write_of_a_failed_save_at_exit(unraisable)):
         _quiet_hook.previous(unraisable)
 
 
@@ -151,7 +160,11 @@ class _UnretrievedReadFilter(logging.Filter):
     once in about three runs of ``test_unusable_checkpoints_end_the_run_...``). Every other record passes."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not str(record.msg).startswith("Task exception was never retrieved") or not record.exc_info:
+        message = str(record.msg)
+        if message.startswith(("Task exception was never retrieved", "Future exception was never retrieved")) \
+                and record.exc_info and storage_errno(record.exc_info[1]) is not None:
+            return False  # the writes of a save that a full disk stopped: reported once as a StorageError (#54)
+        if not message.startswith("Task exception was never retrieved") or not record.exc_info:
             return True
         tb = record.exc_info[2] if len(record.exc_info) > 2 else None
         tb = tb or getattr(record.exc_info[1], "__traceback__", None)
@@ -178,6 +191,32 @@ def _quiet_closed_loop_noise() -> None:
     asyncio_logger = logging.getLogger("asyncio")
     if _UNRETRIEVED_READS not in asyncio_logger.filters:
         asyncio_logger.addFilter(_UNRETRIEVED_READS)
+
+
+@contextlib.contextmanager
+def _writer_thread_errors_held() -> Iterator[list]:
+    """Inside the block, the ``absl`` logger's error records (Orbax's writer threads log each failed write with
+    its traceback, ``_SignalingThread.run() raised an exception``) are held in the list yielded; at the end those
+    still in it are logged as they would have been. ``Checkpoints.save`` clears the list when it reports the
+    error itself (a full disk: one ``StorageError`` instead of three thread tracebacks)."""
+    held: list[logging.LogRecord] = []
+    logger = logging.getLogger("absl")
+
+    class _Hold(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            if record.levelno >= logging.ERROR:
+                held.append(record)
+                return False
+            return True
+
+    hold = _Hold()
+    logger.addFilter(hold)
+    try:
+        yield held
+    finally:
+        logger.removeFilter(hold)
+        for record in held:
+            logger.handle(record)
 
 
 class Checkpoints:
@@ -218,10 +257,29 @@ class Checkpoints:
         meta = _json(meta or {})
         meta["integrity"] = {"arrays": array_checksums(state), "meta_sha256": _meta_sha256(meta)}
         ocp = _ocp()
-        with root_logger_kept():
-            self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_to_savable(state)),
-                                                             meta=ocp.args.JsonSave(meta)), force=True)
-            self._manager.wait_until_finished()
+        with root_logger_kept(), _writer_thread_errors_held() as held:
+            try:
+                self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_to_savable(state)),
+                                                                 meta=ocp.args.JsonSave(meta)), force=True)
+                self._manager.wait_until_finished()
+            except Exception as err:  # noqa: BLE001  (Orbax and TensorStore raise many types)
+                if storage_errno(err) is None:
+                    raise
+                held.clear()  # Orbax's writer threads logged this error with their tracebacks: said once below
+                self._discard_partial(step)
+                previous = [s for s in self.steps() if s < step]
+                raise_storage_error(err, self.directory, "checkpoint_dir", f"saving step {step}",
+                                    f"the previous checkpoint (step {previous[0]}) is intact, and the same command "
+                                    "resumes from it once there is room" if previous else
+                                    "no checkpoint of this run was saved before")
+
+    def _discard_partial(self, step: int) -> None:
+        """Remove what a failed save of ``step`` left (Orbax's temporary folder): worthless, and on a full disk
+        the space the user is asked to free."""
+        if is_main_process():
+            for name in os.listdir(self.directory):
+                if name.startswith(f"{step}.orbax-checkpoint-tmp"):
+                    shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
 
     def _step(self, step: int | None) -> int:
         step = self.latest() if step is None else int(step)

@@ -3,28 +3,60 @@
 Two runs writing one checkpoint directory corrupt each other (each one's saves are skipped as "step exists"
 or overwrite the other's), so a training run locks its checkpoint directory (``Core.open_checkpoints``) and
 an experiment its output folder (``experiments.common.run_experiment``) for as long as it runs. The lock is
-the file ``DIR/.resjax.lock``, created atomically (``O_CREAT | O_EXCL``), holding the owner's process id,
-host and start time as JSON. A second run is refused at its start with a ``ValueError`` naming the directory
-and the process that holds it. A lock whose process is no longer running on this host (killed by SIGKILL, a
-crash, a lost machine's restart) is stale: it is reported and taken over. A lock from another host cannot be
-checked and is refused with the path to remove if that run is gone. With several processes, process 0 alone
-locks (they share the directory by design).
+the file ``DIR/.resjax.lock``, holding the owner's process id, host, start time and a token unique to this
+acquisition as JSON. A second run is refused at its start with :class:`LockHeldError` (a ``ValueError``) naming
+the directory and the process that holds it. With several processes, process 0 alone locks (they share the
+directory by design).
+
+How a lock is taken (issue #54): the holder's record is written whole to a temporary file of this process, which
+is then hard-linked to ``.resjax.lock`` (``link`` fails when the name exists: create-if-absent, atomically). So
+a lock file is never seen empty or half written, by any reader; and a full disk fails while writing the record,
+before any lock file exists. Every acquirer on this host does its read-judge-take-over-create sequence while
+holding an exclusive ``flock`` on the directory itself, so two processes that find the same stale lock cannot
+both take it over (the second one finds the first one's new lock, held by a running process). Where ``flock``
+or ``link`` is not available (some network file systems), the same steps run without it (``O_EXCL`` creation).
+
+Judging a lock that is there:
+
+- its process runs on this host: refused, naming the process;
+- its process is not running on this host (killed by SIGKILL, a crash, a lost machine's restart): stale; it is
+  reported and taken over;
+- it comes from another host: that host's processes cannot be checked, so it is refused, naming the file to
+  remove if that run is gone;
+- it cannot be read (not JSON: written by an older resjax or damaged): refused, naming the file, unless its age
+  (the file's modification time) is over :data:`UNREADABLE_STALE_S`, which proves no run is still writing it;
+  then it is reported and taken over.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import pathlib
 import socket
 import sys
 import time
+import uuid
+from collections.abc import Iterator
 
-__all__ = ["LOCK_FILE", "DirectoryLock", "release_all"]
+__all__ = ["LOCK_FILE", "UNREADABLE_STALE_S", "DirectoryLock", "LockHeldError", "release_all"]
 
 #: The lock file's name inside a locked directory.
 LOCK_FILE = ".resjax.lock"
+#: An unreadable lock file older than this many seconds is stale (no run takes that long to write a few bytes).
+UNREADABLE_STALE_S = 60.0
 _HELD: list[DirectoryLock] = []  # the locks this process holds (release_all)
+
+
+class LockHeldError(ValueError):
+    """A directory locked by another process (or by a lock file that cannot be read): ``directory``, ``path``
+    (its lock file) and ``holder`` (the lock's record: ``pid``, ``host``, ``started``; empty when unreadable)."""
+
+    def __init__(self, message: str, directory: pathlib.Path, path: pathlib.Path, holder: dict) -> None:
+        super().__init__(message)
+        self.directory, self.path, self.holder = directory, path, holder
 
 
 def _running(pid: int) -> bool:
@@ -38,6 +70,28 @@ def _running(pid: int) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _acquirers_serialised(directory: pathlib.Path) -> Iterator[None]:
+    """Inside the block no other process on this host (sharing this file system) is inside it for the same
+    directory: an exclusive ``flock`` on the directory, held for the few file operations of an acquisition.
+    Where the file system cannot lock a directory, nothing is held (the lock file's atomic creation remains)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except (ImportError, OSError):
+            pass
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
 class DirectoryLock:
     """The lock of ``directory`` (see the module docstring); ``setting`` names it in messages."""
 
@@ -46,67 +100,122 @@ class DirectoryLock:
         self.path = self.directory / LOCK_FILE
         self.setting = setting
         self.held = False
+        self.token: str | None = None
 
     def acquire(self) -> DirectoryLock:
-        """Take the lock (creating the directory); ``ValueError`` when a running process holds it."""
+        """Take the lock (creating the directory); :class:`LockHeldError` when a running process holds it,
+        ``resjax.train.storage.StorageError`` when the directory cannot be written (full, read-only, no
+        permission), ``ValueError`` naming the setting for a path that cannot be a directory."""
         from resjax.train.distributed import is_main_process
+        from resjax.train.storage import probe_writable
 
         if not is_main_process():
             return self
-        try:  # a path through a file, a read-only or full disk: found here, before any training
-            self.directory.mkdir(parents=True, exist_ok=True)
-            probe = self.directory / f".resjax.probe.{os.getpid()}"
-            probe.write_text("")
-            probe.unlink()
-        except OSError as err:
-            raise ValueError(f"{self.setting}: cannot write into {self.directory} ({err.strerror or err})") from None
-        owner = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-        for _ in range(3):  # a stale lock removed, or a racing run's lock gone, then one more try
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                self._refuse_or_clear()
-                continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(owner, f)
-            self.held = True
-            _HELD.append(self)
-            return self
+        probe_writable(self.directory, self.setting)  # a full, read-only or forbidden folder: found here
+        token = uuid.uuid4().hex
+        owner = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                 "token": token}
+        record = self.directory / f".resjax.lock.{os.getpid()}.{token[:8]}.tmp"
+        self._write_record(record, owner)
+        try:
+            with _acquirers_serialised(self.directory):
+                for _ in range(3):  # a stale lock removed, or a racing run's lock gone, then one more try
+                    if self._create(record):
+                        self.held, self.token = True, token
+                        _HELD.append(self)
+                        return self
+                    self._refuse_or_clear()
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                record.unlink()
         raise ValueError(f"{self.setting}: could not lock {self.directory} (its lock file {self.path} keeps coming "
                          "back)")
 
+    def _write_record(self, record: pathlib.Path, owner: dict) -> None:
+        from resjax.train.storage import raise_storage_error
+
+        try:
+            with open(record, "x") as f:
+                f.write(json.dumps(owner))
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                record.unlink()
+            raise_storage_error(err, self.directory, self.setting, "writing its lock file")
+            raise ValueError(f"{self.setting}: cannot write into {self.directory} ({err.strerror or err})") from None
+
+    def _create(self, record: pathlib.Path) -> bool:
+        """``record`` in place as the lock file, atomically and only if there is none; whether it was."""
+        try:
+            os.link(record, self.path)
+            return True
+        except FileExistsError:
+            return False
+        except OSError as err:
+            if err.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV, errno.EMLINK):
+                raise
+        try:  # a file system without hard links: exclusive creation, then the record written into it
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            f.write(record.read_text())
+        return True
+
     def _refuse_or_clear(self) -> None:
         try:
-            held = json.loads(self.path.read_text())
-            pid, host = int(held["pid"]), str(held["host"])
+            text = self.path.read_text()
+            age = time.time() - self.path.stat().st_mtime
         except FileNotFoundError:
             return  # released meanwhile
-        except (ValueError, KeyError, TypeError, OSError):
-            held, pid, host = {}, -1, socket.gethostname()  # unreadable (cut short by a kill): stale
+        except OSError as err:
+            raise LockHeldError(f"{self.setting}: the lock file {self.path} cannot be read ({err.strerror or err}); "
+                                f"if no run uses {self.directory}, remove it", self.directory, self.path, {}) from None
+        try:
+            held = json.loads(text)
+            pid, host = int(held["pid"]), str(held["host"])
+        except (ValueError, KeyError, TypeError):
+            if age < UNREADABLE_STALE_S:
+                raise LockHeldError(
+                    f"{self.setting}: {self.directory} has a lock file that cannot be read ({self.path}, "
+                    f"{len(text)} bytes, written {age:.0f} s ago); if no run uses that folder, remove it",
+                    self.directory, self.path, {}) from None
+            print(f"resjax: {self.setting}: taking over the unreadable lock of {self.directory} (its lock file is "
+                  f"{age:.0f} s old)", file=sys.stderr, flush=True)
+            self._remove_stale()
+            return
         here = host == socket.gethostname()
         if here and pid > 0 and pid != os.getpid() and _running(pid):
-            raise ValueError(f"{self.setting}: {self.directory} is in use by process {pid} (since "
-                             f"{held.get('started', '?')}); wait for that run to end or use another directory")
+            raise LockHeldError(f"{self.setting}: {self.directory} is in use by process {pid} (since "
+                                f"{held.get('started', '?')}); wait for that run to end or use another directory",
+                                self.directory, self.path, held)
         if not here:
-            raise ValueError(f"{self.setting}: {self.directory} is in use by process {pid} on host {host} (since "
-                             f"{held.get('started', '?')}); if that run is gone, remove {self.path}")
+            raise LockHeldError(f"{self.setting}: {self.directory} is in use by process {pid} on host {host} (since "
+                                f"{held.get('started', '?')}); if that run is gone, remove {self.path}",
+                                self.directory, self.path, held)
         print(f"resjax: {self.setting}: taking over the stale lock of {self.directory} (process {pid} is not "
               "running)", file=sys.stderr, flush=True)
-        try:
+        self._remove_stale()
+
+    def _remove_stale(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
-        except FileNotFoundError:
-            pass
 
     def release(self) -> None:
-        """Give the lock up (nothing when it is not held)."""
+        """Give the lock up (nothing when it is not held); the lock file is removed only while it is this
+        acquisition's (its token), never another run's."""
         if self.held:
             self.held = False
             if self in _HELD:
                 _HELD.remove(self)
             try:
-                self.path.unlink()
-            except FileNotFoundError:
-                pass
+                mine = json.loads(self.path.read_text()).get("token") == self.token
+            except (OSError, ValueError, AttributeError):
+                mine = False
+            if mine:
+                with contextlib.suppress(FileNotFoundError):
+                    self.path.unlink()
 
     def __enter__(self) -> DirectoryLock:
         return self.acquire()

@@ -120,12 +120,13 @@ class RunLog:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
         with _FILE_LOCK:  # cells side by side (resjax.train.side_by_side) share the file
-            lines = self.path.read_text().splitlines(keepends=True) if self.path.exists() else []
+            lines = self._lines()
             keep = [line for line in lines if not self._later(line, done)]
             if len(keep) != len(lines):
                 tmp = self.path.with_name(f".{METRICS_FILE}.{os.getpid()}.tmp")
-                tmp.write_text("".join(keep))
-                os.replace(tmp, self.path)
+                with self._storage_refusal("rewriting"):
+                    tmp.write_text("".join(keep))
+                    os.replace(tmp, self.path)
         if history and done:
             logged = {self._epoch(line) for line in keep} - {None}
             history = {k: np.asarray(v) if np.ndim(v) > 1 else np.asarray(v)[None] for k, v in history.items()}
@@ -134,6 +135,39 @@ class RunLog:
                 self.write(0, {k: v[:, :done] for k, v in history.items()})
             for epoch in missing if len(missing) < done else ():
                 self.write(epoch - 1, {k: v[:, epoch - 1:epoch] for k, v in history.items()})
+
+    def _lines(self) -> list[str]:
+        """The lines of the metrics file (none when there is none). A file that cannot be read (bytes that are
+        not UTF-8, a folder in its place) is set aside as ``metrics.jsonl.unreadable`` (numbered if that exists)
+        with a message naming both, and the run goes on with a new file: a resumed cell writes its epochs again
+        from its checkpoint's history (``start``), so nothing the checkpoint holds is lost (#54)."""
+        if not self.path.exists() and not self.path.is_symlink():
+            return []
+        try:
+            return self.path.read_text().splitlines(keepends=True)
+        except (UnicodeDecodeError, OSError) as err:
+            aside, n = self.path.with_name(f"{METRICS_FILE}.unreadable"), 1
+            while aside.exists():
+                aside, n = self.path.with_name(f"{METRICS_FILE}.unreadable-{n}"), n + 1
+            os.replace(self.path, aside)
+            reason = err.reason if isinstance(err, UnicodeDecodeError) else (err.strerror or str(err))
+            print(f"resjax: log: {self.path} cannot be read ({reason}); set aside as {aside}, and a new file is "
+                  "started (a resumed run writes its epochs again from its checkpoint)", file=sys.stderr, flush=True)
+            return []
+
+    @contextlib.contextmanager
+    def _storage_refusal(self, doing: str) -> Iterator[None]:
+        """A write of the metrics file refused by the storage (full, read-only, no permission) as
+        ``resjax.train.storage.StorageError`` naming the folder."""
+        from resjax.train.storage import raise_storage_error
+
+        try:
+            yield
+        except OSError as err:
+            raise_storage_error(err, self.directory, "log", f"{doing} {METRICS_FILE}",
+                                "the run's checkpoints are kept: the same command resumes from the newest once "
+                                "there is room")
+            raise
 
     def _epoch(self, line: str) -> int | None:
         """The epoch of a line of this cell (None for another cell's, or a line cut short)."""
@@ -170,7 +204,7 @@ class RunLog:
                 row.update(elapsed_s=round(elapsed, 3), time=round(now, 3))
                 rows.append(row)
         self.directory.mkdir(parents=True, exist_ok=True)
-        with _FILE_LOCK, open(self.path, "a") as f:
+        with _FILE_LOCK, self._storage_refusal("appending to"), open(self.path, "a") as f:
             f.write("".join(json.dumps(row) + "\n" for row in rows))
             f.flush()
         if self.tensorboard:

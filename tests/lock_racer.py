@@ -1,0 +1,22 @@
+"""A process of ``test_locks.test_racing_processes_never_share_a_lock``: in every round it locks the round's folder
+at the same instant as the other racers (a barrier), reports whether it holds the lock while every racer has tried,
+then gives it up. Imports only the lock (no JAX computation), so the race is between file operations."""
+
+import os
+import pathlib
+
+
+def race(root: str, rounds: int, barrier, results) -> None:
+    from resjax.train.lock import DirectoryLock
+
+    for r in range(rounds):
+        lock = DirectoryLock(pathlib.Path(root) / f"round{r}", "out")
+        barrier.wait()  # every racer starts its acquisition at once
+        try:
+            lock.acquire()
+        except ValueError:  # held by another racer
+            pass
+        barrier.wait()  # every racer has tried while the winner still holds it
+        results.put((r, os.getpid(), lock.held))
+        barrier.wait()
+        lock.release()
