@@ -101,7 +101,7 @@ def _raise(code: int, directory, setting: str, doing: str, intact: str | None, e
     free = free_bytes(directory) if code in (errno.ENOSPC, errno.EDQUOT) else None
     message = (f"{setting}: could not write into {os.fspath(directory)} while {doing}: {what}"
                + (f" ({_size(free)} free)" if free is not None else "") + f"; {fix}"
-               + (f". {intact[0].upper()}{intact[1:]}" if intact else "") + ".")
+               + (f"; {intact}" if intact else "") + ".")
     raise StorageError(message, code, directory, setting) from err
 
 
