@@ -1,16 +1,15 @@
-"""A process of ``test_locks.test_racing_processes_never_share_a_lock``: in every round it locks the round's folder
+"""A process of ``test_locks.test_racing_processes_never_share_a_lock`` (and of ``test_buckets``' race on S3): in every round it locks the round's folder
 at the same instant as the other racers (a barrier), reports whether it holds the lock while every racer has tried,
 then gives it up. Imports only the lock (no JAX computation), so the race is between file operations."""
 
 import os
-import pathlib
 
 
 def race(root: str, rounds: int, barrier, results) -> None:
     from resjax.train.lock import DirectoryLock
 
     for r in range(rounds):
-        lock = DirectoryLock(pathlib.Path(root) / f"round{r}", "out")
+        lock = DirectoryLock(f"{root.rstrip('/')}/round{r}", "out")  # a local folder or a bucket URL
         barrier.wait()  # every racer starts its acquisition at once
         try:
             lock.acquire()

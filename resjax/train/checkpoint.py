@@ -47,6 +47,7 @@ import numpy as np
 
 from resjax._quiet import quiet_import, root_logger_kept
 from resjax.train.distributed import barrier, is_main_process, to_host
+from resjax.paths import as_path, filesystem, is_url, remove_tree
 from resjax.train.storage import raise_storage_error, storage_errno
 
 if TYPE_CHECKING:
@@ -226,7 +227,9 @@ class Checkpoints:
         if keep is not None and (not isinstance(keep, int) or keep < 1):
             raise ValueError(f"checkpoint_keep: must be an integer >= 1 or None, got {keep!r}")
         _quiet_closed_loop_noise()  # Orbax's tracebacks after a refused step would bury resjax's message
-        self.directory = os.path.abspath(os.fspath(directory))
+        # a local folder (absolute) or a bucket URL (resjax.paths: Orbax and TensorStore write there themselves)
+        self.directory = os.fspath(directory) if is_url(directory) else os.path.abspath(os.fspath(directory))
+        self._path = as_path(self.directory, "checkpoint_dir")
         self.lock = None  # a training run's DirectoryLock (resjax.train.lock), released by close()
         ocp = _ocp()
         with root_logger_kept():
@@ -245,9 +248,8 @@ class Checkpoints:
     def steps(self) -> list[int]:
         """Every step folder on disk, newest first, including ones Orbax would not list (an empty folder,
         one whose commit marker is missing): those are reported as damaged when read."""
-        names = os.listdir(self.directory) if os.path.isdir(self.directory) else []
-        return sorted((int(n) for n in names if n.isdigit() and os.path.isdir(os.path.join(self.directory, n))),
-                      reverse=True)
+        folders = [p for p in self._path.iterdir() if p.name.isdigit()] if self._path.is_dir() else []
+        return sorted((int(p.name) for p in folders if p.is_dir()), reverse=True)
 
     def save(self, step: int, state: Any, meta: dict | None = None) -> None:
         """Save ``state`` as ``step`` with ``meta`` and the checksums (an existing step is left as it is)."""
@@ -277,9 +279,10 @@ class Checkpoints:
         """Remove what a failed save of ``step`` left (Orbax's temporary folder): worthless, and on a full disk
         the space the user is asked to free."""
         if is_main_process():
-            for name in os.listdir(self.directory):
-                if name.startswith(f"{step}.orbax-checkpoint-tmp"):
-                    shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+            for folder in self._path.iterdir():
+                if folder.name.startswith(f"{step}.orbax-checkpoint-tmp"):
+                    with contextlib.suppress(OSError):
+                        remove_tree(folder)
 
     def _step(self, step: int | None) -> int:
         step = self.latest() if step is None else int(step)
@@ -291,9 +294,9 @@ class Checkpoints:
         """The JSON saved beside the state at ``step`` (default: the newest), verified against its checksum
         (``CheckpointError`` when it cannot be read or does not match)."""
         step = self._step(step)
-        folder = os.path.join(self.directory, str(step))
-        if not os.path.isdir(os.path.join(folder, "meta")) or not os.path.isdir(os.path.join(folder, "state")):
-            missing = [n for n in ("state", "meta") if not os.path.isdir(os.path.join(folder, n))]
+        folder = self._path / str(step)
+        if not (folder / "meta").is_dir() or not (folder / "state").is_dir():
+            missing = [n for n in ("state", "meta") if not (folder / n).is_dir()]
             raise CheckpointError(self.directory, step, f"the step folder has no {' and no '.join(missing)} "
                                   "(an interrupted or damaged save)")
         ocp = _ocp()
@@ -336,13 +339,19 @@ class Checkpoints:
 
     def set_aside(self, step: int) -> str:
         """Move a damaged step folder to ``DIR/damaged/<step>`` (numbered if that exists); returns the new path."""
-        target = os.path.join(self.directory, "damaged", str(step))
+        target = self._path / "damaged" / str(step)
         n = 1
-        while os.path.exists(target):
-            target, n = os.path.join(self.directory, "damaged", f"{step}-{n}"), n + 1
+        while target.exists():
+            target, n = self._path / "damaged" / f"{step}-{n}", n + 1
         if is_main_process():  # one process moves it; the others wait until it is gone
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            shutil.move(os.path.join(self.directory, str(step)), target)
+            if is_url(self.directory):  # a bucket has no folders to rename: its objects are moved
+                fs, inner = filesystem(self.directory)
+                fs.mv(f"{inner.rstrip('/')}/{step}", f"{inner.rstrip('/')}/damaged/{target.name}", recursive=True)
+                fs.invalidate_cache()
+            else:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                shutil.move(os.path.join(self.directory, str(step)), target)
+        target = os.fspath(target)
         barrier(f"resjax_set_aside_{step}")
         with root_logger_kept():
             self._manager.reload()
@@ -437,6 +446,8 @@ def check_free_space(directory: str | os.PathLike, needed: int, setting: str = "
     """Warn (``RuntimeWarning``) naming ``setting`` and ``directory`` when the disk holding
     it has less than ``needed`` bytes free (``shutil.disk_usage``): found before training instead of at the
     first save, after it. Returns whether there is room; a directory whose disk cannot be asked passes."""
+    if is_url(directory):  # a bucket has no free-space figure to ask
+        return True
     path = os.path.abspath(os.fspath(directory))
     while not os.path.exists(path) and os.path.dirname(path) != path:  # the disk of the nearest existing folder
         path = os.path.dirname(path)
@@ -473,7 +484,7 @@ def _json(value):
 
 def latest(directory: str | os.PathLike) -> int | None:
     """The newest step saved in ``directory``, or None (also when the directory does not exist)."""
-    if not os.path.isdir(directory):
+    if not as_path(directory, "checkpoint_dir").is_dir():
         return None
     with Checkpoints(directory) as ckpt:
         return ckpt.latest()

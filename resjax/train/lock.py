@@ -16,7 +16,18 @@ holding an exclusive ``flock`` on the directory itself, so two processes that fi
 both take it over (the second one finds the first one's new lock, held by a running process). Where ``flock``
 or ``link`` is not available (some network file systems), the same steps run without it (``O_EXCL`` creation).
 
-Judging a lock that is there:
+On a bucket (``gs://``, ``s3://``: ``resjax.paths``) there is no ``O_EXCL``, no ``link`` and no process id to
+check, so the lock is an object created only if absent, with the store's own precondition (GCS
+``ifGenerationMatch=0``, S3 ``If-None-Match: *``), holding the same record and a lease: the holder rewrites it
+every ``lease/3`` seconds (on the condition that it is still the version the holder wrote: GCS
+``ifGenerationMatch``, S3 ``If-Match``), so a run that is alive keeps it. A lock whose lease has run out (the
+object not rewritten for ``lease`` seconds: a lost VM) is taken over with a message, by a conditional rewrite that
+only one taker can win; a live one is refused naming its holder. The lease is :data:`LEASE_S` seconds
+(``RESJAX_LOCK_LEASE_S`` overrides it). The local GCS emulator the tests use ignores preconditions, so there the
+race between two runs starting at the same instant is not excluded; the same protocol is raced against an S3
+server that honours them (``tests/test_buckets.py``).
+
+Judging a lock that is there (in a local folder):
 
 - its process runs on this host: refused, naming the process;
 - its process is not running on this host (killed by SIGKILL, a crash, a lost machine's restart): stale; it is
@@ -41,12 +52,14 @@ import time
 import uuid
 from collections.abc import Iterator
 
-__all__ = ["LOCK_FILE", "UNREADABLE_STALE_S", "DirectoryLock", "LockHeldError", "release_all"]
+__all__ = ["LEASE_S", "LOCK_FILE", "UNREADABLE_STALE_S", "DirectoryLock", "LockHeldError", "release_all"]
 
 #: The lock file's name inside a locked directory.
 LOCK_FILE = ".resjax.lock"
 #: An unreadable lock file older than this many seconds is stale (no run takes that long to write a few bytes).
 UNREADABLE_STALE_S = 60.0
+#: Seconds a bucket lock's lease lasts without renewal (renewed every third of it while the run lives).
+LEASE_S = 60.0
 _HELD: list[DirectoryLock] = []  # the locks this process holds (release_all)
 
 
@@ -96,11 +109,14 @@ class DirectoryLock:
     """The lock of ``directory`` (see the module docstring); ``setting`` names it in messages."""
 
     def __init__(self, directory: str | os.PathLike, setting: str = "checkpoint_dir") -> None:
-        self.directory = pathlib.Path(directory)
+        from resjax.paths import as_path, is_url
+
+        self.directory = as_path(directory, setting)
         self.path = self.directory / LOCK_FILE
         self.setting = setting
         self.held = False
         self.token: str | None = None
+        self._bucket = _BucketLock(self) if is_url(self.directory) else None
 
     def acquire(self) -> DirectoryLock:
         """Take the lock (creating the directory); :class:`LockHeldError` when a running process holds it,
@@ -110,6 +126,11 @@ class DirectoryLock:
         from resjax.train.storage import probe_writable
 
         if not is_main_process():
+            return self
+        if self._bucket is not None:
+            self._bucket.acquire()
+            self.held, self.token = True, self._bucket.token
+            _HELD.append(self)
             return self
         probe_writable(self.directory, self.setting)  # a full, read-only or forbidden folder: found here
         token = uuid.uuid4().hex
@@ -209,6 +230,9 @@ class DirectoryLock:
             self.held = False
             if self in _HELD:
                 _HELD.remove(self)
+            if self._bucket is not None:
+                self._bucket.release()
+                return
             try:
                 mine = json.loads(self.path.read_text()).get("token") == self.token
             except (OSError, ValueError, AttributeError):
@@ -229,3 +253,161 @@ def release_all() -> None:
     stop signal, ``experiments.checkpoints``), so the next run finds no stale lock."""
     for lock in list(_HELD):
         lock.release()
+
+
+class _BucketLock:
+    """The lock of a bucket folder (see the module docstring): a create-if-absent object with a renewed lease."""
+
+    def __init__(self, lock: DirectoryLock) -> None:
+        self.lock = lock
+        self.token: str | None = None
+        self.version: str | None = None  # the generation (GCS) or ETag (S3) of the object this run wrote last
+        self._stop = None
+        self._thread = None
+
+    def _store(self):
+        from resjax.paths import filesystem
+
+        fs, inner = filesystem(self.lock.path)
+        return fs, inner
+
+    def _record(self) -> bytes:
+        lease = float(os.environ.get("RESJAX_LOCK_LEASE_S", LEASE_S))
+        return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": self.started,
+                           "token": self.token, "lease_s": lease}).encode()
+
+    def acquire(self) -> None:
+        from resjax.paths import check_url
+
+        check_url(self.lock.directory, self.lock.setting)  # reachable, the bucket there, writable: before training
+        self.token, self.started = uuid.uuid4().hex, time.strftime("%Y-%m-%d %H:%M:%S")
+        fs, key = self._store()
+        for _ in range(3):
+            current = _object(fs, key)
+            if current is None:
+                try:
+                    self.version = _put(fs, key, self._record(), create=True)
+                except FileExistsError:  # another run created it first: judged in the next round
+                    continue
+            else:
+                self._judge(current)  # refuses a live holder; returns when its lease has run out
+                try:
+                    self.version = _put(fs, key, self._record(), match=current["version"])
+                except FileExistsError:  # another run took it over first
+                    continue
+            mine = _object(fs, key)
+            if mine is not None and mine["record"].get("token") == self.token:
+                self._renew_in_background()
+                return
+        raise ValueError(f"{self.lock.setting}: could not lock {self.lock.directory} (its lock object "
+                         f"{self.lock.path} keeps changing)")
+
+    def _judge(self, current: dict) -> None:
+        held, age = current["record"], current["age"]
+        lease = float(held.get("lease_s", LEASE_S)) if isinstance(held, dict) else LEASE_S
+        who = (f"process {held.get('pid', '?')} on host {held.get('host', '?')} (since {held.get('started', '?')})"
+               if isinstance(held, dict) and held else "an unreadable lock object")
+        if age < lease:
+            raise LockHeldError(
+                f"{self.lock.setting}: {self.lock.directory} is in use by {who}, whose lease was renewed {age:.0f} s "
+                f"ago; if that run is gone, the lock is taken over {lease:.0f} s after its last renewal, or remove "
+                f"{self.lock.path}", self.lock.directory, self.lock.path, held if isinstance(held, dict) else {})
+        print(f"resjax: {self.lock.setting}: taking over the lock of {self.lock.directory} from {who}: its lease "
+              f"ran out {age - lease:.0f} s ago (renewed every {lease / 3:.0f} s while a run lives)",
+              file=sys.stderr, flush=True)
+
+    def _renew_in_background(self) -> None:
+        import threading
+
+        self._stop = threading.Event()
+        lease = float(os.environ.get("RESJAX_LOCK_LEASE_S", LEASE_S))
+
+        def renew() -> None:
+            fs, key = self._store()
+            while not self._stop.wait(lease / 3):
+                try:
+                    self.version = _put(fs, key, self._record(), match=self.version)
+                except FileExistsError:
+                    print(f"resjax: {self.lock.setting}: the lock of {self.lock.directory} was taken over by another "
+                          "run (this run's lease had run out); this run no longer holds it", file=sys.stderr,
+                          flush=True)
+                    return
+                except Exception as err:  # noqa: BLE001  (a network hiccup: the next renewal tries again)
+                    print(f"resjax: {self.lock.setting}: could not renew the lease of {self.lock.path} ({err})",
+                          file=sys.stderr, flush=True)
+
+        self._thread = threading.Thread(target=renew, name="resjax-lock-lease", daemon=True)
+        self._thread.start()
+
+    def release(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+            self._thread.join(timeout=30)
+        fs, key = self._store()
+        current = _object(fs, key)
+        if current is not None and current["record"].get("token") == self.token:
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm_file(key)
+
+
+def _object(fs, key: str) -> dict | None:
+    """The lock object at ``key``: ``{"record", "version", "age"}`` (its JSON, or {} when unreadable; the
+    generation or ETag; seconds since it was last written), None when there is none."""
+    fs.invalidate_cache()
+    try:
+        info = fs.info(key)
+        data = fs.cat_file(key)
+    except FileNotFoundError:
+        return None
+    try:
+        record = json.loads(data)
+        record = record if isinstance(record, dict) else {}
+    except ValueError:
+        record = {}
+    version = info.get("generation") or info.get("ETag") or info.get("etag")
+    written = info.get("updated") or info.get("LastModified") or info.get("mtime")
+    return {"record": record, "version": None if version is None else str(version), "age": _age(written)}
+
+
+def _age(written) -> float:
+    import datetime
+
+    if written is None:
+        return float("inf")
+    if isinstance(written, str):
+        written = datetime.datetime.fromisoformat(written.replace("Z", "+00:00"))
+    if isinstance(written, datetime.datetime):
+        if written.tzinfo is None:
+            written = written.replace(tzinfo=datetime.timezone.utc)
+        return max(0.0, time.time() - written.timestamp())
+    return max(0.0, time.time() - float(written))
+
+
+def _put(fs, key: str, data: bytes, create: bool = False, match: str | None = None) -> str | None:
+    """Write the object ``key`` only if it is absent (``create``) or still at version ``match``; returns its new
+    version. ``FileExistsError`` when the condition does not hold (another run wrote it)."""
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    bucket, _, name = key.partition("/")
+    if protocol in ("gs", "gcs"):
+        # one multipart upload (the object's name, then its bytes), as gcsfs's own simple_upload sends it, with
+        # the generation precondition; gcsfs raises FileExistsError for the store's 412
+        body = (f'--==0==\nContent-Type: application/json; charset=UTF-8\n\n{json.dumps({"name": name})}\n--==0==\n'
+                "Content-Type: application/json\n\n").encode() + data + b"\n--==0==--"
+        out = fs.call("POST", f"{fs._location}/upload/storage/v1/b/{bucket}/o", uploadType="multipart", data=body,
+                      headers={"Content-Type": 'multipart/related; boundary="==0=="'}, json_out=True,
+                      ifGenerationMatch="0" if create else str(match))
+        return str(out.get("generation"))
+    if protocol in ("s3", "s3a"):
+        condition = {"IfNoneMatch": "*"} if create else {"IfMatch": match}
+        try:
+            out = fs.call_s3("put_object", Bucket=bucket, Key=name, Body=data, **condition)
+        except OSError as err:
+            if "pre-condition" in str(err) or "PreconditionFailed" in str(err) or isinstance(err, FileExistsError):
+                raise FileExistsError(key) from None
+            raise
+        return out.get("ETag")
+    # another file system: no precondition to ask for; check, then write (no protection against a race)
+    if create and fs.exists(key):
+        raise FileExistsError(key)
+    fs.pipe_file(key, data)
+    return None

@@ -42,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from resjax.paths import as_path, is_url, write_atomically
+
 __all__ = ["METRICS_FILE", "Progress", "RunLog", "current_log", "format_seconds", "log_to", "progress_bar",
            "resolve_log"]
 
@@ -81,7 +83,7 @@ class RunLog:
                  progress: bool = False) -> None:
         if directory is None or str(directory) == "":
             raise ValueError("log: needs a directory, got an empty path")
-        self.directory = pathlib.Path(directory)
+        self.directory = as_path(directory, "log")  # a local folder or a bucket URL (resjax.paths)
         if self.directory.exists() and not self.directory.is_dir():
             raise ValueError(f"log: {self.directory} is a file, not a directory")
         self.path = self.directory / METRICS_FILE
@@ -123,10 +125,9 @@ class RunLog:
             lines = self._lines()
             keep = [line for line in lines if not self._later(line, done)]
             if len(keep) != len(lines):
-                tmp = self.path.with_name(f".{METRICS_FILE}.{os.getpid()}.tmp")
                 with self._storage_refusal("rewriting"):
-                    tmp.write_text("".join(keep))
-                    os.replace(tmp, self.path)
+                    write_atomically(self.path, lambda tmp: tmp.write_text("".join(keep)),
+                                     f".{METRICS_FILE}.{os.getpid()}.tmp")
         if history and done:
             logged = {self._epoch(line) for line in keep} - {None}
             history = {k: np.asarray(v) if np.ndim(v) > 1 else np.asarray(v)[None] for k, v in history.items()}
@@ -141,7 +142,7 @@ class RunLog:
         not UTF-8, a folder in its place) is set aside as ``metrics.jsonl.unreadable`` (numbered if that exists)
         with a message naming both, and the run goes on with a new file: a resumed cell writes its epochs again
         from its checkpoint's history (``start``), so nothing the checkpoint holds is lost (#54)."""
-        if not self.path.exists() and not self.path.is_symlink():
+        if not self.path.exists() and not (isinstance(self.path, pathlib.Path) and self.path.is_symlink()):
             return []
         try:
             return self.path.read_text().splitlines(keepends=True)
@@ -149,7 +150,7 @@ class RunLog:
             aside, n = self.path.with_name(f"{METRICS_FILE}.unreadable"), 1
             while aside.exists():
                 aside, n = self.path.with_name(f"{METRICS_FILE}.unreadable-{n}"), n + 1
-            os.replace(self.path, aside)
+            self.path.rename(aside)
             reason = err.reason if isinstance(err, UnicodeDecodeError) else (err.strerror or str(err))
             print(f"resjax: log: {self.path} cannot be read ({reason}); set aside as {aside}, and a new file is "
                   "started (a resumed run writes its epochs again from its checkpoint)", file=sys.stderr, flush=True)
@@ -204,9 +205,14 @@ class RunLog:
                 row.update(elapsed_s=round(elapsed, 3), time=round(now, 3))
                 rows.append(row)
         self.directory.mkdir(parents=True, exist_ok=True)
-        with _FILE_LOCK, self._storage_refusal("appending to"), open(self.path, "a") as f:
-            f.write("".join(json.dumps(row) + "\n" for row in rows))
-            f.flush()
+        text = "".join(json.dumps(row) + "\n" for row in rows)
+        with _FILE_LOCK, self._storage_refusal("appending to"):
+            if is_url(self.path):  # an object cannot be appended to: written again whole (one request: whole or old)
+                self.path.write_text((self.path.read_text() if self.path.exists() else "") + text)
+            else:
+                with open(self.path, "a") as f:
+                    f.write(text)
+                    f.flush()
         if self.tensorboard:
             writer = self._tensorboard()
             for row in rows:
