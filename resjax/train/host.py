@@ -530,6 +530,9 @@ def make_image_train(config: ml_collections.ConfigDict, train_source: Any, test_
         check_targets(objective, model, tuple(train_source.image_shape), y_train, y_test, "data",
                       {"label_smoothing": 0.0} if t.get("label_smoothing", 0.0) else None,
                       samples=not isinstance(train_source, ArraySource))
+    if t.get("steps", 0):
+        raise ValueError(f"train.steps: {t.steps}: step runs are the on-device feeder's (make_train) for now; the "
+                         "host feeder counts its runs in epochs (train.steps = 0)")
     steps = train_source.num_batches(t.batch_size, drop_remainder=True)
     check_step_count(t.epochs, int(steps))
     x = jax.ShapeDtypeStruct((2, *train_source.image_shape), jnp.float32)

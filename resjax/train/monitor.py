@@ -75,7 +75,11 @@ def _number(v: Any) -> float | None:
 
 class RunLog:
     """A metrics file (``metrics.jsonl``) and, optionally, TensorBoard event files in ``directory``; see
-    the module docstring. ``cell``: the name written on every line (``cell()`` gives a copy for another)."""
+    the module docstring. ``cell``: the name written on every line (``cell()`` gives a copy for another).
+    ``step_period``: set by a step run (``train.steps``), whose "epochs" are periods of that many steps: every line
+    also carries ``step``, the steps done at the end of its period."""
+
+    step_period: int | None = None
 
     def __init__(self, directory: str | os.PathLike, cell: str | None = None, tensorboard: bool = False,
                  progress: bool = False) -> None:
@@ -166,6 +170,8 @@ class RunLog:
         for e in range(epochs):
             for r in range(runs):
                 row = {"cell": self.name, "run": r, "epoch": first + e + 1}
+                if self.step_period:
+                    row["step"] = (first + e + 1) * self.step_period
                 row.update({k: _number(v[r, e]) for k, v in shaped.items()})
                 row.update(elapsed_s=round(elapsed, 3), time=round(now, 3))
                 rows.append(row)
