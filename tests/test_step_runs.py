@@ -133,3 +133,65 @@ def test_settings_that_do_not_fit_a_step_run_are_refused_by_name(settings, name)
 def test_the_host_feeder_refuses_a_step_run_by_name():
     with pytest.raises(ValueError, match="train.steps"):
         make_image_train(_config(steps=10), _data())
+
+
+#: The last commit before step runs (issue #52): the epoch runs of the code before them.
+BEFORE_STEP_RUNS = "738a673"
+OLD_RUN = """
+import sys, pickle, jax, numpy as np
+sys.path.insert(0, sys.argv[1])
+from tests.test_step_runs import epoch_runs
+pickle.dump(epoch_runs(), open(sys.argv[2], "wb"))
+"""
+
+
+def epoch_runs() -> dict:
+    """Two epoch runs (BatchNorm MLP evaluated every epoch; plain MLP under Adam evaluated every 2nd), chunked:
+    their parameters, history and metrics as numpy."""
+    import resjax
+    out = {"resjax": resjax.__file__}
+    for name, model, t in (("bn", MODEL, dict(epochs=4)),
+                           ("plain", dict(kind="plain_mlp", width=8, depth=2), dict(epochs=5, eval_every=2))):
+        run, metrics = make_train(_config(**t) if name == "plain" else run_config(model, train_config(
+            batch_size=16, epochs=4)), _data()).sweep(jax.random.split(jax.random.key(3), 2), chunk_epochs=2)
+        out[name] = (jax.tree_util.tree_map(np.asarray, (run.state.params, run.history)),
+                     {k: np.asarray(v) for k, v in metrics.items()})
+    return out
+
+
+# Broken on purpose: an epoch run's permutation from fold_in(run.key, run.epoch + 1) (Trainer.train_epoch): fails.
+# (Taking the step-run branch for every run would not break it: a period of one epoch is the epoch, bit for bit.)
+def test_an_epoch_run_equals_the_code_before_step_runs_bit_for_bit(tmp_path):
+    """The code of the commit before step runs (``git archive``) and this code run the same epoch runs in two
+    processes (the same XLA settings): parameters, history and metrics equal bit for bit."""
+    import pickle
+    import shutil
+    import subprocess
+    import sys
+    import tarfile
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if shutil.which("git") is None or not os.path.exists(os.path.join(root, ".git")):
+        pytest.skip("needs the git history (git archive of the commit before step runs)")
+    archive = tmp_path / "old.tar"
+    with open(archive, "wb") as f:
+        done = subprocess.run(["git", "-C", root, "archive", BEFORE_STEP_RUNS, "resjax"], stdout=f)
+    if done.returncode:
+        pytest.skip(f"commit {BEFORE_STEP_RUNS} not in this clone's history")
+    old = tmp_path / "old"
+    with tarfile.open(archive) as tar:
+        tar.extractall(old, filter="data")
+    shutil.copytree(os.path.join(root, "tests"), old / "tests")  # this file's epoch_runs, run by the old library
+    env = {**os.environ, "PYTHONPATH": str(old)}
+    results = {}
+    for label, path in (("old", str(old)), ("new", root)):
+        env["PYTHONPATH"] = path
+        subprocess.run([sys.executable, "-c", OLD_RUN, path, str(tmp_path / f"{label}.pkl")], cwd=path, env=env,
+                       check=True, timeout=600)
+        results[label] = pickle.load(open(tmp_path / f"{label}.pkl", "rb"))
+    assert results["old"]["resjax"].startswith(str(old)) and results["new"]["resjax"].startswith(root)
+    for name in ("bn", "plain"):
+        (old_state, old_metrics), (new_state, new_metrics) = results["old"][name], results["new"][name]
+        assert _same(old_state, new_state)
+        assert sorted(old_metrics) == sorted(new_metrics)
+        assert all(np.array_equal(old_metrics[k], new_metrics[k], equal_nan=True) for k in old_metrics)
