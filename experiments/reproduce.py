@@ -65,6 +65,8 @@ REGISTRY = (
     "taki_init",
     # image training (seeds 003, 004): need CIFAR prepared; otherwise a synthetic stand-in, "not measured"
     "cifar_tau", "taki_cifar",
+    # MNIST-1D's own paper (Greydanus 2020): its model table
+    "mnist1d_models",
 )
 
 
