@@ -195,3 +195,11 @@ def test_an_epoch_run_equals_the_code_before_step_runs_bit_for_bit(tmp_path):
         assert _same(old_state, new_state)
         assert sorted(old_metrics) == sorted(new_metrics)
         assert all(np.array_equal(old_metrics[k], new_metrics[k], equal_nan=True) for k in old_metrics)
+
+
+# Broken on purpose: Progress.update printing epochs for a step run (`if self.step_period` -> `if False`): fails.
+def test_progress_lines_of_a_step_run_count_steps(capsys):
+    make_train(_config(steps=6, eval_every_steps=3), _data()).sweep(jax.random.split(jax.random.key(0), 1),
+                                                                    chunk_epochs=1, progress="cell")
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[cell]")]
+    assert [line.split(" (")[0] for line in lines] == ["[cell] step 3/6", "[cell] step 6/6"]

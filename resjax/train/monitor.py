@@ -241,7 +241,10 @@ def resolve_log(log: RunLog | str | os.PathLike | None, progress: Any) -> tuple[
 class Progress:
     """One progress display for both feeders: a tqdm bar (``progress`` True or a label) on a terminal, plain
     lines when stderr is not one (see the module docstring), or ``progress(epochs_done, summary)`` called with
-    the last epoch's metrics (numpy, per seed)."""
+    the last epoch's metrics (numpy, per seed). ``step_period`` (a step run's, set by its feeder): the lines count
+    steps, ``step 500/6000``, where an epoch run's count epochs (the callback still gets the periods done)."""
+
+    step_period: int | None = None
 
     def __init__(self, total: int, done: int, progress: bool | str | Callable[[int, dict], None],
                  stream: Any = None) -> None:
@@ -275,7 +278,8 @@ class Progress:
             elapsed = time.time() - self.start
             rate = elapsed / (done - self.first) if done > self.first else math.nan
             left = rate * (self.total - done)
-            print(f"[{self.label}] epoch {done}/{self.total} ({100 * done / self.total:.0f}%) "
+            k, unit = (self.step_period, "step") if self.step_period else (1, "epoch")
+            print(f"[{self.label}] {unit} {k * done}/{k * self.total} ({100 * done / self.total:.0f}%) "
                   f"{format_seconds(elapsed)} "
                   f"elapsed, ~{format_seconds(left)} left; " + " ".join(f"{k} {v}" for k, v in post.items()),
                   flush=True)

@@ -301,6 +301,8 @@ class Trainer(Core):
             if log is not None:  # a resumed cell's epochs missing from the file are written from its history
                 log.start(done, {k: v[:num] for k, v in self.history(run).items() if k in run.history} if done else None)
         records, bar, trained, ready = [], progress_bar(epochs, done, progress), False, set()
+        if bar is not None and self.is_step_run:
+            bar.step_period = self.steps_per_epoch  # its lines count steps
         convolutions = None  # whether the chunk program convolves on a CPU (see SlowFeederWarning)
 
         def stopping():  # after a chunk (or, before the first, a compilation): save or say what is lost, and stop
