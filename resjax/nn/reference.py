@@ -42,6 +42,7 @@ import jax.numpy as jnp
 
 from resjax.nn.block import ResidualBlock
 from resjax.nn.init import get_bias_initializer, get_initializer
+from resjax.nn.precision import layer_dtypes, resolve_dtype
 from resjax.nn.residual import check_positive
 from resjax.nn.signal import as_signal
 
@@ -56,77 +57,90 @@ def _flat(x: jax.Array) -> jax.Array:
     return as_signal(x).reshape(x.shape[0], -1)
 
 
-def _dense(features: int, fan_in: int, name: str) -> nn.Dense:
+def _param_dtype(module: nn.Module) -> Any:
+    """The module's ``param_dtype`` as flax's layers take it (``None``: float32)."""
+    return layer_dtypes(None, module.param_dtype)["param_dtype"]
+
+
+def _dense(features: int, fan_in: int, name: str, param_dtype: Any = jnp.float32) -> nn.Dense:
     """A linear layer initialised as PyTorch's ``nn.Linear`` (kernel and bias U(+-1/sqrt(fan_in)))."""
     return nn.Dense(features, kernel_init=get_initializer(TORCH), bias_init=get_bias_initializer(TORCH, fan_in),
-                    name=name)
+                    name=name, param_dtype=param_dtype)
 
 
-class LogisticRegression(nn.Module):
-    """Multinomial logistic regression: ``W x + b`` on the flattened signal (see the module docstring)."""
+class _Reference(nn.Module):
+    """What the reference models share: ``num_classes`` and ``param_dtype`` (every parameter's dtype, flax's
+    ``param_dtype``: ``None``, float32, or one of ``DTYPES``), checked at construction. They compute in float32
+    (``dtype`` is not theirs: ``build_model`` drops a float32 one and refuses a half one), except the GRU's
+    recurrence under a half ``param_dtype``, which runs in that dtype (flax's cell keeps its carry in it)."""
 
     num_classes: int = 10
+    param_dtype: Any = None
 
     def __post_init__(self):
         check_positive("num_classes", self.num_classes)
+        resolve_dtype(self.param_dtype, "param_dtype")
         super().__post_init__()
+
+
+class LogisticRegression(_Reference):
+    """Multinomial logistic regression: ``W x + b`` on the flattened signal (see the module docstring)."""
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool | None = None) -> jax.Array:
         """The logits ``(batch, num_classes)``; ``train`` is accepted and unused (no norm)."""
         h = _flat(x)
-        return _dense(self.num_classes, h.shape[-1], "linear")(h)
+        return _dense(self.num_classes, h.shape[-1], "linear", _param_dtype(self))(h)
 
 
 class _LinearRelu(nn.Module):
     """The reference MLP's branch: ``relu(W h + b)`` (PyTorch's default initialisation)."""
 
     features: int
+    param_dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, h: jax.Array, train: bool | None = None) -> jax.Array:
-        return nn.relu(_dense(self.features, h.shape[-1], "linear")(h))
+        return nn.relu(_dense(self.features, h.shape[-1], "linear", self.param_dtype)(h))
 
 
-class ReferenceMLP(nn.Module):
+class ReferenceMLP(_Reference):
     """The MNIST-1D paper's MLP: ``relu(W1 x)``, one residual block ``h + relu(W2 h)``, ``W3 h`` (module docstring).
 
     Sows ``stem_out`` (the first layer's activated output) and the block's ``block_out``, as resjax's MLPs do."""
 
     width: int = 100
-    num_classes: int = 10
 
     def __post_init__(self):
         check_positive("width", self.width)
-        check_positive("num_classes", self.num_classes)
         super().__post_init__()
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool | None = None) -> jax.Array:
         """The logits ``(batch, num_classes)``; ``train`` is accepted and unused (no norm)."""
         h = _flat(x)
-        h = nn.relu(_dense(self.width, h.shape[-1], "stem")(h))
+        dtype = _param_dtype(self)
+        h = nn.relu(_dense(self.width, h.shape[-1], "stem", dtype)(h))
         self.sow("intermediates", "stem_out", h)
-        h = ResidualBlock(self.width, branch=_LinearRelu(self.width), post_activation=False, name="blocks_0")(h, train)
-        return _dense(self.num_classes, self.width, "head")(h)
+        h = ResidualBlock(self.width, branch=_LinearRelu(self.width, dtype), post_activation=False,
+                          param_dtype=self.param_dtype, name="blocks_0")(h, train)
+        return _dense(self.num_classes, self.width, "head", dtype)(h)
 
 
-class ReferenceCNN(nn.Module):
+class ReferenceCNN(_Reference):
     """The MNIST-1D paper's CNN: three stride-2 1-D convolutions with relu, flatten, linear (module docstring).
 
     Attributes:
         channels: every convolution's output channels. Default 25.
         kernel_sizes: the three kernels. Default ``(5, 3, 3)``.
-        num_classes: default 10.
+        num_classes: default 10; param_dtype: every parameter's dtype (``None``: float32), as ``_Reference``'s.
     """
 
     channels: int = 25
     kernel_sizes: tuple[int, ...] = (5, 3, 3)
-    num_classes: int = 10
 
     def __post_init__(self):
         check_positive("channels", self.channels)
-        check_positive("num_classes", self.num_classes)
         if not self.kernel_sizes:
             raise ValueError("kernel_sizes: need at least one convolution, got ()")
         for k in self.kernel_sizes:
@@ -140,28 +154,27 @@ class ReferenceCNN(nn.Module):
         for i, k in enumerate(self.kernel_sizes):
             fan_in = k * h.shape[-1]
             h = nn.Conv(self.channels, (k,), strides=(2,), padding=[(1, 1)], kernel_init=get_initializer(TORCH),
-                        bias_init=get_bias_initializer(TORCH, fan_in), name=f"conv_{i}")(h)
+                        bias_init=get_bias_initializer(TORCH, fan_in), name=f"conv_{i}",
+                        param_dtype=_param_dtype(self))(h)
             h = nn.relu(h)
         h = h.reshape(h.shape[0], -1)
-        return _dense(self.num_classes, h.shape[-1], "head")(h)
+        return _dense(self.num_classes, h.shape[-1], "head", _param_dtype(self))(h)
 
 
-class ReferenceGRU(nn.Module):
+class ReferenceGRU(_Reference):
     """The MNIST-1D paper's GRU: a bidirectional GRU over the positions, flattened, linear (module docstring).
 
     Attributes:
         hidden: the GRU's state size per direction. Default 6.
         bidirectional: default ``True`` (the reference's).
-        num_classes: default 10.
+        num_classes: default 10; param_dtype: every parameter's dtype (``None``: float32), as ``_Reference``'s.
     """
 
     hidden: int = 6
     bidirectional: bool = True
-    num_classes: int = 10
 
     def __post_init__(self):
         check_positive("hidden", self.hidden)
-        check_positive("num_classes", self.num_classes)
         if not isinstance(self.bidirectional, bool):
             raise ValueError(f"bidirectional: must be True or False, got {self.bidirectional!r}")
         super().__post_init__()
@@ -169,7 +182,8 @@ class ReferenceGRU(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, train: bool | None = None) -> jax.Array:
         """The logits ``(batch, num_classes)``; ``train`` is accepted and unused."""
-        h = as_signal(x)
+        # flax's cell keeps its carry in the parameters' dtype: with a half param_dtype the recurrence runs in it
+        h = as_signal(x).astype(_param_dtype(self))
         bound = 1.0 / math.sqrt(self.hidden)
 
         def uniform(key: jax.Array, shape: Any, dtype: Any = jnp.float32) -> jax.Array:
@@ -177,7 +191,7 @@ class ReferenceGRU(nn.Module):
 
         def rnn(name: str) -> nn.RNN:
             cell = nn.GRUCell(self.hidden, kernel_init=uniform, recurrent_kernel_init=uniform, bias_init=uniform,
-                               name=f"{name}_cell")
+                              param_dtype=_param_dtype(self), name=f"{name}_cell")
             return nn.RNN(cell, name=name)
 
         if self.bidirectional:
@@ -185,4 +199,4 @@ class ReferenceGRU(nn.Module):
         else:
             h = rnn("gru")(h)
         h = h.reshape(h.shape[0], -1)
-        return _dense(self.num_classes, h.shape[-1], "head")(h)
+        return _dense(self.num_classes, h.shape[-1], "head", _param_dtype(self))(h)
