@@ -39,6 +39,14 @@ The rule is not adjusted after the run; a row outside it is reported as it came 
 The other claims: CNN > MLP > logistic on normal data (means), and the CNN's advantage gone on shuffled data
 (the shuffled CNN's mean no higher than the shuffled MLP's, where on normal data it is above it).
 
+Measured at the default size (2026-12-06, a shared 2-core CPU, 1,399 s, the cells two side by side): 9 of the 10
+claims hold. Test accuracy, mean +- std of 3 seeds, normal / shuffled: logistic 31.3 +- 0.1 / 31.3 +- 0.0, MLP
+63.8 +- 2.3 / 65.0 +- 2.3, CNN 93.1 +- 0.9 / 59.8 +- 1.8, GRU 88.9 +- 2.0 / 49.2 +- 0.7; residual MLP 64.5 +- 1.8
+/ 67.9 +- 1.7, 1-D ResNet 97.7 +- 0.2 / 54.7 +- 1.1. Outside its tolerance: the shuffled GRU (49.2 against the
+published 57, tolerance 2.0). Nothing was changed after the run. A shuffled row depends on which permutation of the
+positions it is (the paper's came from numpy's global state, resjax's is seed 0), which the seeds' spread does not
+show; the GRU's cell also differs from PyTorch's (its biases, above).
+
 ``--quick``: 100 steps evaluated every 50, 2 seeds, logistic, MLP and CNN only (a pipeline check, not a
 reproduction).
 
@@ -273,7 +281,7 @@ def plot(m: dict, config, path) -> None:
     bars.set_title("The MNIST-1D paper's model table (README 'benchmarks'): normal and shuffled positions;\n"
                    "dots: single seeds; red: the published accuracy", fontsize=10)
     bars.grid(axis="y", alpha=0.3)
-    bars.legend(fontsize=8, loc="upper left")
+    bars.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)  # below: the bars stay clear
     steps = np.asarray(m["eval_steps"])
     for i, r in enumerate(shown):
         for d, style in (("normal", "-"), ("shuffled", "--")):
