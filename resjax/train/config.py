@@ -25,7 +25,7 @@ fields:
                      ``milestones``, ``decay_factor``, ``warmup_epochs`` (see ``resjax.train.schedules``)
   batch_size, epochs, eval_batch_size (host feeder: evaluation batches)
   steps              0 (default): the run is ``epochs`` epochs; > 0: the run is this many minibatch steps
-                     instead (a step run; on-device feeder), ``epochs`` unused (see "Step runs" below)
+                     instead (a step run; both feeders), ``epochs`` unused (see "Step runs" below)
   eval_every_steps   a step run's evaluation period: evaluate after every k-th step and after the last; 0
                      (default): once, after the last step. ``steps`` must be a multiple of it
   eval_every         evaluate after every k-th epoch and after the last (default 1: every epoch); the history's
@@ -54,7 +54,10 @@ bit for bit), with ``shuffle=False`` of the examples in their stored order (the 
 reference recipe; an epoch run on the on-device feeder always shuffles, as before). Settings that count epochs
 are refused in a step run (``ValueError`` naming them): ``eval_every`` other than 1, a ``'step'``/``'fixup'``
 or ``'cosine'`` schedule, ``milestones``, ``warmup_epochs``; an optax schedule by name counts steps and is
-allowed. Step runs are the on-device feeder's (``make_train``); the host feeder refuses ``steps > 0``.
+allowed. Both feeders run step runs: the on-device feeder draws step ``s``'s batch as above; the host feeder reads
+the data epochs a period touches from its source (its own order of each ``(seed, epoch)``; ``shuffle=False``: the
+stored order) and takes the period's batches of them, so a SIGTERM inside a period saves and resumes there, as
+inside an epoch.
 
 ``check_train_config`` refuses every float setting that is not a finite number (NaN, +-inf: ``ValueError``
 naming ``train.<setting>``) before any range check, since NaN passes every ``< 0`` test.
