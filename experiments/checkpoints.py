@@ -294,7 +294,8 @@ def sweep(trainer, keys, hparams: dict | None = None, *, cell: str, epochs: int 
     directory = None
     if s is not None and s.root is not None and not hooks:
         directory = cell_dir(cell, *sweep_settings(trainer, keys, hparams, epochs))
-        _announce(s, cell, directory, trainer.steps_per_epoch, epochs or trainer.config.train.epochs)
+        # a step run's "epochs" are its evaluation periods (resjax.train.config)
+        _announce(s, cell, directory, trainer.steps_per_epoch, epochs or trainer.num_epochs)
     _begin_cell(s, cell, directory)
     result = trainer.sweep(keys, hparams, epochs=epochs, checkpoint_dir=directory, **kwargs)
     _end_cell(s)

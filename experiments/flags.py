@@ -59,8 +59,14 @@ TRAIN_HELP = {
     "train.epochs": "training epochs (passes over the training set)",
     "train.eval_every": "evaluate the training and test sets after every k-th epoch and after the last (1: every "
                         "epoch); the other epochs' evaluation entries are NaN, the training is the same",
+    "train.steps": "0: the run is train.epochs epochs; > 0: the run is this many minibatch steps instead (a step run; "
+                   "its history, checkpoints and metrics.jsonl count periods of "
+                   "train.eval_every_steps steps)",
+    "train.eval_every_steps": "a step run's evaluation period in steps (it must divide train.steps); 0 = once, "
+                              "after the last step",
     "train.augment": "true/false: random crops and flips of the training images (host-fed image runs)",
-    "train.shuffle": "true/false: a fresh order of the training set every epoch (host-fed image runs)",
+    "train.shuffle": "true/false: a fresh order of the training set every epoch (host-fed image runs; on-device, "
+                     "false gives a step run's fixed batch order, the stored one)",
     "train.checkpoint_every": "epochs between checkpoints (on-device runs: rounded to whole chunks); 0 = only at "
                               "the end",
     "train.checkpoint_keep": "how many checkpoints to keep (the newest)",

@@ -65,6 +65,8 @@ REGISTRY = (
     "taki_init",
     # image training (seeds 003, 004): need CIFAR prepared; otherwise a synthetic stand-in, "not measured"
     "cifar_tau", "taki_cifar",
+    # MNIST-1D's own paper (Greydanus 2020): its model table
+    "mnist1d_models",
 )
 
 
@@ -215,7 +217,21 @@ def _previous(out_dir: pathlib.Path, config) -> dict | None:
         results = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return results if isinstance(results, dict) and results.get("config") == common.to_jsonable(config) else None
+    if not isinstance(results, dict):
+        return None
+    return results if _without_added(results.get("config")) == _without_added(common.to_jsonable(config)) else None
+
+
+def _without_added(config):
+    """A results' ``config`` (JSON) without the training settings added after results were first written, where
+    they hold their defaults (``resjax.train.core.ADDED``: ``train.steps`` 0, ...): results written before them
+    are results of the same run."""
+    from resjax.train.core import ADDED
+
+    if not isinstance(config, dict) or not isinstance(config.get("train"), dict):
+        return config
+    train = {k: v for k, v in config["train"].items() if ADDED.get(f"train.{k}", object()) != v}
+    return {**config, "train": train}
 
 
 def _checkpoint_arg(value: str | None, name: str) -> str | None:

@@ -33,6 +33,7 @@ from resjax.nn.norms import is_batch_norm
 
 MLP_INPUT = (4, 5)
 IMAGES = (4, 8, 8, 3)
+SIGNALS = (4, 12)  # MNIST-1D's layout (batch, length): the 1-D models add the channel axis
 
 
 class UserBlock(nn.Module):
@@ -87,6 +88,13 @@ CASES = {
     "hourglass": (dict(kind="hourglass", num_stacks=1, depth=1, features=4, num_heatmaps=2), IMAGES,
                   "stem/conv_0/kernel"),
     "user_mlp": (UserMLP(), MLP_INPUT, "blocks_0/w1/kernel"),
+    "resnet1d": (dict(kind="resnet1d", stage_sizes=(2, 2), stage_widths=(4, 8), stem_width=4, num_classes=3,
+                      order="pre"), SIGNALS, "stage1_first/conv_0/kernel"),
+    "small_resnet1d": (dict(kind="small_resnet1d", width=4, num_classes=3), SIGNALS, "stem_conv/kernel"),
+    "logistic": (dict(kind="logistic", num_classes=3), SIGNALS, "linear/kernel"),
+    "reference_mlp": (dict(kind="reference_mlp", width=4, num_classes=3), SIGNALS, "blocks_0/branch/linear/kernel"),
+    "reference_cnn": (dict(kind="reference_cnn", channels=4, num_classes=3), SIGNALS, "conv_0/kernel"),
+    "reference_gru": (dict(kind="reference_gru", hidden=3, num_classes=3), SIGNALS, "head/kernel"),
 }
 ABSTRACT = {"densenet121"}  # abstract variables: refusals before computing, loss functions on eval_shape
 # loss functions on eval_shape only for the largest concrete models too (the suite's time: 33 s of compiling their
@@ -123,6 +131,19 @@ EXPECT = {
        for kind in ("densenet", "densenet121", "densenet_bc_cifar", "unet", "hourglass")},
     "user_mlp": dict(propagation=True, ratio=True, resnet=NOT_RESNET, paths=NO_BLOCKS, shattering=True,
                      log_space=NOT_LOG_SPACE, taki=NOT_STACK),
+    # 1-D ResNets: a ResNet's analyses, stage by stage; a (1, 1) input is a signal of length 1 (its gradients work)
+    "resnet1d": dict(propagation=True, ratio=True, resnet=True, paths=True, shattering=True, log_space=NOT_LOG_SPACE,
+                     taki=NOT_STACK),
+    "small_resnet1d": dict(propagation=True, ratio=r"order", resnet=True, paths=r"stage 1 .* has 1 block",
+                           shattering=True, log_space=NOT_LOG_SPACE, taki=NOT_STACK),
+    # the MNIST-1D reference models: the MLP's one residual block sows its output (a stream to measure); the others
+    # have no residual blocks
+    "reference_mlp": dict(propagation=True, ratio=True, resnet=NOT_RESNET, paths=NO_BLOCKS, shattering=True,
+                          log_space=NOT_LOG_SPACE, taki=NOT_STACK),
+    **{kind: dict(propagation=NO_SOWS, ratio=NO_SOWS, resnet=NOT_RESNET, paths=NO_BLOCKS, shattering=True,
+                  log_space=NOT_LOG_SPACE, taki=NOT_STACK) for kind in ("logistic", "reference_gru")},
+    "reference_cnn": dict(propagation=NO_SOWS, ratio=NO_SOWS, resnet=NOT_RESNET, paths=NO_BLOCKS,
+                          shattering=NOT_SCALAR, log_space=NOT_LOG_SPACE, taki=NOT_STACK),
 }
 IDS = list(CASES)
 
@@ -340,7 +361,7 @@ def test_input_gradients_and_shattering(cases, case):
 
 
 def _stage_of(case):
-    return {"resnet": 2, "cifar_resnet": 1, "imagenet_resnet": 1}.get(case)
+    return {"resnet": 2, "cifar_resnet": 1, "imagenet_resnet": 1, "resnet1d": 2, "small_resnet1d": 1}.get(case)
 
 
 @pytest.mark.parametrize("case", IDS)

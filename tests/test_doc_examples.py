@@ -93,6 +93,11 @@ SMALL = [
     # Two epochs where a page trains on the on-device feeder for more (with the stated shapes that follow): its
     # first chunk is two epochs, and the later chunks' training is run time that the stated results do not need
     ("batch_size=128, epochs=4), data=", "batch_size=128, epochs=2), data="),  # README, mnist1d_seeds.md
+    # mnist1d_resnet1d.md: 20 steps in place of 200 (the 1-D ResNet's convolutions run slowly inside the on-device
+    # feeder's scan on a CPU), the stated shapes that follow from them
+    ("steps=200, eval_every_steps=50,", "steps=20, eval_every_steps=10,"),
+    ('# -> (3, 4); 3 seeds, an evaluation every 50 of 200 steps', '# -> (3, 2); 3 seeds, an evaluation every 10 of 20 steps'),
+    ("steps = 50 * np.arange(1, 5)", "steps = 10 * np.arange(1, 3)"),
     ("# -> (3, 4); per seed and epoch", "# -> (3, 2); per seed and epoch"),
     ("trainer.model.num_blocks  # -> (4, 4)", "trainer.model.num_blocks  # -> (2, 4)"),
     ('train_config(loss="mse", batch_size=16, epochs=4, learning_rate=0.02)',

@@ -37,6 +37,12 @@ KINDS = {
     "densenet_bc_cifar": (dict(depth=10, growth_rate=4), (2, 8, 8, 3)),
     "unet": (dict(features=(4, 8), out_channels=2), (2, 8, 8, 1)),
     "hourglass": (dict(num_stacks=2, depth=1, features=4, num_heatmaps=3), (2, 8, 8, 1)),
+    "resnet1d": (dict(stage_sizes=(1, 1), stage_widths=(4, 8), stem_width=4), (2, 12)),
+    "small_resnet1d": (dict(width=4), (2, 12, 2)),
+    "logistic": (dict(), (2, 12)),
+    "reference_mlp": (dict(width=8), (2, 12)),
+    "reference_cnn": (dict(channels=4), (2, 12)),
+    "reference_gru": (dict(hidden=3), (2, 12)),
 }
 #: Kinds whose real init is too slow for the suite: only abstract (``eval_shape``) checks.
 LARGE = ("densenet121", "imagenet_resnet")

@@ -62,6 +62,7 @@ from resjax.analysis.protocol import applied
 from resjax.nn.block import ResidualBlock
 from resjax.nn.residual import stack_unrolled
 from resjax.nn.resnet import ResNet
+from resjax.nn.signal import ResNet1D
 
 __all__ = [
     "BranchStack", "PathExpansion", "branch_stack", "residual_stack_of", "stream_input", "trajectory", "block_jacobians", "expand_by_length",
@@ -426,7 +427,8 @@ def path_expansion(module: nn.Module | BranchStack | list, variables: Any, input
       with ``order='pre'`` and the stack's blocks named ``blocks`` (``residual_stack_of`` with its
       defaults); ``inputs``: ``(B, in_features)``; ``tau``: the call-time tau of ``scaling='tau'`` models.
       BatchNorm in evaluation mode (each example on its own). A convolutional ``resjax.nn.ResNet``
-      (``order='pre'``): ``inputs`` images ``(B, H, W, C)`` and ``stage`` s (required): the expansion of
+      (``order='pre'``): ``inputs`` images ``(B, H, W, C)`` (a ``ResNet1D``: signals ``(B, L)`` or ``(B, L, C)``,
+      the stream ``(L_s, C_s)``) and ``stage`` s (required): the expansion of
       stage s's blocks after its first, on the stream ``(H_s, W_s, C_s)`` flattened to D (``terms.sum(1)``
       is the Jacobian of that part of the stage; ``stream`` keeps the image shape: ``(B, K + 1, H_s, W_s, C_s)``);
     - ``path_expansion(stack, x0)``: your own residual stack, a ``BranchStack`` or a list of
@@ -451,8 +453,12 @@ def path_expansion(module: nn.Module | BranchStack | list, variables: Any, input
                              "inputs)")
         inputs = jnp.asarray(inputs)
         stack = residual_stack_of(module, variables, tau=tau, stage=stage)  # the model's blocks, checked first
-        if inputs.ndim != (4 if isinstance(module, ResNet) else 2):
-            want = "images (B, H, W, C)" if isinstance(module, ResNet) else "a batch (B, in_features)"
+        # a ResNet: images (B, H, W, C) or signals (B, L, C); a ResNet1D: signals (B, L, C) or (B, L)
+        ranks = ((2, 3) if isinstance(module, ResNet1D) else (3, 4)) if isinstance(module, ResNet) else (2,)
+        if inputs.ndim not in ranks:
+            want = ("signals (B, L) or (B, L, C)" if isinstance(module, ResNet1D) else
+                    "images (B, H, W, C) or signals (B, L, C)" if isinstance(module, ResNet) else
+                    "a batch (B, in_features)")
             raise ValueError(f"path_expansion: inputs must be {want}, got shape {inputs.shape}")
         x0 = stream_input(module, variables, inputs, tau=tau, stage=stage)
     _check(stack, x0[0])

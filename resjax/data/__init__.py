@@ -18,14 +18,17 @@ from resjax.data.tfds import (IMAGE_DATASETS, DataNotPreparedError, ImageSource,
                               prepared_num_examples, synthetic_image_dataset, tfds_data_dir)
 
 #: The data set names ``load_dataset`` knows.
-DATASETS = ("mnist1d",)
+DATASETS = ("mnist1d", "mnist1d_shuffled")
 
 
 def load_dataset(name: str) -> Dataset:
     """A data set by name, as numpy arrays; every value finite (``check_finite``: a NaN or infinite value is
-    refused, naming the split and the first bad example)."""
+    refused, naming the split and the first bad example). ``'mnist1d_shuffled'``: MNIST-1D with its positions
+    permuted, ``load_mnist1d(shuffle_length=True)``."""
     if name == "mnist1d":
         return check_finite(load_mnist1d())
+    if name == "mnist1d_shuffled":
+        return check_finite(load_mnist1d(shuffle_length=True))
     raise ValueError(f"data.name: unknown data set {name!r}; choose one of {DATASETS}")
 
 

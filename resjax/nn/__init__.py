@@ -7,7 +7,9 @@ Every name below is importable from ``resjax.nn`` (``__all__`` lists them):
   ``plain_params_from_residual``, ``tau_value``, ``num_blocks_for``); the convolutional ``ResNet`` with
   ``cifar_resnet``, ``imagenet_resnet``, ``imagenet_tau``, ``REPOSITORY_MODELS`` (the peers' CIFAR models) and
   Taki's ``taki_resnet`` (``TakiResNet``, ``TakiBlock``); ``DenseNet``, ``densenet121``, ``densenet_bc_cifar``;
-  ``UNet``; ``Hourglass``, ``StackedHourglass``. ``build_model`` builds any of them from a config
+  ``UNet``; ``Hourglass``, ``StackedHourglass``; on 1-D signals ``(batch, length, channels)``, ``ResNet1D`` and
+  ``small_resnet1d`` (``resjax.nn.signal``); the MNIST-1D paper's reference models ``LogisticRegression``,
+  ``ReferenceMLP``, ``ReferenceCNN``, ``ReferenceGRU`` (``resjax.nn.reference``). ``build_model`` builds any of them from a config
   (``CLASSIFIERS``: the kinds that take ``num_classes``; ``check_model_fields`` checks a config's fields);
 - blocks: one residual block, ``ResidualBlock`` (``resjax.nn.block``: skip, a branch of kind ``BRANCH_KINDS``
   (``'mlp'``, ``'basic'``, ``'bottleneck'``, ``'conv'``) or of one's own, scale, merge; its settings
@@ -40,8 +42,9 @@ Every name below is importable from ``resjax.nn`` (``__all__`` lists them):
 Conventions shared by every module (written here once: each ``__call__`` docstring refers to them and
 states only what is particular to its module, such as its sows):
 
-- shapes: flax's channels-last layout, ``(batch, features)`` for the MLPs and ``(batch, height, width,
-  channels)`` for the convolutional models;
+- shapes: flax's channels-last layout, ``(batch, features)`` for the MLPs, ``(batch, height, width,
+  channels)`` for the convolutional models and ``(batch, length, channels)`` for the 1-D ones (which also take
+  ``(batch, length)``, one channel);
 - ``train: bool | None = None`` at call time: ``True`` = training mode (BatchNorm normalises with the
   minibatch's statistics and updates its running estimates in the ``batch_stats`` collection, so ``apply``
   needs ``mutable=['batch_stats']`` and returns ``(output, updates)``), ``False`` = evaluation (BatchNorm uses
@@ -138,6 +141,8 @@ from resjax.nn.resnet import (  # after init, norms and residual, which it impor
     imagenet_tau,
     taki_resnet,
 )
+from resjax.nn.signal import ResNet1D, small_resnet1d  # noqa: I001 (after resnet, which it subclasses)
+from resjax.nn.reference import LogisticRegression, ReferenceCNN, ReferenceGRU, ReferenceMLP
 from resjax.nn.tau_mlp import num_blocks_for, plain_params_from_residual, tau_resnet, tau_resnet_config, tau_value
 from resjax.nn.unet import ConvBlock, UNet
 
@@ -148,8 +153,9 @@ __all__ = [
     "REPOSITORY_MODELS", "RUNNING_VARIANCES", "SCALINGS", "SHORTCUTS", "TAU_CONVENTIONS",
     # modules (flax.linen)
     "BasicBranch", "BatchNorm", "BlockSettings", "BottleneckBranch", "CommonSettings", "ConvBlock", "ConvResidualBlock",
-    "ConvSettings", "DenseBlock", "DenseLayer", "DenseNet", "GroupNorm", "Hourglass", "MLPSettings", "PlainLayer",
-    "PlainMLP", "ResNet", "ResNetBlock", "ResidualBlock", "ResidualMLP", "ResidualStack", "StackedHourglass", "TakiBlock",
+    "ConvSettings", "DenseBlock", "DenseLayer", "DenseNet", "GroupNorm", "Hourglass", "LogisticRegression",
+    "MLPSettings", "PlainLayer", "PlainMLP", "ReferenceCNN", "ReferenceGRU", "ReferenceMLP", "ResNet", "ResNet1D",
+    "ResNetBlock", "ResidualBlock", "ResidualMLP", "ResidualStack", "StackedHourglass", "TakiBlock",
     "TakiResNet", "Transition", "UNet", "UnbiasedBatchNorm",
     # functions
     "build_model", "check_call_tau", "check_model_fields", "check_norm", "check_tau_field", "check_tau_value",
@@ -157,7 +163,8 @@ __all__ = [
     "densenet_bc_cifar", "fixup_kernel_init", "get_bias_initializer", "get_initializer", "imagenet_resnet",
     "imagenet_tau", "is_batch_norm", "layer_dtypes", "make_norm", "moved_settings", "num_blocks_for",
     "plain_params_from_residual", "residual_add", "residual_stack", "resolve_block", "resolve_dtype", "resolve_tau",
-    "route_to_block", "running_variance_of", "scale_branch", "stack_blocks", "stack_unrolled", "taki_init",
+    "route_to_block", "running_variance_of", "scale_branch", "small_resnet1d", "stack_blocks", "stack_unrolled",
+    "taki_init",
     "taki_resnet", "tau_resnet", "tau_resnet_config", "tau_value", "unstack_scanned",
 ]
 
@@ -171,22 +178,26 @@ def _families() -> dict[str, Callable[..., nn.Module] | None]:
         "taki_resnet": taki_resnet,
         "densenet": DenseNet, "densenet121": densenet121, "densenet_bc_cifar": densenet_bc_cifar,
         "unet": UNet, "hourglass": StackedHourglass,
+        "resnet1d": ResNet1D, "small_resnet1d": small_resnet1d,
+        "logistic": LogisticRegression, "reference_mlp": ReferenceMLP, "reference_cnn": ReferenceCNN,
+        "reference_gru": ReferenceGRU,
     }
 
 
 def _block_setting_models() -> dict[str, type]:
     """The kinds whose model takes the settings of one branch kind: kind -> the model class."""
     return {"plain_mlp": PlainMLP, "residual_mlp": ResidualMLP, "residual_stack": ResidualStack, "resnet": ResNet,
-            "cifar_resnet": ResNet, "imagenet_resnet": ResNet}
+            "cifar_resnet": ResNet, "imagenet_resnet": ResNet, "resnet1d": ResNet1D, "small_resnet1d": ResNet1D}
 
 
 CLASSIFIERS = ("plain_mlp", "residual_mlp", "tau_resnet", "resnet", "cifar_resnet", "imagenet_resnet", "taki_resnet",
-               "densenet", "densenet121", "densenet_bc_cifar")
+               "densenet", "densenet121", "densenet_bc_cifar", "resnet1d", "small_resnet1d", "logistic", "reference_mlp",
+               "reference_cnn", "reference_gru")
 
 #: The ``build_model`` kinds with a ``dtype`` setting (mixed precision, ``resjax.nn.precision``); the other
 #: kinds compute in float32 and accept only a ``dtype`` that means float32.
 DTYPE_KINDS = ("resnet", "cifar_resnet", "imagenet_resnet", "taki_resnet", "densenet", "densenet121",
-               "densenet_bc_cifar")
+               "densenet_bc_cifar", "resnet1d", "small_resnet1d")
 
 
 def _floats(value: Any) -> Iterator[float]:
@@ -223,7 +234,9 @@ def build_model(config: Mapping[str, Any] | str | None = None, /, num_classes: i
     al.'s fully connected models: ``variant`` = 'tau' | 'bn' | 'fixup' | 'plain', then ``tau_resnet``'s
     arguments); ``resnet`` (``ResNet``'s fields), ``cifar_resnet`` (``depth``, ``widen_factor``, ...),
     ``imagenet_resnet`` (``depth``), ``taki_resnet`` (``num_blocks``, ``norm``, ``kernel_init``);
-    ``densenet``, ``densenet121``, ``densenet_bc_cifar``; ``unet``; ``hourglass`` (``StackedHourglass``).
+    ``densenet``, ``densenet121``, ``densenet_bc_cifar``; ``unet``; ``hourglass`` (``StackedHourglass``);
+    ``resnet1d`` (``ResNet1D``'s fields), ``small_resnet1d`` (``width``, ...); the MNIST-1D paper's reference models
+    ``logistic``, ``reference_mlp``, ``reference_cnn``, ``reference_gru`` (``resjax.nn.reference``).
     ``num_classes``: the data's class count, used for classifiers whose config does not set it.
     Unknown kinds and bad fields raise ``ValueError`` naming the setting: every float field (and every
     float in a tuple field) must be finite (``model.<field>: must be a finite number, got nan``), and

@@ -15,6 +15,9 @@
   sum. Norms are numbered by their layer (``norm_i``); a convolutional pre-order branch numbers them by the conv
   they follow and calls the input's ``norm_pre`` (as the peers' code, whose weights ``resjax.interop`` maps).
   Convolutions are padded ``((k-1)//2, k//2)`` (XLA's 'SAME' at stride 1: an even kernel pads one more after).
+  The convolutional kinds take 1-D signals too, ``(batch, length, channels)``: the number of spatial axes is the
+  input's (``ndim - 2``), a kernel ``k`` is ``(k,)`` on a signal and ``(k, k)`` on an image, and ``strides`` is an
+  integer there (a pair on a signal raises ``ValueError`` naming ``strides``); option A subsamples the length.
 - **skip**: the identity, or, for a ``'basic'``/``'bottleneck'`` block that changes the shape, option ``'A'``
   (subsample, append zero channels) or ``'B'`` (strided 1x1 conv); see ``shortcut``. ``skip=False`` drops it: the
   block is then a plain layer (``PlainMLP``'s) or a branch alone (``BasicBranch``).
@@ -263,7 +266,7 @@ class ResidualBlock(PrecisionRepr, BlockSettings):
     Attributes:
         features: the block's output width (channels); an identity skip needs the input's to equal it. Required.
         strides: the stride of the branch's strided conv and of the shortcut: an integer >= 1 or a pair
-            ``(height, width)`` of them. Default 1.
+            ``(height, width)`` of them (an image's; a 1-D signal takes an integer). Default 1.
         num_blocks: K, the residual blocks of the whole network, for the tau rules, Fixup and ``'taki'``; ``None``
             (default, a standalone block): a tau rule that needs K raises ``ValueError`` naming ``num_blocks``
             when it is used; Fixup and ``'taki'`` count one block.
@@ -322,9 +325,19 @@ class ResidualBlock(PrecisionRepr, BlockSettings):
         """``strides`` as ``(height stride, width stride)``."""
         return (self.strides, self.strides) if isinstance(self.strides, int) else tuple(self.strides)
 
-    def _layers(self) -> list[tuple[int | None, int, tuple[int, int]]]:
-        """(kernel size (``None``: linear), output width, stride pair) of each layer of the branch."""
-        f, one, strided = self.features, (1, 1), self.stride_pair
+    def spatial_strides(self, spatial: int) -> tuple[int, ...]:
+        """``strides`` for an input of ``spatial`` spatial axes: ``stride_pair`` for an image, ``(strides,)`` for a
+        1-D signal (a pair there raises ``ValueError`` naming ``strides``)."""
+        if spatial == 2:
+            return self.stride_pair
+        if isinstance(self.strides, (tuple, list)):
+            raise ValueError(f"strides: a pair {tuple(self.strides)!r} is for images (batch, height, width, channels); "
+                             f"an input with {spatial} spatial axis(es) takes an integer")
+        return (self.strides,) * spatial
+
+    def _layers(self) -> list[tuple[int | None, int, bool]]:
+        """(kernel size (``None``: linear), output width, whether the layer is strided) of each layer."""
+        f, one, strided = self.features, False, True
         if self.kind == "mlp":
             return [(None, f, one)] * self.num_layers
         if self.kind == "conv":
@@ -371,7 +384,7 @@ class ResidualBlock(PrecisionRepr, BlockSettings):
 
     def _layer(self, i: int, h: jax.Array) -> jax.Array:
         layers = self._layers()
-        size, features, strides = layers[i]
+        size, features, strided = layers[i]
         m = len(layers)
         if size is None:  # linear: no bias when BatchNorm follows directly
             feeds_batch_norm = is_batch_norm(self.norm) and (self.order == "post" or i < m - 1)
@@ -380,7 +393,9 @@ class ResidualBlock(PrecisionRepr, BlockSettings):
                             kernel_init=self._kernel_init(i, m), bias_init=get_bias_initializer(bias_init, h.shape[-1]),
                             name=self._layer_name(i), **layer_dtypes(self.dtype, self.param_dtype))(h)
         use_bias = self.use_bias and self.norm == "none" and not self.uses_scalar_biases
-        return nn.Conv(features, (size, size), strides=strides, padding=[((size - 1) // 2, size // 2)] * 2,
+        spatial = h.ndim - 2  # 2: an image (batch, height, width, channels); 1: a signal (batch, length, channels)
+        strides = self.spatial_strides(spatial) if strided else (1,) * spatial
+        return nn.Conv(features, (size,) * spatial, strides=strides, padding=[((size - 1) // 2, size // 2)] * spatial,
                        use_bias=use_bias, kernel_init=self._kernel_init(i, m), name=self._layer_name(i),
                        **layer_dtypes(self.dtype, self.param_dtype))(h)
 
@@ -408,8 +423,9 @@ class ResidualBlock(PrecisionRepr, BlockSettings):
         """The identity, or option A/B where a conv block changes the shape."""
         if self.kind not in BLOCK_KINDS:
             return x
-        sh, sw = self.stride_pair
-        out_shape = (x.shape[0], -(-x.shape[1] // sh), -(-x.shape[2] // sw), self.features)
+        spatial = x.ndim - 2
+        strides = self.spatial_strides(spatial)
+        out_shape = (x.shape[0], *(-(-n // s) for n, s in zip(x.shape[1:-1], strides)), self.features)
         if tuple(x.shape) == out_shape:
             return x
         if self.shortcut == "A":
@@ -417,12 +433,13 @@ class ResidualBlock(PrecisionRepr, BlockSettings):
             if extra < 0:
                 raise ValueError(f"shortcut: option 'A' (zero padding) cannot reduce channels from {x.shape[-1]} "
                                  f"to {self.features}; use shortcut='B'")
-            skip = (first_input if self.option_a_input == "conv_input" else x)[:, ::sh, ::sw, :]
+            subsample = (slice(None), *(slice(None, None, s) for s in strides), slice(None))
+            skip = (first_input if self.option_a_input == "conv_input" else x)[subsample]
             if self.option_a_norm:
                 skip = make_norm(self.norm, train=train, name="shortcut_norm", dtype=self.dtype,
                                  param_dtype=self.param_dtype)(skip)
-            return jnp.pad(skip, ((0, 0), (0, 0), (0, 0), (0, extra)))
-        skip = nn.Conv(self.features, (1, 1), strides=self.stride_pair, use_bias=self.norm == "none",
+            return jnp.pad(skip, ((0, 0),) * (spatial + 1) + ((0, extra),))
+        skip = nn.Conv(self.features, (1,) * spatial, strides=strides, use_bias=self.norm == "none",
                        kernel_init=get_initializer(self.kernel_init), name="shortcut_conv",
                        **layer_dtypes(self.dtype, self.param_dtype))(first_input)
         if self.order == "post":
@@ -446,14 +463,14 @@ class ResidualBlock(PrecisionRepr, BlockSettings):
 
         Args:
             x: the stream: ``(..., features)`` for ``'mlp'``, channels-last ``(batch, height, width, channels)``
-                for the convolutional kinds.
+                (an image) or ``(batch, length, channels)`` (a 1-D signal) for the convolutional kinds.
             train: as ``resjax.nn``'s docstring sets out.
             tau: a scalar branch scale for this call (a number, or a traced value: a sweep over tau is a ``vmap``)
                 in place of the ``tau`` field. Only with ``scaling='tau'``; ``None`` (default): the field.
 
         Returns:
             The block's output: the shape of ``x``, or for a conv block ``(batch, ceil(height / strides[0]),
-            ceil(width / strides[1]), features)``.
+            ceil(width / strides[1]), features)`` (a signal: ``(batch, ceil(length / strides), features)``).
 
         Raises:
             ValueError: ``train`` missing with BatchNorm; a ``tau`` passed to a block whose scaling is not ``'tau'``,

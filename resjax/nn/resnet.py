@@ -253,7 +253,8 @@ class ResNet(PrecisionRepr, ConvSettings):
         """Classify images: stem, the stages, global average pool, ``Dense(num_classes)``.
 
         Args:
-            x: the images, channels-last ``(batch, height, width, channels)``.
+            x: the images, channels-last ``(batch, height, width, channels)``, or 1-D signals ``(batch, length,
+                channels)`` (every kernel, stride and pool then on the length axis: ``ResNet1D``).
             train: training or evaluation mode, as ``resjax.nn``'s docstring sets out for every module.
             tau: a scalar branch scale for this call, shared by every block (a number, or a traced value: a
                 sweep over tau is a ``vmap``), in place of the ``tau`` field. Only with ``scaling='tau'``;
@@ -264,7 +265,7 @@ class ResNet(PrecisionRepr, ConvSettings):
             The logits, ``(batch, num_classes)``; float32 also when computed in a half ``dtype``.
 
         Raises:
-            ValueError: ``x`` without 4 axes (names ``images``); ``train`` missing with BatchNorm; a ``tau``
+            ValueError: ``x`` without 3 or 4 axes (names ``images``); ``train`` missing with BatchNorm; a ``tau``
                 passed to a model whose scaling is not ``'tau'``, or a concrete ``tau`` that is not a finite
                 number > 0.
 
@@ -274,8 +275,10 @@ class ResNet(PrecisionRepr, ConvSettings):
             ``stage{i}_first``, and ``stage{i}_k`` or, scanned, ``stage{i}/block`` with a leading axis) and
             ``pre_logits`` (the pooled features, ``(batch, channels)``) when the caller makes it mutable.
         """
-        if x.ndim != 4:
-            raise ValueError(f"images: expected NHWC (4 axes), got shape {tuple(x.shape)}")
+        if x.ndim not in (3, 4):
+            raise ValueError(f"images: expected NHWC (4 axes) or a 1-D signal (batch, length, channels), got shape "
+                             f"{tuple(x.shape)}")
+        spatial = x.ndim - 2  # 2: images; 1: signals (every kernel, stride and pool on the length axis alone)
         check_call_tau(self, tau)
         tau = self._tau(tau)
         conv_bias = self.norm == "none" and not self.use_scalar_biases
@@ -284,16 +287,16 @@ class ResNet(PrecisionRepr, ConvSettings):
         if dtypes["dtype"] is not None:
             x = x.astype(dtypes["dtype"])
         if self.stem == "cifar":
-            h = nn.Conv(self.stem_width, (3, 3), padding=[(1, 1)] * 2, use_bias=conv_bias, kernel_init=kernel_init,
-                        name="stem_conv", **dtypes)(x)
+            h = nn.Conv(self.stem_width, (3,) * spatial, padding=[(1, 1)] * spatial, use_bias=conv_bias,
+                        kernel_init=kernel_init, name="stem_conv", **dtypes)(x)
         else:
-            h = nn.Conv(self.stem_width, (7, 7), strides=2, padding=[(3, 3)] * 2, use_bias=conv_bias,
+            h = nn.Conv(self.stem_width, (7,) * spatial, strides=2, padding=[(3, 3)] * spatial, use_bias=conv_bias,
                         kernel_init=kernel_init, name="stem_conv", **dtypes)(x)
         if self.order == "post" or self.stem == "imagenet":
             h = make_norm(self.norm, train=train, name="stem_norm", dtype=self.dtype, param_dtype=self.param_dtype)(h)
             h = self.activation(self._bias("stem_bias", h))
         if self.stem == "imagenet":
-            h = nn.max_pool(h, (3, 3), strides=(2, 2), padding=[(1, 1)] * 2)
+            h = nn.max_pool(h, (3,) * spatial, strides=(2,) * spatial, padding=[(1, 1)] * spatial)
         self.sow("intermediates", "stem", h)
         for s, size in enumerate(self.stage_sizes):
             block, first = self._block(s, 1 if s == 0 else 2)
@@ -303,7 +306,7 @@ class ResNet(PrecisionRepr, ConvSettings):
         if self.order == "pre":
             h = self.activation(make_norm(self.norm, train=train, name="final_norm", dtype=self.dtype,
                                           param_dtype=self.param_dtype)(h))
-        h = jnp.mean(h, axis=(1, 2))
+        h = jnp.mean(h, axis=tuple(range(1, 1 + spatial)))
         self.sow("intermediates", "pre_logits", h)
         zero_head = self.scaling == "fixup"
         head_init = get_initializer("zeros" if zero_head else HEAD_INIT)

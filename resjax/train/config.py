@@ -24,6 +24,10 @@ fields:
   schedule           'constant' | 'step' | 'cosine' | 'fixup' | an optax schedule's name with ``schedule_args``;
                      ``milestones``, ``decay_factor``, ``warmup_epochs`` (see ``resjax.train.schedules``)
   batch_size, epochs, eval_batch_size (host feeder: evaluation batches)
+  steps              0 (default): the run is ``epochs`` epochs; > 0: the run is this many minibatch steps
+                     instead (a step run; both feeders), ``epochs`` unused (see "Step runs" below)
+  eval_every_steps   a step run's evaluation period: evaluate after every k-th step and after the last; 0
+                     (default): once, after the last step. ``steps`` must be a multiple of it
   eval_every         evaluate after every k-th epoch and after the last (default 1: every epoch); the history's
                      evaluation entries (train_error, test_loss, test_error) are NaN at the epochs in between. The
                      training is the same; on-device, an evaluation then runs inside a branch, compiled apart:
@@ -38,6 +42,22 @@ fields:
 ``train_config()`` holds the lecture's MNIST-1D setup (plain SGD at 0.005, batch 100, 300 epochs, no
 weight decay); ``image_train_config()`` the CIFAR ResNet recipe of He et al. as the tau-ResNet repository
 runs it. They are the same fields with other values.
+
+Step runs (``steps > 0``): the run is ``steps`` minibatch steps in periods of ``eval_every_steps`` (``period``:
+``step_periods``); the machinery that counts epochs in an epoch run (the history, ``metrics.jsonl``,
+checkpoints, ``checkpoint_every``, chunks, resume, progress) counts these periods instead: history entry ``i``
+is the period that ends at step ``(i + 1) * period`` (``metrics.jsonl`` rows carry that ``step``), and a
+checkpoint's step number is the steps done. Minibatch ``s`` (0-based) is batch ``s mod (N // batch_size)`` of
+data epoch ``s // (N // batch_size)``: with ``shuffle`` (default) of that epoch's permutation
+``fold_in(key, epoch)`` (so a step run of whole epochs with ``eval_every_steps`` one epoch is the epoch run,
+bit for bit), with ``shuffle=False`` of the examples in their stored order (the fixed batch order of the MNIST-1D
+reference recipe; an epoch run on the on-device feeder always shuffles, as before). Settings that count epochs
+are refused in a step run (``ValueError`` naming them): ``eval_every`` other than 1, a ``'step'``/``'fixup'``
+or ``'cosine'`` schedule, ``milestones``, ``warmup_epochs``; an optax schedule by name counts steps and is
+allowed. Both feeders run step runs: the on-device feeder draws step ``s``'s batch as above; the host feeder reads
+the data epochs a period touches from its source (its own order of each ``(seed, epoch)``; ``shuffle=False``: the
+stored order) and takes the period's batches of them, so a SIGTERM inside a period saves and resumes there, as
+inside an epoch.
 
 ``check_train_config`` refuses every float setting that is not a finite number (NaN, +-inf: ``ValueError``
 naming ``train.<setting>``) before any range check, since NaN passes every ``< 0`` test.
@@ -55,7 +75,7 @@ from resjax.train.objective import LOSSES
 from resjax.train.optim import check_optimizer
 from resjax.train.schedules import check_schedule
 
-__all__ = ["DICT_SETTINGS", "FLOAT_SETTINGS", "MAX_STEPS", "SEED_AXIS_MODES", "check_finite_settings",
+__all__ = ["DICT_SETTINGS", "step_periods", "FLOAT_SETTINGS", "MAX_STEPS", "SEED_AXIS_MODES", "check_finite_settings",
            "check_step_count", "check_train_config", "image_train_config", "is_int", "is_number", "train_config"]
 
 #: The values of ``train.seed_axis``: how the host feeder steps several seeds (``seed_axis_mode``).
@@ -89,6 +109,8 @@ def train_config(**overrides: Any) -> ml_collections.ConfigDict:
     c.eval_batch_size = 1000
     c.epochs = 300
     c.eval_every = 1
+    c.steps = 0
+    c.eval_every_steps = 0
     c.augment = False
     c.shuffle = True
     c.checkpoint_every = 10
@@ -159,6 +181,7 @@ def check_train_config(c: ml_collections.ConfigDict) -> None:
         v = c.get(name, 1 if name == "eval_every" else None)  # a config made before eval_every: every epoch
         if not is_int(v) or v < 1:
             raise ValueError(f"{name}: must be an integer >= 1, got {v!r}")
+    check_step_settings(c)
     v = c.get("checkpoint_every", 0)
     if not is_int(v) or v < 0:
         raise ValueError(f"checkpoint_every: must be an integer >= 0, got {v!r}")
@@ -183,6 +206,47 @@ def check_train_config(c: ml_collections.ConfigDict) -> None:
         raise ValueError(f"train.label_smoothing: must be in [0, 1), got {v!r}")
     check_optimizer(c)
     check_schedule(c, 1)  # names and ranges (an unknown schedule is refused here, not when the optimiser is built)
+
+
+def step_periods(c: Any) -> tuple[int, int] | None:
+    """A step run's ``(periods, period)``: ``steps // period`` evaluation periods of ``period =
+    eval_every_steps or steps`` steps; ``None`` for an epoch run (``steps`` 0 or absent)."""
+    steps = c.get("steps", 0)
+    if not steps:
+        return None
+    period = c.get("eval_every_steps", 0) or steps
+    return steps // period, period
+
+
+def check_step_settings(c: Any) -> None:
+    """``ValueError`` naming the setting: ``steps`` and ``eval_every_steps`` integers >= 0, ``eval_every_steps``
+    only in a step run and dividing ``steps``, and in a step run no setting that counts epochs (see the module
+    docstring)."""
+    steps, every = c.get("steps", 0), c.get("eval_every_steps", 0)
+    for name, v in (("steps", steps), ("eval_every_steps", every)):
+        if not is_int(v) or v < 0:
+            raise ValueError(f"train.{name}: must be an integer >= 0, got {v!r}")
+    if not steps:
+        if every:
+            raise ValueError(f"train.eval_every_steps: {every} is for a step run (train.steps > 0); an epoch run "
+                             "evaluates every train.eval_every epochs")
+        return
+    if every and steps % every:
+        raise ValueError(f"train.eval_every_steps: {every} does not divide train.steps={steps}; the run is whole "
+                         "evaluation periods")
+    if steps > MAX_STEPS:
+        raise ValueError(f"train.steps: {steps} is more than the int32 step counter holds ({MAX_STEPS})")
+    if c.get("eval_every", 1) != 1:
+        raise ValueError(f"train.eval_every: {c.get('eval_every')} counts epochs; a step run (train.steps={steps}) "
+                         "evaluates every train.eval_every_steps steps")
+    if c.get("schedule", "constant") in ("step", "fixup", "cosine"):
+        raise ValueError(f"train.schedule: {c.get('schedule')!r} counts epochs; a step run (train.steps={steps}) "
+                         "takes 'constant' or an optax schedule by name (its arguments in steps)")
+    if c.get("milestones", ()):
+        raise ValueError("train.milestones: count epochs; a step run has none")
+    if c.get("warmup_epochs", 0.0):
+        raise ValueError("train.warmup_epochs: counts epochs; a step run has none (an optax schedule by name "
+                         "counts steps)")
 
 
 #: The optimiser's step counter is an int32: a run of more steps would wrap it.

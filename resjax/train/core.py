@@ -52,7 +52,7 @@ from jax.typing import ArrayLike
 
 from resjax.train.checkpoint import (CheckpointError, Checkpoints, _json, check_free_space, describe_model,
                                      estimated_size, same_model_description)
-from resjax.train.config import check_train_config, is_int
+from resjax.train.config import check_train_config, is_int, step_periods
 from resjax.train.distributed import is_main_process, to_host
 from resjax.train.lock import DirectoryLock
 from resjax.train.monitor import Progress, progress_bar
@@ -81,6 +81,7 @@ _HPARAM_RANGES = {"tau": (0.0, None, True), "momentum": (0.0, 1.0, False), "adam
 #: Settings a resumed run may change: when checkpoints are made and which epochs are evaluated (neither changes the
 #: training).
 RESUME_FREE = ("train.checkpoint_every", "train.checkpoint_keep", "train.eval_every")
+# (``train.eval_every_steps`` is not free: in a step run it is the length of a history entry)
 _DATA_SEED_TAG = 0x64617461  # fold_in tag for drawing a data seed from a key
 
 
@@ -277,7 +278,7 @@ class Core:
         """``run`` with its history arrays padded with NaN to ``config.train.epochs`` entries (a run made for
         fewer epochs, continued by ``with_epochs``); a run made for more is refused."""
         length = jax.tree_util.tree_leaves(run.history)[0].shape[-1]
-        total = self.config.train.epochs
+        total = self.num_epochs
         if length == total:
             return run
         if length > total:
@@ -306,7 +307,7 @@ class Core:
         opt_state = with_hyperparams(self.tx.init(params), hparams)
         state = ModelState(step=jnp.int32(0), params=params, batch_stats=variables.get("batch_stats", {}),
                            opt_state=opt_state)
-        history = {name: jnp.full((self.config.train.epochs,), jnp.nan, jnp.float32) for name in self.metric_names}
+        history = {name: jnp.full((self.num_epochs,), jnp.nan, jnp.float32) for name in self.metric_names}
         return RunState(state, run_key, jnp.asarray(data_seed, jnp.int32), jnp.int32(0), jnp.int32(-1), history)
 
     def train_step(self, run: RunState, batch: tuple[jax.Array, jax.Array],
@@ -360,11 +361,24 @@ class Core:
         schedule = make_schedule(self.config.train, self.steps_per_epoch, base, self.optim.get("schedule"))
         return schedule(run.epoch * self.steps_per_epoch)
 
+    @property
+    def num_epochs(self) -> int:
+        """The entries of a run's history: ``config.train.epochs``, or a step run's evaluation periods
+        (``resjax.train.config.step_periods``; then every "epoch" of this class is a period of
+        ``steps_per_epoch`` steps)."""
+        periods = step_periods(self.config.train)
+        return self.config.train.epochs if periods is None else periods[0]
+
+    @property
+    def is_step_run(self) -> bool:
+        """Whether the run is counted in steps (``config.train.steps > 0``)."""
+        return step_periods(self.config.train) is not None
+
     def evaluated(self, epoch: ArrayLike) -> ArrayLike:
         """Whether the run is evaluated after its 1-based ``epoch`` (``config.train.eval_every``): every k-th
         epoch and the last."""
         k = self.config.train.get("eval_every", 1)
-        return (epoch % k == 0) | (epoch == self.config.train.epochs)
+        return (epoch % k == 0) | (epoch == self.num_epochs)
 
     def skip_epoch(self, run: RunState) -> RunState:
         """The epoch of a run that has diverged, without training it: the state stays as it is (as every
@@ -397,6 +411,8 @@ class Core:
             out["final_test_error"] = err[..., -1] if done else np.full(np.shape(diverged), np.nan)
         out.update(divergence(diverged, step))
         out["epochs"] = done
+        if self.is_step_run:  # entry i is the period that ends at step (i + 1) * period
+            out["steps"] = done * self.steps_per_epoch
         return out
 
     def checkpoint_step(self, epoch: int, batch: int = 0) -> int:
@@ -456,7 +472,8 @@ class Core:
                 if (int(meta["epoch"]), int(meta.get("batch", 0))) <= ours:
                     self._set_aside(ckpt, damaged, "continuing from the state given")
                     return run, None
-                saved_epochs = int(meta.get("config", {}).get("train", {}).get("epochs", self.config.train.epochs))
+                saved_epochs = self.num_epochs if self.is_step_run else int(  # a step run is never extended
+                    meta.get("config", {}).get("train", {}).get("epochs", self.config.train.epochs))
                 shorter = run._replace(history={k: v[..., :saved_epochs] for k, v in run.history.items()})
                 restored = self.extend_history(ckpt.restore(shorter, step))
             except CheckpointError as e:
@@ -578,7 +595,7 @@ def resume_config(config: dict) -> dict:
 
 #: Settings added after checkpoints were first written, with their defaults: at the default they compare as absent,
 #: so a checkpoint made before them resumes.
-ADDED = {"train.loss": "cross_entropy", "train.label_smoothing": 0.0}
+ADDED = {"train.loss": "cross_entropy", "train.label_smoothing": 0.0, "train.steps": 0, "train.eval_every_steps": 0}
 
 
 def asks_for_seed_axis(key: int | Sequence[int] | np.ndarray | jax.Array) -> bool:

@@ -37,6 +37,9 @@ batch, the step's compilation: it is compiled before it runs) stops at once with
 without a ``checkpoint_dir`` one after a step stops there, saying the training is lost; either way exit
 status 130/143 and one line, never a traceback.
 
+Step runs (``config.train.steps``, ``resjax.train.config``): every "epoch" above is then a period of
+``config.train.eval_every_steps`` steps, whose batches are taken from the data epochs it touches (``_batches``).
+
 Divergence: the core's freeze; ``fit`` stops early once every seed has diverged.
 
 Data parallelism. With ``mesh`` (``make_data_mesh()``: axis ``'data'``), each batch's example axis is
@@ -55,6 +58,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import itertools
 import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -66,7 +70,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from resjax.train import distributed
-from resjax.train.config import SEED_AXIS_MODES, check_step_count, image_train_config, is_int
+from resjax.train.config import SEED_AXIS_MODES, check_step_count, image_train_config, is_int, step_periods
 from resjax.train.checkpoint import closed_on_error
 from resjax.train.core import Core, check_run_config, check_targets, progress_bar, seed_handles
 from resjax.train.distributed import make_data_mesh, to_host
@@ -87,6 +91,7 @@ class ImageTrainer(Core):
     train_source: Any = None
     test_source: Any = None
     mesh: Any = None
+    data_steps: int = 0  # a step run's full batches per data epoch (its periods are ``steps_per_epoch`` steps)
 
     def _step_one(self, run: RunState, images, labels, hparams=None):
         return self.train_step(run, (images, labels), hparams)
@@ -230,10 +235,13 @@ class ImageTrainer(Core):
         a line per run after every epoch (default: the ``monitor.log_to`` block's, if any; the cell is named by
         the ``progress`` label). A state passed in is consumed: the first step donates its buffers.
         """
-        total = self.config.train.epochs
+        total = self.num_epochs  # a step run: its evaluation periods
         epochs = total if epochs is None else epochs
         if not is_int(epochs) or epochs < 1:
             raise ValueError(f"epochs: must be an integer >= 1, got {epochs!r}")
+        if self.is_step_run and epochs > total:
+            raise ValueError(f"epochs: a step run is train.steps={self.config.train.steps} steps, {total} periods; "
+                             f"{epochs} periods would extend it: set train.steps instead")
         if epochs > total:  # extend: the same run, made for `epochs` epochs (see Core.with_epochs)
             return self.with_epochs(epochs).fit(keys_or_state, hparams=hparams, epochs=epochs,
                                                 checkpoint_dir=checkpoint_dir, resume=resume, progress=progress,
@@ -256,12 +264,16 @@ class ImageTrainer(Core):
         every = self.config.train.get("checkpoint_every", 0)
         with closed_on_error(ckpt):  # the directory's lock is given up if this fails before training
             log, progress = resolve_log(log, progress)
+            if log is not None and self.is_step_run:
+                log.step_period = self.steps_per_epoch  # its lines carry the step (metrics.jsonl)
             if log is not None:  # a resumed run's epochs missing from the file are written from its history
                 logged = [m for m in self.metric_names if not m.startswith("train_") or m == "train_loss"]
                 log.start(done, {k: v for k, v in self.history(run).items() if k in logged} if done else None)
         stop.saving = ckpt is not None
         stop.saved_in = None if ckpt is None else str(ckpt.directory)
         bar = progress_bar(epochs, done, progress)
+        if bar is not None and self.is_step_run:
+            bar.step_period = self.steps_per_epoch  # its lines count steps
         end_epoch, lr = self._compiled("end_epoch", seeded), self._compiled("lr", seeded)
         trained = [0]  # steps of this call; before the first, a stop signal stops at once with nothing to save
 
@@ -351,7 +363,21 @@ class ImageTrainer(Core):
         self._compiled("step", seeded).lower(*args).compile()
 
     def _batches(self, epoch: int, data_seeds: list, seeded: bool):
-        """The epoch's batches; with a mesh, this process's block of each (see ``_blocks``)."""
+        """The epoch's batches; with a mesh, this process's block of each (see ``_blocks``). In a step run, ``epoch``
+        is a period of ``steps_per_epoch`` steps: step ``s`` is batch ``s mod data_steps`` of data epoch
+        ``s // data_steps`` (the source's own order of that epoch: shuffled per ``(seed, epoch)``, or the stored
+        order with ``shuffle=False``), read from the data epochs the period touches."""
+        if not self.is_step_run:
+            yield from self._epoch_batches(epoch, data_seeds, seeded)
+            return
+        first, last = epoch * self.steps_per_epoch, (epoch + 1) * self.steps_per_epoch  # global steps [first, last)
+        for data_epoch in range(first // self.data_steps, -(-last // self.data_steps)):
+            start = data_epoch * self.data_steps  # its batches from first - start to last - start (no read past)
+            yield from itertools.islice(self._epoch_batches(data_epoch, data_seeds, seeded), max(0, first - start),
+                                        min(self.data_steps, last - start))
+
+    def _epoch_batches(self, epoch: int, data_seeds: list, seeded: bool):
+        """The data epoch's batches; with a mesh, this process's block of each (see ``_blocks``)."""
         kw = {"shuffle": bool(self.config.train.get("shuffle", True)), "augment": bool(self.config.train.get("augment", False)),
               "drop_remainder": True}
         b, src, sharded = self.config.train.batch_size, self.train_source, self.mesh is not None
@@ -530,8 +556,12 @@ def make_image_train(config: ml_collections.ConfigDict, train_source: Any, test_
         check_targets(objective, model, tuple(train_source.image_shape), y_train, y_test, "data",
                       {"label_smoothing": 0.0} if t.get("label_smoothing", 0.0) else None,
                       samples=not isinstance(train_source, ArraySource))
-    steps = train_source.num_batches(t.batch_size, drop_remainder=True)
-    check_step_count(t.epochs, int(steps))
+    steps = data_steps = int(train_source.num_batches(t.batch_size, drop_remainder=True))
+    periods = step_periods(t)
+    if periods is None:
+        check_step_count(t.epochs, int(steps))
+    else:  # a step run: the "epochs" of the machinery are its evaluation periods (resjax.train.config)
+        steps = periods[1]
     x = jax.ShapeDtypeStruct((2, *train_source.image_shape), jnp.float32)
     params = jax.eval_shape(lambda k, x: model.init(k, x, train=False)["params"], jax.random.key(0), x)  # traced, not compiled
     optim = {k: v for k, v in dict(optimizer=optimizer, schedule=schedule, param_groups=param_groups).items()
@@ -540,7 +570,7 @@ def make_image_train(config: ml_collections.ConfigDict, train_source: Any, test_
     return ImageTrainer(config=config, model=model, tx=tx, example_shape=tuple(train_source.image_shape), optim=optim,
                         objective=objective,
                         uses_tau=getattr(model, "scaling", None) == "tau", steps_per_epoch=int(steps),
-                        train_source=train_source,
+                        train_source=train_source, data_steps=data_steps,
                         test_source=test_source, mesh=mesh, make_args=make_args)
 
 

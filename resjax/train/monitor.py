@@ -77,7 +77,11 @@ def _number(v: Any) -> float | None:
 
 class RunLog:
     """A metrics file (``metrics.jsonl``) and, optionally, TensorBoard event files in ``directory``; see
-    the module docstring. ``cell``: the name written on every line (``cell()`` gives a copy for another)."""
+    the module docstring. ``cell``: the name written on every line (``cell()`` gives a copy for another).
+    ``step_period``: set by a step run (``train.steps``), whose "epochs" are periods of that many steps: every line
+    also carries ``step``, the steps done at the end of its period."""
+
+    step_period: int | None = None
 
     def __init__(self, directory: str | os.PathLike, cell: str | None = None, tensorboard: bool = False,
                  progress: bool = False) -> None:
@@ -201,6 +205,8 @@ class RunLog:
         for e in range(epochs):
             for r in range(runs):
                 row = {"cell": self.name, "run": r, "epoch": first + e + 1}
+                if self.step_period:
+                    row["step"] = (first + e + 1) * self.step_period
                 row.update({k: _number(v[r, e]) for k, v in shaped.items()})
                 row.update(elapsed_s=round(elapsed, 3), time=round(now, 3))
                 rows.append(row)
@@ -275,7 +281,10 @@ def resolve_log(log: RunLog | str | os.PathLike | None, progress: Any) -> tuple[
 class Progress:
     """One progress display for both feeders: a tqdm bar (``progress`` True or a label) on a terminal, plain
     lines when stderr is not one (see the module docstring), or ``progress(epochs_done, summary)`` called with
-    the last epoch's metrics (numpy, per seed)."""
+    the last epoch's metrics (numpy, per seed). ``step_period`` (a step run's, set by its feeder): the lines count
+    steps, ``step 500/6000``, where an epoch run's count epochs (the callback still gets the periods done)."""
+
+    step_period: int | None = None
 
     def __init__(self, total: int, done: int, progress: bool | str | Callable[[int, dict], None],
                  stream: Any = None) -> None:
@@ -309,7 +318,8 @@ class Progress:
             elapsed = time.time() - self.start
             rate = elapsed / (done - self.first) if done > self.first else math.nan
             left = rate * (self.total - done)
-            print(f"[{self.label}] epoch {done}/{self.total} ({100 * done / self.total:.0f}%) "
+            k, unit = (self.step_period, "step") if self.step_period else (1, "epoch")
+            print(f"[{self.label}] {unit} {k * done}/{k * self.total} ({100 * done / self.total:.0f}%) "
                   f"{format_seconds(elapsed)} "
                   f"elapsed, ~{format_seconds(left)} left; " + " ".join(f"{k} {v}" for k, v in post.items()),
                   flush=True)

@@ -1,6 +1,8 @@
 """The on-device feeder: ``make_train(config)`` returns a pure ``train(key, hparams) -> (run, metrics)``.
 
-For data sets that fit on the device (MNIST-1D). A run is ``config.train.epochs`` epochs of
+For data sets that fit on the device (MNIST-1D). A run is ``config.train.steps`` minibatch steps in periods of
+``config.train.eval_every_steps`` (a step run: every "epoch" below is then one such period, the history has one
+entry per period; see ``resjax.train.config``), or ``config.train.epochs`` epochs of
 ``N // batch_size`` minibatch steps of the core's ``train_step`` (the last partial batch of each epoch is
 dropped, so every step has the same shape; each epoch draws a fresh permutation from
 ``fold_in(run.key, epoch)``, so a run does not depend on how it is chunked). Steps and epochs are
@@ -61,7 +63,7 @@ import numpy as np
 from resjax.data import ArrayData, Dataset, check_finite, load_dataset
 from resjax.nn import build_model
 from resjax.train.checkpoint import closed_on_error
-from resjax.train.config import check_step_count, is_int
+from resjax.train.config import check_step_count, is_int, step_periods
 from resjax.train.core import (Core, asks_for_seed_axis, check_run_config, check_targets, divergence, progress_bar,
                                seed_handles)
 from resjax.train.distributed import to_host
@@ -106,8 +108,11 @@ class Trainer(Core):
         and the hooks' values (``step_records``, ``epoch_records``; empty without hooks)."""
         n, b = len(self.data.y_train), self.config.train.batch_size
         steps = n // b
-        perm = jax.random.permutation(jax.random.fold_in(run.key, run.epoch), n)
-        batches = perm[: steps * b].reshape(steps, b)
+        if self.is_step_run:
+            batches = self._period_batches(run)
+        else:
+            perm = jax.random.permutation(jax.random.fold_in(run.key, run.epoch), n)
+            batches = perm[: steps * b].reshape(steps, b)
         x_train, y_train = jnp.asarray(self.data.x_train), jnp.asarray(self.data.y_train)
         lr = self.epoch_learning_rate(run)
 
@@ -138,6 +143,23 @@ class Trainer(Core):
         if self.epoch_hook is not None:
             records["epoch_records"] = self.epoch_hook(run, hparams)
         return run, records
+
+    def _period_batches(self, run: RunState) -> jax.Array:
+        """A step run's minibatches of the period ``run.epoch`` (its ``steps_per_epoch`` steps), ``(steps, batch)``
+        example indices: step ``s`` is batch ``s mod (N // batch_size)`` of data epoch ``s // (N // batch_size)``,
+        of that epoch's permutation ``fold_in(run.key, epoch)`` (``config.train.shuffle``) or of the stored order
+        (see ``resjax.train.config``)."""
+        n, b = len(self.data.y_train), self.config.train.batch_size
+        per_epoch = n // b
+        s = run.epoch * self.steps_per_epoch + jnp.arange(self.steps_per_epoch)  # the period's global steps
+        offsets = (s % per_epoch)[:, None] * b + jnp.arange(b)[None, :]
+        if not self.config.train.get("shuffle", True):
+            return offsets.astype(jnp.int32)
+        # the permutations of the data epochs this period touches: at most ceil(period / per_epoch) + 1 of them
+        first = s[0] // per_epoch
+        count = -(-self.steps_per_epoch // per_epoch) + 1
+        perms = jax.vmap(lambda e: jax.random.permutation(jax.random.fold_in(run.key, e), n))(first + jnp.arange(count))
+        return perms[(s // per_epoch - first)[:, None], offsets]
 
     def run_epochs(self, run: RunState, hparams: dict | None, num_epochs: int,
                    start: int | jax.Array = 0) -> tuple[RunState, dict]:
@@ -170,7 +192,7 @@ class Trainer(Core):
         """The whole run as one pure function: ``(run, metrics)``; metrics are the history arrays
         (``(epochs,)`` each), ``diverged_epoch``, ``diverged_step`` and the hooks' records."""
         hparams = self.default_hparams() if hparams is None else hparams
-        run, records = self.run_epochs(self.init(key, hparams), hparams, self.config.train.epochs)
+        run, records = self.run_epochs(self.init(key, hparams), hparams, self.num_epochs)
         return run, {**run.history, **divergence(run.diverged_epoch, run.state.step), **records}
 
     def with_config(self, config: ml_collections.ConfigDict) -> Trainer:
@@ -228,8 +250,11 @@ class Trainer(Core):
         module docstring). ``stop``: an open ``StopSignals`` of the caller's to obey instead of the sweep's own
         (``resjax.train.side_by_side``, which runs sweeps in threads, where no handler can be installed).
         """
-        total = self.config.train.epochs
+        total = self.num_epochs  # a step run: its evaluation periods
         epochs = total if epochs is None else epochs
+        if self.is_step_run and epochs > total:
+            raise ValueError(f"epochs: a step run is train.steps={self.config.train.steps} steps, {total} periods; "
+                             f"{epochs} periods would extend it: set train.steps instead")
         if not is_int(epochs) or epochs < 1:
             raise ValueError(f"epochs: must be an integer >= 1, got {epochs!r}")
         if chunk_epochs is not None and (not is_int(chunk_epochs) or chunk_epochs < 1):
@@ -271,9 +296,13 @@ class Trainer(Core):
                 raise ValueError(f"checkpoint_dir: {checkpoint_dir} holds a run {done} epochs in; the hooks' records "
                                  "of those epochs were not saved, so a run with hooks cannot resume")
             log, progress = resolve_log(log, progress)
+            if log is not None and self.is_step_run:
+                log.step_period = self.steps_per_epoch  # its lines carry the step (metrics.jsonl)
             if log is not None:  # a resumed cell's epochs missing from the file are written from its history
                 log.start(done, {k: v[:num] for k, v in self.history(run).items() if k in run.history} if done else None)
         records, bar, trained, ready = [], progress_bar(epochs, done, progress), False, set()
+        if bar is not None and self.is_step_run:
+            bar.step_period = self.steps_per_epoch  # its lines count steps
         convolutions = None  # whether the chunk program convolves on a CPU (see SlowFeederWarning)
 
         def stopping():  # after a chunk (or, before the first, a compilation): save or say what is lost, and stop
@@ -538,7 +567,11 @@ def make_train(config: ml_collections.ConfigDict, data: Dataset | ArrayData | No
                   {"label_smoothing": 0.0} if t.get("label_smoothing", 0.0) else None,
                   counts=(len(data.x_train), len(data.x_test)))
     steps = len(data.y_train) // t.batch_size
-    check_step_count(t.epochs, steps)
+    periods = step_periods(t)
+    if periods is None:
+        check_step_count(t.epochs, steps)
+    else:  # a step run: the "epochs" of the machinery are its evaluation periods (resjax.train.config)
+        steps = periods[1]
     x = jax.ShapeDtypeStruct((2, *data.x_train.shape[1:]), jnp.float32)
     uses_tau = getattr(model, "scaling", None) == "tau"
     params = jax.eval_shape(lambda k, x: model.init(k, x, train=False)["params"], jax.random.key(0), x)
