@@ -44,8 +44,9 @@ import hashlib
 import json
 import os
 import pathlib
+
+from resjax.paths import as_path, check_url, is_url, remove_tree
 import re
-import shutil
 import signal
 import sys
 import threading
@@ -67,13 +68,13 @@ def resolve(value: str | os.PathLike | None, out_dir) -> pathlib.Path | None:
     """The checkpoint root of ``--checkpoint_dir value``: ``<out_dir>/checkpoints`` when not given, None for
     ``none``; ``ValueError`` naming ``checkpoint_dir`` for an empty path."""
     if value is None:
-        return pathlib.Path(out_dir) / DEFAULT_FOLDER
+        return as_path(out_dir, "out") / DEFAULT_FOLDER
     if str(value).strip() == "":
         raise ValueError("checkpoint_dir: an empty path (it would mean the current folder); give a folder, or "
                          f"'{NONE}' for no checkpoints")
     if str(value).strip().lower() == NONE:
         return None
-    return pathlib.Path(value)
+    return as_path(value, "checkpoint_dir")
 
 
 def check_root(root: pathlib.Path | None) -> None:
@@ -81,6 +82,9 @@ def check_root(root: pathlib.Path | None) -> None:
     does not exist yet, creatable (its nearest existing parent a writable folder). ``ValueError`` naming
     ``checkpoint_dir`` else. Nothing is created here (an experiment that never trains leaves no folder)."""
     if root is None:
+        return
+    if is_url(root):  # a bucket: reachable, there and writable (resjax.paths)
+        check_url(root, "checkpoint_dir")
         return
     path = pathlib.Path(root).absolute()
     if path.exists() and not path.is_dir():
@@ -141,8 +145,8 @@ def session(root: pathlib.Path | None, name: str = "experiment", config: Any = N
     its first cell (an experiment that never trains creates no folder), to its end; ``locked``: a folder the
     caller already holds the lock of (``run_experiment``'s output folder), not locked again when it is ``root``.
     Another running process's root is ``files.FolderInUseError``, before anything in it is read or deleted."""
-    s = Session(pathlib.Path(root) if root is not None else None, name, config, fresh,
-                locked=pathlib.Path(locked) if locked is not None else None)
+    s = Session(as_path(root, "checkpoint_dir") if root is not None else None, name, config, fresh,
+                locked=as_path(locked, "out") if locked is not None else None)
     try:
         if s.root is not None and s.root.is_dir():
             _lock_root(s)  # another run's root is refused here, before anything of it is read or deleted (#32)
@@ -167,7 +171,7 @@ def _lock_root(s: Session | None) -> None:
     process holds it: one run per checkpoint root, so that ``--fresh`` never deletes a running run's cells."""
     if s is None or s.root is None or s.lock is not None:
         return
-    if s.locked is not None and s.root.absolute() == s.locked.absolute():
+    if s.locked is not None and _same_folder(s.root, s.locked):
         return
     with _ROOT_LOCK:  # cells may begin in several threads (sweeps): the root is locked once
         if s.lock is None:
@@ -196,8 +200,12 @@ def _end_cell(s: Session | None) -> None:
             s.current, s.finished = None, s.finished + 1
 
 
+def _same_folder(a, b) -> bool:
+    return str(a).rstrip("/") == str(b).rstrip("/") if is_url(a) or is_url(b) else a.absolute() == b.absolute()
+
+
 def _has_steps(directory: pathlib.Path | None) -> bool:
-    return directory is not None and directory.is_dir() and any(n.isdigit() for n in os.listdir(directory))
+    return directory is not None and directory.is_dir() and any(p.name.isdigit() for p in directory.iterdir())
 
 
 def _slug(cell: str) -> str:
@@ -238,12 +246,13 @@ def _empty(directory: pathlib.Path) -> None:
         for entry in directory.iterdir():
             if entry.name == LOCK_FILE:
                 continue
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
+            if entry.is_dir() and not (isinstance(entry, pathlib.Path) and entry.is_symlink()):
+                remove_tree(entry)
             else:
                 entry.unlink()
-    with contextlib.suppress(OSError):  # something new in it meanwhile: left for its trainer
-        directory.rmdir()
+    if not is_url(directory):  # a bucket has no empty folders to remove
+        with contextlib.suppress(OSError):  # something new in it meanwhile: left for its trainer
+            directory.rmdir()
 
 
 def _digest(*arrays) -> str:
@@ -273,7 +282,7 @@ def sweep_settings(trainer, keys, hparams, epochs) -> tuple:
 
 def _announce(s: Session, cell: str, directory: pathlib.Path, steps_per_epoch: int, total: int) -> None:
     """Say that ``cell`` goes on from its checkpoint (when its folder holds one)."""
-    steps = [int(n) for n in os.listdir(directory) if n.isdigit()] if directory.is_dir() else []
+    steps = [int(p.name) for p in directory.iterdir() if p.name.isdigit()] if directory.is_dir() else []
     if not steps or not files.is_main():
         return
     epoch = max(steps) // max(steps_per_epoch, 1)

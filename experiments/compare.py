@@ -29,6 +29,8 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+
+from resjax.paths import as_path, is_url
 import sys
 import warnings
 from collections.abc import Sequence
@@ -46,7 +48,7 @@ class NotARun(ValueError):
 
 def load_run(folder) -> dict:
     """The ``results.json`` of the run in ``folder``; :class:`NotARun` saying why when it is not a run."""
-    folder = pathlib.Path(folder)
+    folder = as_path(folder, "run")  # a local folder or a bucket URL
     path = folder / "results.json"
     if not folder.exists():
         raise NotARun(f"{folder}: no such folder")
@@ -69,7 +71,7 @@ def load_run(folder) -> dict:
 
 def _labels(folders: Sequence[pathlib.Path]) -> list[str]:
     """Short unique names for the runs: the folders' names, with as many parent folders as it takes."""
-    parts = [pathlib.Path(f).resolve().parts for f in folders]
+    parts = [tuple(str(f).rstrip("/").split("/")) if is_url(f) else pathlib.Path(f).resolve().parts for f in folders]
     for k in range(1, max(len(p) for p in parts) + 1):
         labels = ["/".join(p[-k:]) for p in parts]
         if len(set(labels)) == len(labels):
@@ -220,9 +222,12 @@ def plot_curves(metrics: Sequence[dict], labels: Sequence[str], path, title: str
     fig.legend(handles, shown, loc="upper center", ncol=min(len(shown), 4), fontsize=9, bbox_to_anchor=(0.5, 1.0))
     fig.suptitle(title, fontsize=10, y=1.0 - 0.45 / (3.6 * nrows + 0.8))
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.9 / (3.6 * nrows + 0.8)))
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    from experiments.figures import write_figure
+
+    path = as_path(path, "out")  # a local file or a bucket object
+    if not is_url(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    write_figure(fig, path, 100)
     plt.close(fig)
     return names
 
@@ -251,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(set(experiments)) > 1:
         parser.error("runs of different experiments cannot be compared: " + ", ".join(
             f"{f} is {e}" for f, e in zip(args.runs, experiments)))
-    labels = _labels([pathlib.Path(f) for f in args.runs])
+    labels = _labels(list(args.runs))
     name = experiments[0]
     print(f"{len(results)} runs of {name}:")
     for label, folder, r in zip(labels, args.runs, results):

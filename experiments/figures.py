@@ -143,5 +143,15 @@ def save_figure(fig, path, dpi: int = 110, tight: bool = True) -> None:
 
 def write_figure(fig, path, dpi: int) -> None:
     """Write ``fig`` to ``path`` atomically (its format from the suffix; png without one)."""
-    path = pathlib.Path(path)
-    files.write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png"))
+    from resjax.paths import as_path, is_url
+
+    path = as_path(path, "out")
+    kind = path.suffix.lstrip(".") or "png"
+    if is_url(path):  # matplotlib writes local files: the figure's bytes, then one object
+        import io
+
+        buffer = io.BytesIO()
+        fig.savefig(buffer, dpi=dpi, format=kind)
+        files.write_atomically(path, lambda target: target.write_bytes(buffer.getvalue()))
+        return
+    files.write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=kind))

@@ -37,20 +37,17 @@ def write_atomically(path: pathlib.Path, write: Callable[[pathlib.Path], Any], s
     file system, no permission) is ``resjax.train.storage.StorageError`` naming ``setting`` and the folder."""
     from resjax.train.storage import raise_storage_error
 
-    path = pathlib.Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # this process's, this thread's
+    from resjax import paths
+
+    path = paths.as_path(path, setting)  # a local file, or an object in a bucket (written in one request: whole)
     existed = path.exists()
     try:
-        write(tmp)
-        os.replace(tmp, path)
+        paths.write_atomically(path, write, f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     except OSError as err:
         raise_storage_error(err, path.parent, setting, f"writing {path.name}",
                             f"{path.name} {'keeps its previous content' if existed else 'was not written'}, and "
                             "the checkpoints are kept: the same command writes it once there is room")
         raise
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 class FolderInUseError(ValueError):

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+
+from resjax.paths import as_path
 import re
 
 import ml_collections
@@ -224,7 +226,8 @@ def parse_args(module, argv=None, check: bool = False,
             except ValueError as err:
                 parser.error(f"argument --{name}: {err}")
             set_path(config, name, value)
-    out_dir = pathlib.Path(args["out"]) if args["out"] else default_out(module.NAME, size_name)
+    # a local folder or a bucket URL (resjax.paths: gs://, s3://); a URL is checked before anything compiles
+    out_dir = as_path(args["out"], "out") if args["out"] else default_out(module.NAME, size_name)
     if options is not None:
         options.update(checkpoint_dir=args["checkpoint_dir"], fresh=args["fresh"])
     if check:

@@ -55,8 +55,13 @@ def check_seeds(config: ml_collections.ConfigDict) -> None:
 
 def check_out_dir(out_dir) -> None:
     """Create ``out_dir`` and write (then remove) a temporary file in it; ``ValueError`` naming ``out`` else."""
-    path = pathlib.Path(out_dir)
+    from resjax.paths import as_path, check_url, is_url
+
+    path = as_path(out_dir, "out")
     if not is_main():  # process 0 writes every file of a multi-process run
+        return
+    if is_url(path):  # reachable, its bucket there, writable: one ValueError naming out and the URL
+        check_url(path, "out")
         return
     try:
         path.mkdir(parents=True, exist_ok=True)

@@ -47,6 +47,8 @@ import importlib
 import json
 import os
 import pathlib
+
+from resjax.paths import as_path, is_url
 import signal
 import subprocess
 import sys
@@ -202,7 +204,7 @@ def report_section(module, results: dict, out_dir: pathlib.Path, report_dir: pat
     lines.append("")
     if hasattr(module, "report_section"):
         lines += [module.report_section(metrics), ""]
-    figure = (out_dir / f"{module.NAME}.png").relative_to(report_dir)
+    figure = pathlib.PurePosixPath(str(out_dir / f"{module.NAME}.png")).relative_to(str(report_dir))
     lines += [f"![{module.NAME}]({figure})", ""]
     return "\n".join(lines)
 
@@ -238,7 +240,7 @@ def _checkpoint_arg(value: str | None, name: str) -> str | None:
     """An experiment's ``checkpoint_dir`` from reproduce's ``--checkpoint_dir`` (None: its own default)."""
     if value is None or value.strip().lower() == checkpoints.NONE or value.strip() == "":
         return value
-    return str(pathlib.Path(value) / name)
+    return f"{value.rstrip('/')}/{name}" if is_url(value) else str(pathlib.Path(value) / name)
 
 
 def _checkpoint_root(value: str | None, folder: pathlib.Path, name: str) -> pathlib.Path | None:
@@ -251,7 +253,7 @@ def rebuild_report(out="runs", size_name: str = "default", names=None) -> pathli
     whose config changed since). The run line of an existing report (the size and timings of the run that
     made the results) is kept. For a stand-in run of an experiment that needs a TFDS data set, the report
     shows the command that prepares the data set as this machine sees it (``size_name``'s config)."""
-    out = pathlib.Path(out)
+    out = as_path(out, "out")
     path = out / "REPORT.md"
     sections, seconds, rows = [], 0.0, []
     for name in names or REGISTRY:
@@ -458,7 +460,7 @@ def main(argv=None) -> pathlib.Path:
         parser.error(f"--jobs {args.jobs}: processes side by side are for a CPU host; on this {backend} host each "
                      "would claim the one device (run with --jobs 1, the default here)")
     size_name = "quick" if args.quick else "full" if args.full else "default"
-    out = pathlib.Path(args.out) if args.out else pathlib.Path("runs")
+    out = as_path(args.out, "out") if args.out else pathlib.Path("runs")  # a local folder or a bucket URL
     suffix = "-quick" if size_name == "quick" and not args.out else ""  # common.default_out's rule
     if common.is_main():  # with several processes, process 0 writes every file
         out.mkdir(parents=True, exist_ok=True)

@@ -112,8 +112,13 @@ def to_jsonable(value: Any) -> Any:
 def describe_results(path, module=None) -> str:
     """One line on an existing ``results.json``: its experiment, its size (the ``get_config`` size its config
     equals, else 'custom' and the settings that differ from the default size) and when it was written."""
-    path = pathlib.Path(path)
-    written = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(path.stat().st_mtime))
+    from resjax.paths import as_path
+
+    path = as_path(path, "out")
+    try:
+        written = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(path.stat().st_mtime))
+    except (OSError, AttributeError, NotImplementedError):  # a bucket object without a modification time
+        written = "?"
     try:
         old = json.loads(path.read_text())
         name, config = old.get("experiment", "?"), old.get("config")

@@ -163,3 +163,45 @@ def test_an_endpoint_that_does_not_answer_is_named_before_anything_compiles(tmp_
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert f"ValueError: out: gs://b/run: the storage endpoint 127.0.0.1:{port} cannot be reached" in done.stderr
+
+
+# ---- experiments with --out in a bucket ----------------------------------------------------------------------
+
+
+# Broken on purpose: experiments.flags parsing --out with pathlib.Path -> a local folder named "gs:" is written and
+# nothing reaches the bucket.
+def test_an_experiment_stopped_and_resumed_in_a_bucket_equals_the_same_run_on_a_local_folder(gcs, tmp_path, capsys):
+    """``degradation --quick --out gs://...`` stopped by SIGTERM inside a cell, then the same command again in a new
+    working directory with empty caches: exit 0, and its results equal those of the same run on a local folder
+    (``tools/compare_results.py``, reading both)."""
+    from tests.test_resume_experiments import DEGRADATION, _in_process, _signal_at
+
+    url = gcs.url("degradation")
+    local = tmp_path / "local"
+    _in_process(capsys, DEGRADATION, local)
+    rc, output = _signal_at(DEGRADATION, url, "[B=64 plain_d2] epoch 1/12")
+    assert rc == 143 and "resjax: stopped by SIGTERM" in output and "Traceback" not in output, output[-3000:]
+    assert not (ROOT / "gs:").exists()
+    assert [p.name for p in (as_path(url) / "checkpoints").iterdir()]  # the cells' checkpoints are in the bucket
+    home = tmp_path / "vm2"
+    home.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RESJAX_CACHE": str(home / "cache")}
+    again = subprocess.run([sys.executable, *DEGRADATION, "--out", url], cwd=home, env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resuming the run of this config from its checkpoints in {url}/checkpoints" in again.stdout
+    assert (as_path(url) / "degradation.png").read_bytes()[:4] == b"\x89PNG"
+    same = subprocess.run([sys.executable, str(ROOT / "tools" / "compare_results.py"), str(local), url], cwd=home,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert same.returncode == 0, same.stdout[-3000:] + same.stderr[-2000:]
+
+
+def test_experiments_compare_reads_runs_in_a_bucket(gcs, tmp_path):
+    from experiments import compare
+
+    url = gcs.url("compare")
+    for name, error in (("a", 1.5), ("b", 2.5)):
+        (as_path(url) / name / "results.json").write_text(json.dumps(
+            {"experiment": "x", "config": {"lr": error}, "metrics": {"final_error": [error]}, "seconds": 1.0}))
+    assert compare.load_run(f"{url}/a")["metrics"] == {"final_error": [1.5]}
+    assert compare.main([f"{url}/a", f"{url}/b", "--out", str(tmp_path / "c.png")]) == 0

@@ -21,7 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import pathlib
+
+from resjax.paths import as_path
 import sys
 
 
@@ -55,9 +56,10 @@ def compare_values(a, b) -> tuple[bool, float, float, str]:
     return equal, worst_abs, worst_rel, note
 
 
-def load(folder: pathlib.Path) -> dict:
+def load(folder) -> dict:
     """``{experiment: metrics}`` of the runs in ``folder`` (``<name>/results.json``), or of the run ``folder`` is
     (it holds ``results.json`` itself: keyed by its experiment)."""
+    folder = as_path(folder, "folder")  # a local folder or a bucket URL (resjax.paths)
     if (folder / "results.json").is_file():
         results = json.loads((folder / "results.json").read_text())
         return {results.get("experiment", folder.name): results["metrics"]}
@@ -69,8 +71,8 @@ def load(folder: pathlib.Path) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("before", type=pathlib.Path)
-    parser.add_argument("after", type=pathlib.Path)
+    parser.add_argument("before", help="a folder of runs or one run's folder: a local path or a bucket URL")
+    parser.add_argument("after", help="the same, to compare with")
     parser.add_argument("--rtol", type=float, default=0.0, help="relative difference still counted as equal")
     parser.add_argument("--rename", nargs="*", default=[], metavar="OLD=NEW", help="metric renamed between the two")
     parser.add_argument("--ignore", nargs="*", default=["seconds"], metavar="PATTERN")
@@ -79,7 +81,7 @@ def main(argv=None) -> int:
     for old, new in renames.items():
         print(f"mapping: {old} -> {new}")
     for folder in (args.before, args.after):
-        if not folder.is_dir():
+        if not as_path(folder, "folder").is_dir():
             print(f"compare_results: {folder} is not a folder; nothing to compare", file=sys.stderr)
             return 2
     before, after = load(args.before), load(args.after)
