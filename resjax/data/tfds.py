@@ -56,6 +56,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from resjax.data.source import BatchSource, _check_batch_size, _check_nonneg
+from resjax.paths import as_path, is_url
 
 __all__ = [
     "CIFAR_PADDING",
@@ -77,6 +78,7 @@ __all__ = [
     "random_resized_crop",
     "synthetic_image_dataset",
     "tfds_data_dir",
+    "local_copy",
 ]
 
 
@@ -139,10 +141,61 @@ def _check_split(name: str, split: str) -> None:
 
 
 def tfds_data_dir(data_dir: str | os.PathLike | None = None) -> pathlib.Path:
-    """The directory searched: ``data_dir``, else ``$TFDS_DATA_DIR``, else ``~/tensorflow_datasets``."""
+    """The directory searched: ``data_dir``, else ``$TFDS_DATA_DIR``, else ``~/tensorflow_datasets``; a bucket
+    URL (``gs://``, ``s3://``: ``resjax.paths``) is an ``etils.epath`` path (see :func:`local_copy`)."""
     if data_dir is None:
         data_dir = os.environ.get("TFDS_DATA_DIR") or os.path.join("~", "tensorflow_datasets")
+    if is_url(data_dir):
+        return as_path(data_dir, "data_dir")
     return pathlib.Path(os.path.expanduser(os.fspath(data_dir)))
+
+
+def local_copy(root, tfds_name: str, version: str, progress: bool = True) -> pathlib.Path:
+    """A data set prepared in a bucket (``root``: a URL), copied once into the local cache and read there.
+
+    ArrayRecord's reader (what ``tfds.data_source`` reads) opens local files, so the version folder
+    ``root/<tfds_name>/<version>`` is copied to ``$RESJAX_CACHE/tfds/<digest of root>/`` (default
+    ``~/.cache/resjax``), file by file with a progress bar, each file first to a temporary name and checked against
+    the size the bucket lists (and its MD5 where the store gives one) before it is renamed into place; a file already
+    there with the listed size is not copied again, so an interrupted copy goes on where it stopped. Returns the
+    local data directory to read."""
+    import base64
+    import hashlib
+
+    from resjax.data.mnist1d import cache_dir
+    from resjax.paths import filesystem
+
+    fs, inner = filesystem(os.fspath(root))
+    source = f"{inner.rstrip('/')}/{tfds_name}/{version}"
+    listed = {p: info for p, info in fs.find(source, detail=True).items() if info.get("type", "file") == "file"}
+    local_root = cache_dir() / "tfds" / hashlib.sha256(os.fspath(root).encode()).hexdigest()[:12]
+    target = local_root / tfds_name / version
+    todo = []
+    for path, info in sorted(listed.items()):
+        local = target / path[len(source):].lstrip("/")
+        if not (local.is_file() and local.stat().st_size == int(info["size"])):
+            todo.append((path, local, info))
+    if todo:
+        from tqdm.auto import tqdm
+
+        total = sum(int(info["size"]) for _, _, info in todo)
+        with tqdm(total=total, unit="B", unit_scale=True, disable=not progress,
+                  desc=f"copying {os.fspath(root)}/{tfds_name}/{version} to {target}") as bar:
+            for path, local, info in todo:
+                local.parent.mkdir(parents=True, exist_ok=True)
+                tmp = local.with_name(f".{local.name}.{os.getpid()}.part")
+                fs.get_file(path, str(tmp))
+                data_ok = tmp.stat().st_size == int(info["size"])
+                md5 = info.get("md5Hash")  # GCS: base64 of the MD5 of the object
+                if data_ok and md5:
+                    data_ok = base64.b64encode(hashlib.md5(tmp.read_bytes()).digest()).decode() == md5
+                if not data_ok:
+                    tmp.unlink()
+                    raise ValueError(f"data_dir: {os.fspath(root)}: the copy of {path} does not match its size or "
+                                     "checksum in the bucket (a partial upload?); prepare the data set again")
+                os.replace(tmp, local)
+                bar.update(int(info["size"]))
+    return local_root
 
 
 def prepare_command(name: str, data_dir: str | os.PathLike | None = None) -> str:
@@ -418,6 +471,8 @@ def load_image_dataset(name: str, split: str = "train", *, data_dir: str | os.Pa
     spec = _spec(name)
     _check_split(name, split)
     root, version, info = _prepared_info(name, split, data_dir)
+    if is_url(root):  # ArrayRecord reads local files: the version folder copied once into the local cache
+        root = local_copy(root, spec.tfds_name, version)
 
     import tensorflow_datasets as tfds  # slow import, only once the data are known to exist
 
