@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["EXTRA", "FILESYSTEMS", "Path", "as_path", "check_url", "filesystem", "is_url", "remove_tree",
+__all__ = ["EXTRA", "FILESYSTEMS", "Path", "as_path", "cache_dir", "check_url", "filesystem", "is_url", "remove_tree",
            "write_atomically"]
 
 #: The pip extra that installs the bucket file systems.
@@ -82,6 +82,12 @@ def _check_scheme(url: str, setting: str) -> None:
                          f"gs:// and s3:// with {EXTRA}") from None
 
 
+def cache_dir() -> pathlib.Path:
+    """Where resjax caches what it can make again (MNIST-1D's arrays, copies of data sets kept in buckets):
+    ``$RESJAX_CACHE``, else ``~/.cache/resjax``."""
+    return pathlib.Path(os.environ.get("RESJAX_CACHE", pathlib.Path.home() / ".cache" / "resjax"))
+
+
 def _no_listings_cache(scheme: str) -> None:
     """No cached folder listings for ``scheme``'s file systems (``fsspec.config``, read when a file system is first
     made): a run's folder is also written by others than this file system (TensorStore writes Orbax's arrays, another
@@ -110,7 +116,7 @@ def as_path(path: str | os.PathLike, setting: str = "path") -> Path:
     return epath.Path(text)
 
 
-def filesystem(url: str | os.PathLike):
+def filesystem(url: str | os.PathLike) -> tuple[Any, str]:
     """The ``fsspec`` file system behind ``url`` and the path within it: ``(fs, path)``."""
     import fsspec
 

@@ -19,3 +19,20 @@ def race(root: str, rounds: int, barrier, results) -> None:
         results.put((r, os.getpid(), lock.held))
         barrier.wait()
         lock.release()
+
+
+def holders_per_round(root: str, rounds: int, racers: int) -> dict[int, int]:
+    """``racers`` processes (spawned: no JAX state shared) race for the lock of ``root/round<r>`` in every round;
+    returns how many held it in each round."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(racers), ctx.Queue()
+    procs = [ctx.Process(target=race, args=(root, rounds, barrier, results)) for _ in range(racers)]
+    for p in procs:
+        p.start()
+    rows = [results.get(timeout=120) for _ in range(rounds * racers)]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0, p.exitcode
+    return {r: sum(held for rr, _, held in rows if rr == r) for r in range(rounds)}

@@ -183,7 +183,7 @@ def _nan_at_17(d):
     (lambda d: d._replace(y_train=d.y_train - 1), r"y_train holds labels -1 \.\. 8"),
     (lambda d: d._replace(y_test=d.y_test * 11), r"y_test holds labels 0 \.\. 99"),
     (lambda d: d._replace(y_train=d.y_train.astype(np.float32)), "not float32 inputs and int32 labels"),
-    (lambda d: d._replace(x_train=d.x_train[:, :20], x_test=d.x_test[:, :20]), "are not the default MNIST-1D"),
+    (lambda d: d._replace(x_train=d.x_train[:, :20], x_test=d.x_test[:, :20]), "are not the MNIST-1D data set of these arguments"),
     (_nan_at_17, r"data\.x_train: example 17 has a non-finite value \(nan\)"),
 ], ids=["labels -1", "labels 0..99", "float labels", "length 20", "NaN"])
 def test_a_readable_mnist1d_cache_with_wrong_content_is_rebuilt(tmp_path, monkeypatch, damage, what):

@@ -89,24 +89,13 @@ def _dead_pid() -> int:
 def test_racing_processes_never_share_a_lock(tmp_path):
     """4 processes lock one folder at the same instant, 120 rounds (half of them begin with a stale lock, of a
     process that has ended, that all of them find and try to take over): every round exactly one holds it."""
-    import multiprocessing
-
     from tests import lock_racer
 
     rounds, racers = 120, 4
     stale = _dead_pid()
     for r in range(0, rounds, 2):
         _lock_as(tmp_path / f"round{r}", stale)
-    ctx = multiprocessing.get_context("spawn")
-    barrier, results = ctx.Barrier(racers), ctx.Queue()
-    procs = [ctx.Process(target=lock_racer.race, args=(str(tmp_path), rounds, barrier, results)) for _ in range(racers)]
-    for p in procs:
-        p.start()
-    rows = [results.get(timeout=120) for _ in range(rounds * racers)]
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    holders = {r: sum(held for rr, _, held in rows if rr == r) for r in range(rounds)}
+    holders = lock_racer.holders_per_round(str(tmp_path), rounds, racers)
     assert all(n == 1 for n in holders.values()), {r: n for r, n in holders.items() if n != 1}
     assert not list(tmp_path.glob(f"round*/{LOCK_FILE}"))  # every winner gave it up
     assert not list(tmp_path.glob("round*/.resjax.lock.*.tmp"))  # no holder's record left behind

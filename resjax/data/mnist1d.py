@@ -48,8 +48,10 @@ SHUFFLE_SEED = 0  # Dataset and check_finite: resjax.data.arrays
 
 
 def cache_dir() -> pathlib.Path:
-    """Where generated data are cached: ``$RESJAX_CACHE``, else ``~/.cache/resjax``."""
-    return pathlib.Path(os.environ.get("RESJAX_CACHE", pathlib.Path.home() / ".cache" / "resjax"))
+    """Where generated data are cached: ``$RESJAX_CACHE``, else ``~/.cache/resjax`` (``resjax.paths.cache_dir``)."""
+    from resjax.paths import cache_dir as resjax_cache
+
+    return resjax_cache()
 
 
 def _defaults() -> dict[str, Any]:

@@ -150,7 +150,7 @@ def tfds_data_dir(data_dir: str | os.PathLike | None = None) -> pathlib.Path:
     return pathlib.Path(os.path.expanduser(os.fspath(data_dir)))
 
 
-def local_copy(root, tfds_name: str, version: str, progress: bool = True) -> pathlib.Path:
+def local_copy(root: str | os.PathLike, tfds_name: str, version: str, progress: bool = True) -> pathlib.Path:
     """A data set prepared in a bucket (``root``: a URL), copied once into the local cache and read there.
 
     ArrayRecord's reader (what ``tfds.data_source`` reads) opens local files, so the version folder
@@ -162,8 +162,7 @@ def local_copy(root, tfds_name: str, version: str, progress: bool = True) -> pat
     import base64
     import hashlib
 
-    from resjax.data.mnist1d import cache_dir
-    from resjax.paths import filesystem
+    from resjax.paths import cache_dir, filesystem
 
     fs, inner = filesystem(os.fspath(root))
     source = f"{inner.rstrip('/')}/{tfds_name}/{version}"
