@@ -99,10 +99,17 @@ def test_names_resolve_to_settings_and_split_the_grid_where_they_change_the_prog
     assert progs[3].trainer.config.train.batch_size == 32 and progs[3].trainer.config.model.width == 8
     np.testing.assert_array_equal(progs[0].hparams["momentum"], [0.0, 0.0, 0.0, 0.0, 0.9, 0.9, 0.9, 0.9])
     assert trainer.traced == () and trainer.config.train.batch_size == 16  # the trainer given is left as it was
-    # the optimiser's own settings: momentum is traced for SGD, a program axis for Adam (which has none)
-    mixed = programs(trainer, grid(1, optimizer=["sgd", "adam"], momentum=[0.0, 0.9], adam_b1=[0.8, 0.9]))
-    assert [p.name for p in mixed] == [f"train.optimizer={o},train.momentum={m},train.adam_b1={b}"
-                                       for o in ("sgd", "adam") for m in (0.0, 0.9) for b in (0.8, 0.9)]
+    # the optimiser's own settings: momentum is traced for SGD; under Adam (which has none) it is refused, naming
+    # the runs, unless a conditional axis gives it only where it applies
+    with pytest.raises(ValueError, match=r"momentum: has no effect on runs \[4, 5, 6, 7\] of the grid "
+                                         r"\(optimizer='adam'\): optimizer 'adam' has no momentum"):
+        programs(trainer, grid(1, optimizer=["sgd", "adam"], momentum=[0.0, 0.9], adam_b1=[0.8, 0.9]))
+    with pytest.raises(ValueError, match=r"adam_b1: has no effect on runs \[0, 1\] .*\(optimizer='sgd'\)"):
+        programs(trainer, grid(1, optimizer=["sgd", "adam"], adam_b1=[0.8, 0.9]))
+    mixed = programs(trainer, grid(1, optimizer={"sgd": dict(momentum=[0.0, 0.9]), "adam": dict(adam_b1=[0.8, 0.9])}))
+    assert [(p.name, p.runs, p.trainer.traced) for p in mixed] == [
+        ("train.optimizer=sgd", [0, 1], ("momentum",)), ("train.optimizer=adam", [2, 3], ("adam_b1",))]
+    np.testing.assert_array_equal(mixed[1].hparams["adam_b1"], [0.8, 0.9])
     assert programs(trainer, grid(1, optimizer=["adam"], adam_b1=[0.8, 0.9]))[0].trainer.traced == ("adam_b1",)
 
 
@@ -170,8 +177,9 @@ def test_batch_size_x_momentum_x_seeds_runs_as_two_programs_side_by_side_and_res
         np.testing.assert_allclose(whole.select(seed=1, batch_size=batch, momentum=momentum).state.params["head"]
                                    ["kernel"], run.state.params["head"]["kernel"][1], rtol=1e-6, atol=1e-7)
     frame = whole.frame()
-    assert len(frame) == 16 and {"train.batch_size", "train.momentum", "seed", "epoch", "train_loss"} <= set(frame)
-    cell = frame[(frame["train.batch_size"] == 32) & (frame["train.momentum"] == 0.9) & (frame.epoch == 2)]
+    # the columns are the names select and summary take: batch_size, not train.batch_size
+    assert len(frame) == 16 and {"batch_size", "momentum", "seed", "epoch", "train_loss"} <= set(frame)
+    cell = frame[(frame["batch_size"] == 32) & (frame["momentum"] == 0.9) & (frame.epoch == 2)]
     np.testing.assert_allclose(cell.train_loss, whole.history["train_loss"][[6, 7], 1], rtol=0)
     assert sorted(cell.seed) == [0, 1] and len(whole.summary()) == 8
 

@@ -134,6 +134,8 @@ class Core:
     traced: tuple = ()
     # the make_* function's arguments other than the config (``with_config`` rebuilds with them)
     make_args: dict = dataclasses.field(default_factory=dict, repr=False)
+    # the depths of the runs packed into this program (``with_packed_depths``; ``resjax.train.packing``)
+    packed_depths: tuple = ()
 
     # ---- hyper-parameters ---------------------------------------------------------------------------
 
@@ -148,6 +150,8 @@ class Core:
             out[name] = jnp.asarray(self.setting(HPARAM_SETTINGS[name]), dtype)
         if self.obj.smoothing and t.get("label_smoothing", 0.0):
             out["label_smoothing"] = jnp.asarray(t.label_smoothing, dtype)
+        if self.packed_depths:
+            out["active_depth"] = jnp.asarray(max(self.packed_depths), dtype)
         return out
 
     def setting(self, path: str) -> Any:
@@ -164,6 +168,7 @@ class Core:
         ``GradientTransformation`` object), ``weight_decay``, ``tau`` (a model with ``scaling='tau'``),
         ``label_smoothing`` (the built-in cross-entropy) and ``traced``."""
         names = ("learning_rate",) * (not self.own_rate) + ("weight_decay",) + ("tau",) * self.uses_tau
+        names += ("active_depth",) * bool(self.packed_depths)
         return names + ("label_smoothing",) * self.obj.smoothing + tuple(self.traced)
 
     def traceable(self, name: str) -> bool:
@@ -187,6 +192,27 @@ class Core:
         if traced == tuple(self.traced):
             return self
         return dataclasses.replace(self, traced=traced, tx=self._optimizer(self.config, traced))
+
+    def with_packed_depths(self, depths: Sequence[int]) -> Core:
+        """This trainer, its model built at the largest of ``depths``, training runs of each of ``depths`` in one
+        program: ``hparams['active_depth']`` per run (``resjax.train.packing``: each run as the network of its depth
+        trained alone, to float rounding). ``ValueError`` naming the model's depth setting when it does not pack
+        (``packing.packable``)."""
+        from resjax.train.packing import KINDS, packable
+
+        why = packable(self.config, self.optim) if self.make_args.get("model") is None else "a model given as an object"
+        if why is not None:
+            raise ValueError(f"active_depth: this trainer's depth cannot be packed: {why}")
+        field = KINDS[self.config.model.kind]
+        depths = tuple(sorted({int(d) for d in depths}))
+        if not depths or depths[0] < 1:
+            raise ValueError(f"model.{field}: packed depths must be integers >= 1, got {list(depths)}")
+        t = self
+        if self.config.model.get(field) != depths[-1]:
+            config = ml_collections.ConfigDict(self.config.to_dict())
+            config.model[field] = depths[-1]
+            t = self.with_config(config)
+        return dataclasses.replace(t, packed_depths=depths)
 
     def with_config(self, config: Any) -> Core:
         """This trainer rebuilt for ``config`` from the arguments it was made with (data, model or model factory,
@@ -231,6 +257,10 @@ class Core:
                 if t.get("nesterov", False) or t.get("optimizer", "sgd") in ("nesterov", "momentum"):
                     raise ValueError(f"hparams.momentum: optimizer {t.get('optimizer')!r} (nesterov="
                                      f"{t.get('nesterov', False)}) needs momentum > 0, got {v}")
+            if name == "active_depth":
+                from resjax.train.packing import check_depths
+
+                check_depths(v, self.packed_depths)
             if num is not None and (v.ndim not in (0, 1) or (v.ndim == 1 and v.shape[0] != num)):
                 raise ValueError(f"hparams.{name}: must be a scalar or have one value per key ({num}), got shape {v.shape}")
         dtype = float_dtype()
@@ -256,7 +286,10 @@ class Core:
     def model_kwargs(self, hparams: dict | None) -> dict:
         """The extra keyword arguments of ``model.apply``: ``{'tau': hparams['tau']}`` for a model with
         ``scaling='tau'`` when ``hparams`` holds a tau, else ``{}``."""
-        return {"tau": hparams["tau"]} if self.uses_tau and hparams and "tau" in hparams else {}
+        out = {"tau": hparams["tau"]} if self.uses_tau and hparams and "tau" in hparams else {}
+        if self.packed_depths:
+            out["active_depth"] = (hparams or {}).get("active_depth", max(self.packed_depths))
+        return out
 
     def with_epochs(self, epochs: int) -> Core:
         """This trainer for runs of ``epochs`` epochs in all (``config.train.epochs = epochs``, the optimiser's
@@ -300,8 +333,18 @@ class Core:
         hparams = {**self.default_hparams(), **(hparams or {})}
         init_key, run_key = jax.random.split(key)
         x = jnp.zeros((2, *self.example_shape), jnp.float32)
-        variables = self.model.init({"params": init_key, "dropout": jax.random.fold_in(init_key, 1)}, x,
-                                    train=False, **self.model_kwargs(hparams))
+        rngs = {"params": init_key, "dropout": jax.random.fold_in(init_key, 1)}
+        variables = self.model.init(rngs, x, train=False, **self.model_kwargs(hparams))
+        if self.packed_depths:  # the run's depth drawn as that network alone draws it (resjax.train.packing)
+            from resjax.train.packing import KINDS, embed
+
+            field, depth = KINDS[self.config.model.kind], self.model_kwargs(hparams)["active_depth"]
+            chosen = variables
+            for d in self.packed_depths[:-1]:
+                alone = self.model.clone(**{field: d}).init(rngs, x, train=False)
+                chosen = jax.tree_util.tree_map(lambda a, c: jnp.where(depth == d, a, c), embed(alone, variables),
+                                                chosen)
+            variables = chosen
         params = variables["params"]
         opt_state = with_hyperparams(self.tx.init(params), hparams)
         state = ModelState(step=jnp.int32(0), params=params, batch_stats=variables.get("batch_stats", {}),
@@ -330,6 +373,10 @@ class Core:
 
         (loss, (outputs, batch_stats, inter)), grads = jax.value_and_grad(loss_fn, has_aux=True)(ts.params)
         ts, diverged_epoch = guarded_step(ts, self.tx, grads, loss, batch_stats, run.diverged_epoch, run.epoch)
+        if self.packed_depths:  # the blocks past the run's depth stay as they were (resjax.train.packing)
+            from resjax.train.packing import keep_inactive
+
+            ts = keep_inactive(ts, run.state, self.model_kwargs(hparams)["active_depth"])
         metrics = {m: jnp.mean(v) for m, v in obj.per_example_metrics(outputs, y, inter, hparams).items()}
         return run._replace(state=ts, diverged_epoch=diverged_epoch), (loss, metrics)
 

@@ -78,7 +78,7 @@ import numpy as np
 from resjax.train.core import HPARAM_SETTINGS, HPARAMS
 from resjax.train.state import RunState
 
-__all__ = ["Grid", "GridResult", "Program", "fit_grid", "grid"]
+__all__ = ["Grid", "GridResult", "Program", "Zipped", "describe", "fit_grid", "grid", "programs", "zipped"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 #: The dict-valued settings whose keys a grid may add (an optax function's arguments).
@@ -124,12 +124,25 @@ class Grid:
 
     @property
     def hparams(self) -> dict:
-        """The ``HPARAMS`` axes as per-run float64 arrays, by hyperparameter name (``{'learning_rate': ...}``)."""
-        return {_hparam(k): np.asarray(v, np.float64) for k, v in self.values.items() if _hparam(k)}
+        """The ``HPARAMS`` axes as per-run float64 arrays, by hyperparameter name (``{'learning_rate': ...}``; NaN
+        where a conditional axis does not apply to a run)."""
+        return {_hparam(k): np.asarray([np.nan if x is None else x for x in v], np.float64)
+                for k, v in self.values.items() if _hparam(k)}
+
+    def column(self, axis: str) -> str:
+        """The name of ``axis``'s column in ``labels``, ``frame`` and ``summary``: the name ``select`` and ``index``
+        take, its last part (``batch_size`` for ``'train.batch_size'``) unless another axis shares that last part
+        (then the name as given)."""
+        short = axis.split(".")[-1]
+        clash = [a for a in self.axes if a != "seed" and a.split(".")[-1] == short]
+        return short if len(clash) == 1 and short not in ("run", "seed", "epoch") else axis
 
     def labels(self) -> list[dict]:
-        """One dict per run: ``{'run': r, 'seed': s, <axis>: value, ...}``."""
-        return [{"run": r, "seed": s, **{k: v[r] for k, v in self.values.items()}} for r, s in enumerate(self.seeds)]
+        """One dict per run: ``{'run': r, 'seed': s, <axis column>: value, ...}`` (None where a conditional axis
+        does not apply to the run)."""
+        cols = {k: self.column(k) for k in self.values}
+        return [{"run": r, "seed": s, **{cols[k]: v[r] for k, v in self.values.items()}}
+                for r, s in enumerate(self.seeds)]
 
     def axis(self, name: str) -> str:
         """The axis ``name`` names: its name as given, its config path's last part (``batch_size`` for
@@ -144,25 +157,123 @@ class Grid:
         return found[0]
 
     def index(self, **settings: Any) -> int:
-        """The run number of the run with ``settings`` (every axis named, as given or by its last name, e.g.
-        ``seed=1, learning_rate=0.1`` or ``seed=0, batch_size=32``)."""
+        """The run number of the run with ``settings`` (every axis that applies to it named, as given or by its
+        last name, e.g. ``seed=1, learning_rate=0.1`` or ``seed=0, batch_size=32``)."""
         named = {}
         for k, v in settings.items():
             named[self.axis(k)] = _plain(v)
-        if set(named) != set(self.axes):
+        if "seed" not in named or not set(named) <= set(self.axes):
             raise ValueError(f"index: name every axis of the grid {list(self.axes)}, got {sorted(settings)}")
-        for label in self.labels():
-            if all(_same(label[k], v) if k != "seed" else label[k] == v for k, v in named.items()):
-                return label["run"]
+        for r, s in enumerate(self.seeds):
+            if s != named["seed"]:
+                continue
+            run = {k: v[r] for k, v in self.values.items() if v[r] is not None}
+            if set(run) == set(named) - {"seed"} and all(_same(run[k], named[k]) for k in run):
+                return r
+        if set(named) != set(self.axes) and all(None not in v for v in self.values.values()):
+            raise ValueError(f"index: name every axis of the grid {list(self.axes)}, got {sorted(settings)}")
         raise ValueError(f"index: no run of the grid has {settings}; its axes are {self.axes}")
 
 
-def grid(seeds: int | Sequence[int] = 1, axes: dict | None = None, **more: Sequence[Any]) -> Grid:
+@dataclasses.dataclass(frozen=True)
+class Zipped:
+    """Axes that vary together (``zipped(optimizer=['sgd', 'adam'], learning_rate=[0.1, 0.001])``): the i-th values of
+    every axis form one setting, so the grid runs exactly the listed pairs (tuples), not their product."""
+
+    axes: dict
+
+
+def zipped(axes: dict | None = None, **more: Sequence[Any]) -> Zipped:
+    """Axes that vary together, for ``grid(...)``: ``zipped(optimizer=['sgd', 'adam'], learning_rate=[0.1, 1e-3])``
+    is two settings, (sgd, 0.1) and (adam, 0.001). Every list must have the same length (``ValueError`` naming
+    the axes), the settings distinct; a dotted name goes in ``axes`` (``zipped({'train.batch_size': [...]}, ...)``)."""
+    given = {**(axes or {}), **more}
+    if len(given) < 1:
+        raise ValueError("zipped: want at least one axis")
+    lists = {n: _axis_values(n, v, distinct=False) for n, v in given.items()}
+    lengths = {n: len(v) for n, v in lists.items()}
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"zipped: the axes {sorted(lists)} must have as many values each, got {lengths}")
+    rows = list(zip(*lists.values()))
+    if any(all(_same(x, y) for x, y in zip(a, b)) for a, b in itertools.combinations(rows, 2)):
+        raise ValueError(f"zipped: want distinct settings of {list(lists)}, got {rows}")
+    return Zipped(lists)
+
+
+def _axis_values(name: Any, vals: Any, distinct: bool = True) -> list:
+    """An axis's values, checked (``ValueError`` naming the axis): numbers for ``HPARAMS``, any plain values
+    otherwise; distinct unless ``distinct=False``."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"{name!r}: an axis is a setting's name or dotted config path ('train.batch_size')")
+    if name in ("seed", "train.seed"):
+        raise ValueError(f"{name}: the seeds are the grid's seeds= argument, not an axis")
+    if _hparam(name):
+        vals = np.atleast_1d(np.asarray(vals, dtype=object))
+        try:
+            vals = [float(v) for v in vals]
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}: want numbers, got {list(vals)}") from None
+        if any(not math.isfinite(v) for v in vals):
+            raise ValueError(f"{name}: want finite numbers, got {vals}")
+    else:
+        if isinstance(vals, (str, bytes)) or not isinstance(vals, (Sequence, np.ndarray)):
+            raise ValueError(f"{name}: want a list of values, got {vals!r}")
+        vals = [_plain(v) for v in vals]
+    if not vals or (distinct and any(_same(a, b) for a, b in itertools.combinations(vals, 2))):
+        raise ValueError(f"{name}: want distinct values, got {vals}")
+    return vals
+
+
+def _settings(parts: list) -> list[dict]:
+    """Every combination of ``parts`` (each a ``Zipped``, or a dict of axis name -> values or, for a conditional
+    axis, value -> its own axes), as dicts of axis name -> value, the first part slowest."""
+    factors = []
+    for part in parts:
+        if isinstance(part, Zipped):
+            factors.append([dict(zip(part.axes, row)) for row in zip(*part.axes.values())])
+            continue
+        for name, vals in part.items():
+            if isinstance(vals, Zipped):
+                raise ValueError(f"{name}: pass zipped(...) as its own argument of grid(...), not as an axis's values")
+            if isinstance(vals, dict):  # a conditional axis: each value with the axes that apply to it
+                values = _axis_values(name, list(vals))
+                factor = []
+                for v, sub in zip(values, vals.values()):
+                    subparts = [sub] if isinstance(sub, (dict, Zipped)) else list(sub or ())
+                    if not all(isinstance(p, (dict, Zipped)) for p in subparts):
+                        raise ValueError(f"{name}={v!r}: want the axes that apply to it as a dict (or zipped(...)), "
+                                         f"got {sub!r}")
+                    for s in _settings(subparts):
+                        if name in s:
+                            raise ValueError(f"{name}: an axis inside its own conditional value {v!r}")
+                        factor.append({name: v, **s})
+                factors.append(factor)
+            else:
+                factors.append([{name: v} for v in _axis_values(name, vals)])
+    out = []
+    for combo in itertools.product(*factors):
+        merged = {}
+        for d in combo:
+            twice = set(merged) & set(d)
+            if twice:
+                raise ValueError(f"{sorted(twice)[0]}: an axis given twice in grid(...)")
+            merged.update(d)
+        out.append(merged)
+    return out
+
+
+def grid(seeds: int | Sequence[int] = 1, axes: dict | Zipped | None = None, *groups: dict | Zipped,
+         **more: Sequence[Any] | dict) -> Grid:
     """The grid of every combination of ``seeds`` (seed integers, or a count: ``0 .. seeds - 1``) and the
-    values of each axis: ``axes`` (a dict, for dotted names: ``{'train.batch_size': [64, 128]}``) and keywords
-    (``learning_rate=[...]``, ``momentum=[...]``, ``batch_size=[...]``). The seed varies fastest, then the axes
-    in reverse order of their giving. Bad names or values are a ``ValueError`` naming the axis; whether a name
-    is a setting is checked against the trainer's config by ``fit_grid``, before training."""
+    values of each axis: ``axes`` (a dict, for dotted names: ``{'train.batch_size': [64, 128]}``), keywords
+    (``learning_rate=[...]``, ``momentum=[...]``, ``batch_size=[...]``) and, positionally, ``zipped(...)`` axes
+    (their values in lockstep: exactly the listed tuples). An axis given a dict is conditional: each of its values
+    with the axes that apply to it (``optimizer={'sgd': dict(learning_rate=[0.1, 0.03], momentum=[0.0, 0.9]),
+    'adam': dict(learning_rate=[1e-3])}``: 4 SGD settings and one Adam setting; a run's label is None for an axis
+    that does not apply to it, and its value is the config's). The seed varies fastest, then the axes in reverse
+    order of their giving. Bad names or values are a ``ValueError`` naming the axis; whether a name is a setting
+    (and whether each value has an effect on its runs) is checked against the trainer's config by ``fit_grid``,
+    before training."""
     if isinstance(seeds, (int, np.integer)) and not isinstance(seeds, bool):
         if seeds < 1:
             raise ValueError(f"seeds: want a positive count or a list of seed integers, got {seeds!r}")
@@ -172,31 +283,22 @@ def grid(seeds: int | Sequence[int] = 1, axes: dict | None = None, **more: Seque
         raise ValueError(f"seeds: want a non-empty list of seed integers, got {seeds!r}")
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds: each seed once, got {seeds}")
-    given = {**(axes or {}), **more}
-    values = {}
-    for name, vals in given.items():
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise ValueError(f"{name!r}: an axis is a setting's name or dotted config path ('train.batch_size')")
-        if name in ("seed", "train.seed"):
-            raise ValueError(f"{name}: the seeds are the grid's seeds= argument, not an axis")
-        if _hparam(name):
-            vals = np.atleast_1d(np.asarray(vals, dtype=object))
-            try:
-                vals = [float(v) for v in vals]
-            except (TypeError, ValueError):
-                raise ValueError(f"{name}: want numbers, got {list(vals)}") from None
-            if any(not math.isfinite(v) for v in vals):
-                raise ValueError(f"{name}: want finite numbers, got {vals}")
-        else:
-            if isinstance(vals, (str, bytes)) or not isinstance(vals, (Sequence, np.ndarray)):
-                raise ValueError(f"{name}: want a list of values, got {vals!r}")
-            vals = [_plain(v) for v in vals]
-        if not vals or any(_same(a, b) for a, b in itertools.combinations(vals, 2)):
-            raise ValueError(f"{name}: want distinct values, got {vals}")
-        values[name] = vals
-    runs = list(itertools.product(*values.values(), seeds)) if values else [(s,) for s in seeds]
-    return Grid(axes={"seed": [int(s) for s in seeds], **values}, seeds=[int(r[-1]) for r in runs],
-                values={n: [r[i] for r in runs] for i, n in enumerate(values)})
+    parts = [p for p in (axes, *groups) if p is not None]
+    for p in parts:
+        if not isinstance(p, (dict, Zipped)):
+            raise ValueError(f"grid: the positional arguments after seeds are dicts of axes or zipped(...), got {p!r}")
+    parts.append(more)
+    settings = _settings(parts)
+    names = list(dict.fromkeys(n for s in settings for n in s))
+    values = {n: [s.get(n) for s in settings for _ in seeds] for n in names}
+    distinct = {}
+    for n in names:
+        distinct[n] = []
+        for s in settings:
+            if n in s and not any(_same(s[n], v) for v in distinct[n]):
+                distinct[n].append(s[n])
+    return Grid(axes={"seed": [int(s) for s in seeds], **distinct}, seeds=[int(s) for _ in settings for s in seeds],
+                values=values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,6 +411,30 @@ def _lookup(config: Any, path: str) -> bool:
     return not hasattr(node, "keys")  # a setting, not a block of them
 
 
+def _model_field(config: Any, path: str) -> bool:
+    """Whether ``path`` (``'model.depth'``) is a field of the model ``config.model`` builds (by its ``kind``), named
+    in the config or not (then the model's default is the axis's base value)."""
+    parts = path.split(".")
+    if len(parts) != 2 or parts[0] != "model" or "model" not in config or "kind" not in config.model:
+        return False
+    import inspect
+
+    from resjax.nn import _families
+
+    kind = config.model.kind
+    if kind == "tau_resnet":
+        from resjax.nn import tau_resnet as made
+    else:
+        made = _families().get(kind)
+    if made is None:
+        return False
+    if dataclasses.is_dataclass(made):
+        names = {f.name for f in dataclasses.fields(made)} - {"parent", "name"}
+    else:
+        names = set(inspect.signature(made).parameters)
+    return parts[1] in names and parts[1] != "kind"
+
+
 def _resolve(trainer: Any, name: str) -> str:
     """The config path of the axis ``name`` (``ValueError`` naming it when it is no setting of the trainer)."""
     h = _hparam(name)
@@ -321,7 +447,7 @@ def _resolve(trainer: Any, name: str) -> str:
             path = f"train.{path}"
         elif path in config and not hasattr(config[path], "keys"):
             return path
-    if not _lookup(config, path):
+    if not _lookup(config, path) and not _model_field(config, path):
         known = sorted(config.train.keys()) if "train" in config else []
         raise ValueError(f"{name}: not a setting of the trainer's config (a dotted path such as 'train.batch_size' "
                          f"or 'model.width', or a setting of config.train: {known})")
@@ -359,40 +485,109 @@ def _folder(settings: dict) -> str:
     return safe
 
 
-def programs(trainer: Any, g: Grid) -> list[Program]:
-    """The grid's programs on ``trainer`` (see the module docstring), every axis resolved and every program's
-    trainer built before any training (``ValueError`` naming a bad axis or setting)."""
-    paths = {a: _resolve(trainer, a) for a in g.values}
-    candidates = [a for a in g.values if _hparam(a)]
-    traced = list(candidates)
-    while True:
-        split = [a for a in g.values if a not in traced]
-        combos = {}
-        for r in range(g.num_runs):
-            combos.setdefault(tuple(_plain(g.values[a][r]) for a in split), []).append(r)
-        built = []
-        for combo, runs in combos.items():
-            if not split:
-                t = trainer
-            else:
-                config = ml_collections.ConfigDict(trainer.config.to_dict())
-                for a, v in zip(split, combo):
+def _no_effect(t: Any, h: str) -> str:
+    """Why the hyperparameter ``h`` cannot vary in trainer ``t``'s program (it has no effect there)."""
+    if h == "tau":
+        return "the model has no scaling='tau', so tau has no effect on it"
+    if h == "learning_rate":
+        return "the optimiser given as a GradientTransformation holds its own learning rate"
+    if h == "label_smoothing":
+        return "the objective has no label smoothing"
+    return f"optimizer {t.config.train.get('optimizer', 'sgd')!r} has no {h}"
+
+
+def _base(t: Any, h: str) -> float:
+    """The value of hyperparameter ``h`` in trainer ``t``'s config (a run that a conditional axis gives none)."""
+    if h == "tau":
+        from resjax.nn.residual import resolve_tau
+
+        return resolve_tau(getattr(t.model, "tau", 1.0), getattr(t.model, "num_blocks", None))
+    try:
+        return float(t.setting(HPARAM_SETTINGS[h]))
+    except KeyError:
+        return float(np.asarray(t.default_hparams().get(h, 0.0)))
+
+
+def _depth_axis(trainer: Any, paths: dict) -> str | None:
+    """The grid's axis over the depth of the trainer's model (``model.num_blocks`` of a residual MLP), if any."""
+    from resjax.train.packing import KINDS
+
+    if trainer.make_args.get("model") is not None or "model" not in trainer.config:
+        return None
+    field = KINDS.get(trainer.config.model.get("kind"))
+    return next((a for a, p in paths.items() if field and p == f"model.{field}"), None)
+
+
+def _build(trainer: Any, g: Grid, paths: dict, split: list) -> list[tuple]:
+    """``(combo, runs, trainer)`` per combination of the ``split`` axes' values (the trainer rebuilt for it)."""
+    combos = {}
+    for r in range(g.num_runs):
+        combos.setdefault(tuple(_plain(g.values[a][r]) for a in split), []).append(r)
+    built = []
+    for combo, runs in combos.items():
+        if not any(v is not None for v in combo):
+            t = trainer
+        else:
+            config = ml_collections.ConfigDict(trainer.config.to_dict())
+            for a, v in zip(split, combo):
+                if v is not None:
                     _set(config, paths[a], v, a)
-                t = trainer.with_config(config)
-            built.append((combo, runs, t))
-        untraceable = [a for a in traced if any(not t.traceable(_hparam(a)) for _, _, t in built)]
-        if not untraceable:
-            break
-        for a in untraceable:
-            if paths[a] == "tau" or not _lookup(trainer.config, paths[a]):
-                raise ValueError(f"{a}: cannot vary: the model has no scaling='tau' (its tau is no setting)")
-            traced.remove(a)
+            t = trainer.with_config(config)
+        built.append((combo, runs, t))
+    return built
+
+
+def programs(trainer: Any, g: Grid, pack: bool = True) -> list[Program]:
+    """The grid's programs on ``trainer`` (see the module docstring), every axis resolved and every program's
+    trainer built before any training (``ValueError`` naming a bad axis or setting, or an axis value that has no
+    effect on some runs, naming them). ``pack``: a depth axis of a model whose depth packs
+    (``resjax.train.packing``) runs inside its programs (``hparams['active_depth']``); ``False``: one program per
+    depth."""
+    from resjax.train.packing import KINDS, packable
+
+    paths = {a: _resolve(trainer, a) for a in g.values}
+    traced = [a for a in g.values if _hparam(a)]
+    depth = _depth_axis(trainer, paths) if pack else None
+    split = [a for a in g.values if a not in traced and a != depth]
+    built = _build(trainer, g, paths, split)
+    if depth is not None and any(packable(t.config, t.optim) is not None for _, _, t in built):
+        depth, split = None, split + [depth]  # some program's depth cannot pack: a program per depth
+        split = [a for a in g.values if a in split]
+        built = _build(trainer, g, paths, split)
+    if depth is not None:
+        packed = []
+        for combo, runs, t in built:
+            field = KINDS[t.config.model.kind]
+            base = t.config.model.get(field, getattr(t.model, field, None))
+            depths = [base if g.values[depth][r] is None else g.values[depth][r] for r in runs]
+            packed.append((combo, runs, t.with_packed_depths(depths), depths))
+    else:
+        packed = [(combo, runs, t, None) for combo, runs, t in built]
+    built = [(combo, runs, t) for combo, runs, t, _ in packed]
+    for a in traced:  # a value where the setting has no effect would train identical runs: refused, naming them
+        h = _hparam(a)
+        idle = [(combo, [r for r in runs if g.values[a][r] is not None], t) for combo, runs, t in built
+                if not t.traceable(h)]
+        idle = [(combo, runs, t) for combo, runs, t in idle if runs]
+        if idle:
+            combo, runs, t = idle[0]
+            where = ", ".join(f"{g.column(s)}={v!r}" for s, v in zip(split, combo) if v is not None)
+            more = sum(len(r) for _, r, _ in idle) - len(runs)
+            raise ValueError(
+                f"{a}: has no effect on runs {runs}{f' and {more} more' if more else ''} of the grid"
+                f"{f' ({where})' if where else ''}: {_no_effect(t, h)}, so its values would train identical runs. "
+                "Give it only where it applies, with a conditional axis: grid(..., optimizer={'sgd': "
+                "dict(momentum=[0.0, 0.9]), 'adam': dict(adam_b1=[0.8, 0.9])})")
     out = []
-    for combo, runs, t in built:
-        t = t.with_traced([_hparam(a) for a in traced])
-        hparams = {_hparam(a): np.asarray([g.values[a][r] for r in runs], np.float64) for a in traced}
+    for combo, runs, t, depths in packed:
+        mine = [a for a in traced if any(g.values[a][r] is not None for r in runs)]
+        t = t.with_traced([_hparam(a) for a in mine])
+        hparams = {_hparam(a): np.asarray([_base(t, _hparam(a)) if g.values[a][r] is None else g.values[a][r]
+                                           for r in runs], np.float64) for a in mine}
+        if depths is not None:
+            hparams["active_depth"] = np.asarray(depths, np.float64)
         t.check_hparams(hparams, len(runs))  # every program's values checked before any program trains
-        settings = dict(zip(split, combo))
+        settings = {a: v for a, v in zip(split, combo) if v is not None}
         out.append(Program(settings=settings, runs=runs, trainer=t, hparams=hparams,
                            name=_folder({paths[a]: v for a, v in settings.items()})))
     names = [p.name for p in out]
@@ -426,7 +621,21 @@ def _merge(g: Grid, trained: list[Program]) -> dict:
     return out
 
 
-def fit_grid(trainer: Any, grid: Grid, **fit_kwargs: Any) -> GridResult:
+def describe(progs: Sequence[Program], g: Grid) -> str:
+    """What a grid's programs will train, said before they run: ``'grid: 24 runs in 1 program (depth packed:
+    2, 8, 32; traced: learning_rate)'``, one line, and a line per program when there are several."""
+    traced = sorted({k for p in progs for k in p.hparams if k != "active_depth"})
+    depths = sorted({int(d) for p in progs for d in p.hparams.get("active_depth", ())})
+    notes = ([f"depth packed: {', '.join(map(str, depths))}"] if depths else []) + (
+        [f"traced: {', '.join(traced)}"] if traced else [])
+    head = (f"grid: {g.num_runs} runs in {len(progs)} program{'s' if len(progs) != 1 else ''}"
+            + (f" ({'; '.join(notes)})" if notes else ""))
+    if len(progs) == 1:
+        return head
+    return "\n".join([head] + [f"  {p.name}: {len(p.runs)} runs" for p in progs])
+
+
+def fit_grid(trainer: Any, grid: Grid, *, pack: bool = True, **fit_kwargs: Any) -> GridResult:
     """Train every run of ``grid`` on ``trainer`` (either feeder: ``Trainer`` or ``ImageTrainer``) and label
     the results (see the module docstring).
 
@@ -435,11 +644,19 @@ def fit_grid(trainer: Any, grid: Grid, **fit_kwargs: Any) -> GridResult:
     (``ImageTrainer``), with ``fit_kwargs`` (``epochs``, ``checkpoint_dir``, ``resume``, ``progress``,
     ``callback``, ``log``, ``chunk_epochs``) passed to each; ``checkpoint_dir`` and a ``log`` folder get a
     subfolder per program, a ``progress`` label the program's name. ``callback`` is called from the program's
-    thread."""
+    thread.
+
+    ``pack`` (default True): a depth axis of an MLP runs inside one program (``resjax.train.packing``: measured
+    faster, ``docs/benchmarks.md``); ``False``: one program per depth. Before anything trains the grid says how
+    many runs and programs it makes (``describe``), on standard output, unless ``progress=False``."""
     if "hparams" in fit_kwargs:
         raise ValueError("hparams: a grid sets them; vary them as axes of grid(...)")
+    if not isinstance(pack, bool):
+        raise ValueError(f"pack: must be True or False, got {pack!r}")
     devices = fit_kwargs.pop("devices", None)
-    progs = programs(trainer, grid)
+    progs = programs(trainer, grid, pack)
+    if fit_kwargs.get("progress", None) is not False:
+        print(describe(progs, grid), flush=True)
     if len(progs) == 1:
         p = progs[0]
         run, history = p.trainer.fit(grid.seeds, hparams=p.hparams or None, **fit_kwargs)
