@@ -72,7 +72,8 @@ def test_an_axis_that_is_not_a_setting_is_refused_by_name_before_training(no_tra
                         ({"batch_sise": [16, 32]}, r"batch_sise: not a setting"),
                         ({"model.widht": [4, 8]}, r"model\.widht: not a setting"),
                         ({"train.optimizer_args": [1, 2]}, r"train\.optimizer_args: not a setting"),
-                        ({"tau": [0.5, 1.0]}, r"tau: not a setting"),  # the model has no tau
+                        ({"tau": [0.5, 1.0]}, r"tau: has no effect on runs \[0, 1, 2, 3\] of the grid: the model "
+                                              r"has no scaling='tau'"),  # the model has no tau
                         ({"train.batch_size": [16, "big"]}, r"train\.batch_size: cannot set .* to .big."),
                         ({"train.batch_size": [16, 0]}, r"batch_size: must be an integer >= 1")]:
         with pytest.raises(ValueError, match=match):

@@ -488,7 +488,7 @@ def _folder(settings: dict) -> str:
 def _no_effect(t: Any, h: str) -> str:
     """Why the hyperparameter ``h`` cannot vary in trainer ``t``'s program (it has no effect there)."""
     if h == "tau":
-        return "the model has no scaling='tau', so tau has no effect on it"
+        return "the model has no scaling='tau'"
     if h == "learning_rate":
         return "the optimiser given as a GradientTransformation holds its own learning rate"
     if h == "label_smoothing":
@@ -575,9 +575,10 @@ def programs(trainer: Any, g: Grid, pack: bool = True) -> list[Program]:
             more = sum(len(r) for _, r, _ in idle) - len(runs)
             raise ValueError(
                 f"{a}: has no effect on runs {runs}{f' and {more} more' if more else ''} of the grid"
-                f"{f' ({where})' if where else ''}: {_no_effect(t, h)}, so its values would train identical runs. "
-                "Give it only where it applies, with a conditional axis: grid(..., optimizer={'sgd': "
-                "dict(momentum=[0.0, 0.9]), 'adam': dict(adam_b1=[0.8, 0.9])})")
+                f"{f' ({where})' if where else ''}: {_no_effect(t, h)}; its values would train identical runs. "
+                "Give it only where it applies, with a conditional axis: " + (
+                    "grid(..., {'model.scaling': {'tau': dict(tau=[0.5, 1.0]), 'none': {}}})" if h == "tau" else
+                    "grid(..., optimizer={'sgd': dict(momentum=[0.0, 0.9]), 'adam': dict(adam_b1=[0.8, 0.9])})"))
     out = []
     for combo, runs, t, depths in packed:
         mine = [a for a in traced if any(g.values[a][r] is not None for r in runs)]

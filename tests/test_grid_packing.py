@@ -1,0 +1,202 @@
+"""Grids that run as few programs as possible (``resjax.train.grid``, ``resjax.train.packing``): a depth axis of an
+MLP packed into one program, each packed run equal to its network trained alone; axes that say what the researcher
+means (zipped, conditional), values that have no effect refused naming the runs, model axes the config does not
+name, frame columns named as ``select`` takes them."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from resjax.data import from_arrays
+from resjax.train import make_train, run_config, train_config
+from resjax.train.grid import fit_grid, grid, programs, zipped
+from resjax.train.ondevice import Trainer
+from tests.small_data import separable_arrays
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fast(fast_compiles):
+    yield
+
+
+VECTORS = from_arrays(*separable_arrays(64, (10,)), *separable_arrays(32, (10,), seed=1))
+# A packed run equals the network of its depth trained alone to float rounding (measured: at most 1e-7 absolute
+# on losses of about 1, both layouts; XLA fuses the two programs differently): the stated tolerance.
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def _config(model=None, **train):
+    model = dict(kind="residual_mlp", width=8, num_blocks=1, norm="batch") if model is None else model
+    return run_config(model, train_config(**{"batch_size": 16, "epochs": 2, "learning_rate": 0.05, "momentum": 0.9,
+                                             "weight_decay": 1e-3, "weight_decay_on": "all", **train}))
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Training refused: a refusal must come before any run starts."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("training started")
+    monkeypatch.setattr(Trainer, "fit", refuse)
+    monkeypatch.setattr(Trainer, "sweep", refuse)
+
+
+@pytest.fixture
+def chunk_programs(monkeypatch):
+    """The distinct training (chunk) programs the trainers make, counted as they are asked for: each is compiled
+    once (``Trainer.sweep``)."""
+    made = {}
+    original = Trainer._chunk_fn
+
+    def counted(self, num_epochs=None):
+        program = original(self, num_epochs)
+        made[id(program)] = program
+        return program
+    monkeypatch.setattr(Trainer, "_chunk_fn", counted)
+    return made
+
+
+# ---- axes ---------------------------------------------------------------------------------------------------------
+
+
+def test_a_zipped_axis_runs_exactly_the_listed_pairs(no_training):
+    trainer = make_train(_config(), VECTORS)
+    g = grid([0, 1], zipped(optimizer=["sgd", "adam"], learning_rate=[0.05, 0.01]), weight_decay=[0.0, 1e-3])
+    assert g.num_runs == 8  # 2 pairs x 2 weight decays x 2 seeds, not 2 x 2 x 2 x 2
+    assert {(label["optimizer"], label["learning_rate"]) for label in g.labels()} == {("sgd", 0.05), ("adam", 0.01)}
+    progs = programs(trainer, g)
+    assert [(p.name, p.trainer.config.train.optimizer) for p in progs] == [("train.optimizer=sgd", "sgd"),
+                                                                          ("train.optimizer=adam", "adam")]
+    np.testing.assert_array_equal(progs[0].hparams["learning_rate"], [0.05] * 4)
+    np.testing.assert_array_equal(progs[1].hparams["learning_rate"], [0.01] * 4)
+    np.testing.assert_array_equal(progs[1].hparams["weight_decay"], [0.0, 0.0, 1e-3, 1e-3])
+    for bad, match in [(lambda: zipped(optimizer=["sgd", "adam"], learning_rate=[0.1]), "as many values each"),
+                       (lambda: zipped(optimizer=["sgd", "sgd"], learning_rate=[0.1, 0.1]), "distinct settings"),
+                       (lambda: grid(1, zipped(learning_rate=[0.1, 0.2]), learning_rate=[0.3]), "given twice")]:
+        with pytest.raises(ValueError, match=match):
+            bad()
+
+
+def test_a_conditional_axis_gives_each_optimiser_its_own_learning_rates(no_training):
+    trainer = make_train(_config(), VECTORS)
+    g = grid(2, optimizer={"sgd": dict(learning_rate=[0.1, 0.05], momentum=[0.0, 0.9]),
+                           "adam": dict(learning_rate=[0.01])})
+    assert g.num_runs == 10
+    progs = programs(trainer, g)
+    assert [(p.name, len(p.runs), p.trainer.traced) for p in progs] == [("train.optimizer=sgd", 8, ("momentum",)),
+                                                                        ("train.optimizer=adam", 2, ())]
+    np.testing.assert_array_equal(progs[1].hparams["learning_rate"], [0.01, 0.01])
+    assert g.labels()[-1] == {"run": 9, "seed": 1, "optimizer": "adam", "learning_rate": 0.01, "momentum": None}
+    assert g.index(seed=1, optimizer="adam", learning_rate=0.01) == 9  # momentum does not apply: not named
+    assert g.index(seed=0, optimizer="sgd", learning_rate=0.05, momentum=0.9) == 6
+
+
+def test_values_that_have_no_effect_are_refused_naming_the_runs_before_training(no_training):
+    trainer = make_train(_config(), VECTORS)
+    with pytest.raises(ValueError, match=r"momentum: has no effect on runs \[4, 5, 6, 7\] of the grid "
+                                         r"\(optimizer='adam'\): optimizer 'adam' has no momentum.*conditional axis"):
+        fit_grid(trainer, grid(2, optimizer=["sgd", "adam"], momentum=[0.0, 0.9]))
+    # tau where a model axis turns tau scaling off (a model.tau axis the config does not name)
+    with pytest.raises(ValueError, match=r"tau: has no effect on runs \[0, 1, 2, 3\] of the grid \(scaling='none'\): "
+                                         r"the model has no scaling='tau'"):
+        fit_grid(trainer, grid(2, {"model.scaling": ["none", "tau"]}, tau=[0.5, 1.0]))
+    with pytest.raises(ValueError, match=r"model\.widht: not a setting"):
+        fit_grid(trainer, grid(1, {"model.widht": [4, 8]}))
+
+
+def test_a_model_axis_works_whether_or_not_the_config_names_it(no_training):
+    trainer = make_train(_config(), VECTORS)
+    assert "use_bias" not in trainer.config.model and "order" not in trainer.config.model
+    progs = programs(trainer, grid(1, {"model.use_bias": [True, False], "model.order": ["pre"]}))
+    assert [p.trainer.model.use_bias for p in progs] == [True, False]
+    assert all(p.trainer.model.order == "pre" for p in progs)
+    # a conditional model axis: the runs it does not apply to keep the model's default (the base value)
+    progs = programs(trainer, grid(1, {"model.norm": {"batch": {"model.use_bias": [False]}, "none": {}}}))
+    assert [(p.trainer.model.norm, p.trainer.model.use_bias) for p in progs] == [("batch", False), ("none", True)]
+
+
+# ---- depth packed into one program ----------------------------------------------------------------------------------
+
+
+def _alone(model, depth_field, depth, seeds, **train):
+    return make_train(_config({**model, depth_field: depth}, **train), VECTORS).fit(seeds)
+
+
+@pytest.mark.parametrize("model,field", [(dict(kind="residual_mlp", width=8, num_blocks=1, norm="batch"), "num_blocks"),
+                                         (dict(kind="plain_mlp", width=8, depth=1, norm="batch", scan=True), "depth")])
+def test_a_depth_grid_is_one_program_and_each_run_is_its_network_trained_alone(model, field, chunk_programs, capsys):
+    trainer = make_train(_config(model), VECTORS)
+    g = grid([0, 1], {f"model.{field}": [1, 3]})
+    result = fit_grid(trainer, g, chunk_epochs=2)
+    assert "grid: 4 runs in 1 program (depth packed: 1, 3" in capsys.readouterr().out
+    assert len(result.programs) == 1 and len(chunk_programs) == 1  # one compiled training program
+    frame = result.frame()
+    assert field in frame.columns and sorted(set(frame[field])) == [1, 3]
+    for depth in (1, 3):
+        run, alone = _alone(model, field, depth, [0, 1])
+        rows = [g.index(seed=s, **{field: depth}) for s in (0, 1)]
+        for name in ("train_loss", "train_error", "test_loss", "test_error"):
+            np.testing.assert_allclose(result.history[name][rows], alone[name], rtol=RTOL, atol=ATOL, err_msg=name)
+        packed = result.select(seed=1, **{field: depth}).state
+        np.testing.assert_allclose(packed.params["head"]["kernel"], run.state.params["head"]["kernel"][1],
+                                   rtol=RTOL, atol=ATOL)
+    assert len(chunk_programs) == 3  # the two networks alone: a program each
+
+
+def test_packed_initial_draws_are_the_networks_own_and_blocks_past_a_runs_depth_stay_untouched():
+    """Initial draws: bit for bit the depth-d network's (its own initialisers, Fixup's K-dependent ones too).
+    Training: the blocks past the run's depth keep their parameters, BatchNorm statistics and optimiser state
+    exactly (weight decay 1e-3 and momentum 0.9 would move them), while the active blocks train."""
+    for model in (dict(kind="residual_mlp", width=8, num_blocks=3, scaling="fixup"),
+                  dict(kind="residual_mlp", width=8, num_blocks=3, norm="batch", scan=True)):
+        trainer = make_train(_config(model), VECTORS).with_packed_depths([1, 3])
+        hp = trainer.check_hparams({"active_depth": 1.0})
+        key = jax.random.key(7)
+        init = jax.jit(trainer.init_run)(key, 0, hp)
+        alone = make_train(_config({**model, "num_blocks": 1}), VECTORS)
+        own = jax.jit(alone.init_run)(key, 0, alone.check_hparams(None))
+        block = (lambda p: p["blocks"]["block"]) if model.get("scan") else (lambda p: p["blocks_0"])
+        first = (lambda a: a[:1]) if model.get("scan") else (lambda a: a)
+        for a, b in zip(jax.tree_util.tree_leaves((init.state.params["stem"], init.state.params["head"],
+                                                   jax.tree_util.tree_map(first, block(init.state.params)))),
+                        jax.tree_util.tree_leaves((own.state.params["stem"], own.state.params["head"],
+                                                   block(own.state.params)))):
+            np.testing.assert_array_equal(a, b)
+        step = jax.jit(lambda r: trainer.train_step(r, (jnp.asarray(VECTORS.x_train[:16]),
+                                                        jnp.asarray(VECTORS.y_train[:16])), hp)[0])
+        after = step(step(init))
+        past = (lambda t: jax.tree_util.tree_map(lambda a: a[1:], t["blocks"]["block"])) if model.get("scan") else (
+            lambda t: {k: t[k] for k in ("blocks_1", "blocks_2")})
+        inner = lambda s: s.opt_state.inner_state  # noqa: E731
+        trees = lambda r: (r.state.params, r.state.batch_stats)  # noqa: E731
+        for old, new in zip(trees(init), trees(after)):
+            if old:
+                for a, b in zip(jax.tree_util.tree_leaves(past(old)), jax.tree_util.tree_leaves(past(new))):
+                    np.testing.assert_array_equal(a, b)
+        traces = [t for t in jax.tree_util.tree_leaves(inner(after.state), is_leaf=lambda n: isinstance(n, dict)
+                                                       and "head" in n) if isinstance(t, dict)]
+        assert traces, "no momentum trace found"
+        for t in traces:
+            assert all(not np.any(np.asarray(a)) for a in jax.tree_util.tree_leaves(past(t)))  # no drift
+            assert np.any(np.asarray(jax.tree_util.tree_leaves(t["head"])[0]))  # the active ones moved
+        assert not np.array_equal(after.state.params["stem"]["kernel"], init.state.params["stem"]["kernel"])
+
+
+def test_depth_packing_switches_off_and_falls_back_where_it_cannot_pack(no_training):
+    trainer = make_train(_config(), VECTORS)
+    g = grid(1, {"model.num_blocks": [1, 2, 4]}, learning_rate=[0.1, 0.05])
+    packed = programs(trainer, g)
+    assert len(packed) == 1 and packed[0].trainer.config.model.num_blocks == 4
+    np.testing.assert_array_equal(packed[0].hparams["active_depth"], [1, 1, 2, 2, 4, 4])
+    assert [p.name for p in programs(trainer, g, pack=False)] == [f"model.num_blocks={d}" for d in (1, 2, 4)]
+    remat = make_train(_config(dict(kind="residual_mlp", width=8, num_blocks=1, scan=True, remat=True)), VECTORS)
+    assert len(programs(remat, g)) == 3  # a rematerialised stack does not pack: a program per depth
+    tau_rule = make_train(_config(dict(kind="residual_mlp", width=8, num_blocks=1, scaling="tau", tau="1/sqrt(K)")),
+                          VECTORS)
+    assert len(programs(tau_rule, g)) == 3  # its forward pass depends on K
+    with pytest.raises(ValueError, match=r"hparams\.active_depth: \[2\.0\] not among the program's packed depths"):
+        trainer.with_packed_depths([1, 4]).check_hparams({"active_depth": [1, 2]}, 2)
+    with pytest.raises(ValueError, match=r"active_depth: this trainer's depth cannot be packed: a rematerialised"):
+        remat.with_packed_depths([1, 2])
+    with pytest.raises(ValueError, match="pack: must be True or False"):
+        fit_grid(trainer, g, pack="yes")
