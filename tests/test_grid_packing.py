@@ -147,7 +147,7 @@ def test_packed_initial_draws_are_the_networks_own_and_blocks_past_a_runs_depth_
     """Initial draws: bit for bit the depth-d network's (its own initialisers, Fixup's K-dependent ones too).
     Training: the blocks past the run's depth keep their parameters, BatchNorm statistics and optimiser state
     exactly (weight decay 1e-3 and momentum 0.9 would move them), while the active blocks train."""
-    for model in (dict(kind="residual_mlp", width=8, num_blocks=3, scaling="fixup"),
+    for model in (dict(kind="residual_mlp", width=8, num_blocks=3, scaling="fixup", num_layers=2),  # gain K^(-1/2)
                   dict(kind="residual_mlp", width=8, num_blocks=3, norm="batch", scan=True)):
         trainer = make_train(_config(model), VECTORS).with_packed_depths([1, 3])
         hp = trainer.check_hparams({"active_depth": 1.0})
