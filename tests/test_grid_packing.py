@@ -118,29 +118,48 @@ def test_a_model_axis_works_whether_or_not_the_config_names_it(no_training):
 # ---- depth packed into one program ----------------------------------------------------------------------------------
 
 
-def _alone(model, depth_field, depth, seeds, **train):
-    return make_train(_config({**model, depth_field: depth}, **train), VECTORS).fit(seeds)
+def _alone(model, seeds, **sizes):
+    return make_train(_config({**model, **sizes}), VECTORS).fit(seeds)
 
 
-@pytest.mark.parametrize("model,field", [(dict(kind="residual_mlp", width=8, num_blocks=1, norm="batch"), "num_blocks"),
-                                         (dict(kind="plain_mlp", width=8, depth=1, norm="batch", scan=True), "depth")])
-def test_a_depth_grid_is_one_program_and_each_run_is_its_network_trained_alone(model, field, chunk_programs, capsys):
-    trainer = make_train(_config(model), VECTORS)
-    g = grid([0, 1], {f"model.{field}": [1, 3]})
-    result = fit_grid(trainer, g, chunk_epochs=2)
-    assert "grid: 4 runs in 1 program (depth packed: 1, 3" in capsys.readouterr().out
+def _assert_each_run_is_its_network_alone(result, g, model, sizes):
+    for size in sizes:
+        run, alone = _alone(model, [0, 1], **size)
+        rows = [g.index(seed=s, **size) for s in (0, 1)]
+        for name in ("train_loss", "train_error", "test_loss", "test_error"):
+            np.testing.assert_allclose(result.history[name][rows], alone[name], rtol=RTOL, atol=ATOL,
+                                       err_msg=f"{name} {size}")
+        packed = np.asarray(result.select(seed=1, **size).state.params["head"]["kernel"])
+        own = np.asarray(run.state.params["head"]["kernel"][1])
+        np.testing.assert_allclose(packed[:own.shape[0]], own, rtol=RTOL, atol=ATOL, err_msg=str(size))
+        assert not np.any(packed[own.shape[0]:])  # the units past the run's width: zero
+
+
+def test_a_depth_x_width_grid_is_one_program_and_each_run_is_its_network_trained_alone(chunk_programs, capsys):
+    model = dict(kind="residual_mlp", width=8, num_blocks=1, norm="batch")
+    g = grid([0, 1], {"model.num_blocks": [1, 3], "model.width": [4, 8]})
+    result = fit_grid(make_train(_config(model), VECTORS), g, chunk_epochs=2)
+    assert "grid: 8 runs in 1 program (depth packed: 1, 3; width packed: 4, 8)" in capsys.readouterr().out
     assert len(result.programs) == 1 and len(chunk_programs) == 1  # one compiled training program
     frame = result.frame()
-    assert field in frame.columns and sorted(set(frame[field])) == [1, 3]
+    assert sorted(set(zip(frame.num_blocks, frame.width))) == [(1, 4), (1, 8), (3, 4), (3, 8)]
+    _assert_each_run_is_its_network_alone(result, g, model, [dict(num_blocks=d, width=w) for d in (1, 3)
+                                                              for w in (4, 8)])
+    assert len(chunk_programs) == 5  # the four networks alone: a program each
+
+
+def test_a_scanned_plain_depth_grid_is_one_program_of_the_networks_alone(chunk_programs):
+    model = dict(kind="plain_mlp", width=8, depth=1, norm="batch", scan=True)
+    g = grid([0, 1], {"model.depth": [1, 3]})
+    result = fit_grid(make_train(_config(model, optimizer="adam", learning_rate=0.01), VECTORS), g, chunk_epochs=2,
+                      progress=False)
+    assert len(chunk_programs) == 1 and set(result.frame().depth) == {1, 3}
     for depth in (1, 3):
-        run, alone = _alone(model, field, depth, [0, 1])
-        rows = [g.index(seed=s, **{field: depth}) for s in (0, 1)]
-        for name in ("train_loss", "train_error", "test_loss", "test_error"):
-            np.testing.assert_allclose(result.history[name][rows], alone[name], rtol=RTOL, atol=ATOL, err_msg=name)
-        packed = result.select(seed=1, **{field: depth}).state
-        np.testing.assert_allclose(packed.params["head"]["kernel"], run.state.params["head"]["kernel"][1],
-                                   rtol=RTOL, atol=ATOL)
-    assert len(chunk_programs) == 3  # the two networks alone: a program each
+        _, alone = make_train(_config({**model, "depth": depth}, optimizer="adam", learning_rate=0.01),
+                              VECTORS).fit([0, 1])
+        rows = [g.index(seed=s, depth=depth) for s in (0, 1)]
+        np.testing.assert_allclose(result.history["train_loss"][rows], alone["train_loss"], rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(result.history["test_loss"][rows], alone["test_loss"], rtol=RTOL, atol=ATOL)
 
 
 def test_packed_initial_draws_are_the_networks_own_and_blocks_past_a_runs_depth_stay_untouched():
@@ -198,5 +217,11 @@ def test_depth_packing_switches_off_and_falls_back_where_it_cannot_pack(no_train
         trainer.with_packed_depths([1, 4]).check_hparams({"active_depth": [1, 2]}, 2)
     with pytest.raises(ValueError, match=r"active_depth: this trainer's depth cannot be packed: a rematerialised"):
         remat.with_packed_depths([1, 2])
+    widths = grid(1, {"model.width": [4, 8]})
+    assert len(programs(trainer, widths)) == 1
+    layer = make_train(_config(dict(kind="residual_mlp", width=8, num_blocks=1, norm="layer")), VECTORS)
+    assert len(programs(layer, widths)) == 2  # a layer norm mixes the units: a program per width
+    with pytest.raises(ValueError, match=r"active_width: this trainer's width cannot be packed: norm 'layer'"):
+        layer.with_packed_widths([4, 8])
     with pytest.raises(ValueError, match="pack: must be True or False"):
         fit_grid(trainer, g, pack="yes")

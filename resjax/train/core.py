@@ -136,6 +136,8 @@ class Core:
     make_args: dict = dataclasses.field(default_factory=dict, repr=False)
     # the depths of the runs packed into this program (``with_packed_depths``; ``resjax.train.packing``)
     packed_depths: tuple = ()
+    # the widths of the runs packed into this program (``with_packed_widths``; ``resjax.train.packing``)
+    packed_widths: tuple = ()
 
     # ---- hyper-parameters ---------------------------------------------------------------------------
 
@@ -152,6 +154,8 @@ class Core:
             out["label_smoothing"] = jnp.asarray(t.label_smoothing, dtype)
         if self.packed_depths:
             out["active_depth"] = jnp.asarray(max(self.packed_depths), dtype)
+        if self.packed_widths:
+            out["active_width"] = jnp.asarray(max(self.packed_widths), dtype)
         return out
 
     def setting(self, path: str) -> Any:
@@ -168,7 +172,7 @@ class Core:
         ``GradientTransformation`` object), ``weight_decay``, ``tau`` (a model with ``scaling='tau'``),
         ``label_smoothing`` (the built-in cross-entropy) and ``traced``."""
         names = ("learning_rate",) * (not self.own_rate) + ("weight_decay",) + ("tau",) * self.uses_tau
-        names += ("active_depth",) * bool(self.packed_depths)
+        names += ("active_depth",) * bool(self.packed_depths) + ("active_width",) * bool(self.packed_widths)
         return names + ("label_smoothing",) * self.obj.smoothing + tuple(self.traced)
 
     def traceable(self, name: str) -> bool:
@@ -196,23 +200,35 @@ class Core:
     def with_packed_depths(self, depths: Sequence[int]) -> Core:
         """This trainer, its model built at the largest of ``depths``, training runs of each of ``depths`` in one
         program: ``hparams['active_depth']`` per run (``resjax.train.packing``: each run as the network of its depth
-        trained alone, to float rounding). ``ValueError`` naming the model's depth setting when it does not pack
+        trained alone, to float rounding). ``ValueError`` naming ``active_depth`` when the depth does not pack
         (``packing.packable``)."""
-        from resjax.train.packing import KINDS, packable
+        return self._packed(depths, self.packed_widths)
 
-        why = packable(self.config, self.optim) if self.make_args.get("model") is None else "a model given as an object"
-        if why is not None:
-            raise ValueError(f"active_depth: this trainer's depth cannot be packed: {why}")
-        field = KINDS[self.config.model.kind]
-        depths = tuple(sorted({int(d) for d in depths}))
-        if not depths or depths[0] < 1:
-            raise ValueError(f"model.{field}: packed depths must be integers >= 1, got {list(depths)}")
-        t = self
-        if self.config.model.get(field) != depths[-1]:
-            config = ml_collections.ConfigDict(self.config.to_dict())
-            config.model[field] = depths[-1]
-            t = self.with_config(config)
-        return dataclasses.replace(t, packed_depths=depths)
+    def with_packed_widths(self, widths: Sequence[int]) -> Core:
+        """This trainer, its model built at the largest of ``widths``, training runs of each of ``widths`` in one
+        program: ``hparams['active_width']`` per run (``resjax.train.packing``: a narrower run's units past its width
+        are zero and stay zero). ``ValueError`` naming ``active_width`` when the width does not pack
+        (``packing.packable_width``)."""
+        return self._packed(self.packed_depths, widths)
+
+    def _packed(self, depths: Sequence[int], widths: Sequence[int]) -> Core:
+        from resjax.train.packing import KINDS, packable, packable_width
+
+        given = self.make_args.get("model") is not None
+        for name, values, check in (("active_depth", depths, packable), ("active_width", widths, packable_width)):
+            why = "a model given as an object" if given else check(self.config, self.optim)
+            if values and why is not None:
+                raise ValueError(f"{name}: this trainer's {name[7:]} cannot be packed: {why}")
+            if values and (not all(is_int(v) for v in values) or min(values) < 1):
+                raise ValueError(f"{name}: packed {name[7:]}s must be integers >= 1, got {list(values)}")
+        depths, widths = tuple(sorted({int(d) for d in depths})), tuple(sorted({int(w) for w in widths}))
+        config = ml_collections.ConfigDict(self.config.to_dict())
+        if depths:
+            config.model[KINDS[config.model.kind]] = depths[-1]
+        if widths:
+            config.model.width = widths[-1]
+        t = self if config.to_dict() == self.config.to_dict() else self.with_config(config)
+        return dataclasses.replace(t, packed_depths=depths, packed_widths=widths)
 
     def with_config(self, config: Any) -> Core:
         """This trainer rebuilt for ``config`` from the arguments it was made with (data, model or model factory,
@@ -257,10 +273,10 @@ class Core:
                 if t.get("nesterov", False) or t.get("optimizer", "sgd") in ("nesterov", "momentum"):
                     raise ValueError(f"hparams.momentum: optimizer {t.get('optimizer')!r} (nesterov="
                                      f"{t.get('nesterov', False)}) needs momentum > 0, got {v}")
-            if name == "active_depth":
-                from resjax.train.packing import check_depths
+            if name in ("active_depth", "active_width"):
+                from resjax.train.packing import check_packed
 
-                check_depths(v, self.packed_depths)
+                check_packed(name, v, self.packed_depths if name == "active_depth" else self.packed_widths)
             if num is not None and (v.ndim not in (0, 1) or (v.ndim == 1 and v.shape[0] != num)):
                 raise ValueError(f"hparams.{name}: must be a scalar or have one value per key ({num}), got shape {v.shape}")
         dtype = float_dtype()
@@ -335,15 +351,22 @@ class Core:
         x = jnp.zeros((2, *self.example_shape), jnp.float32)
         rngs = {"params": init_key, "dropout": jax.random.fold_in(init_key, 1)}
         variables = self.model.init(rngs, x, train=False, **self.model_kwargs(hparams))
-        if self.packed_depths:  # the run's depth drawn as that network alone draws it (resjax.train.packing)
+        if self.packed_depths or self.packed_widths:  # drawn as the run's own network draws them (packing)
             from resjax.train.packing import KINDS, embed
 
-            field, depth = KINDS[self.config.model.kind], self.model_kwargs(hparams)["active_depth"]
+            field = KINDS[self.config.model.kind]
+            top_d, top_w = max(self.packed_depths, default=None), max(self.packed_widths, default=None)
+            depth, width = hparams.get("active_depth", top_d), hparams.get("active_width", top_w)
             chosen = variables
-            for d in self.packed_depths[:-1]:
-                alone = self.model.clone(**{field: d}).init(rngs, x, train=False)
-                chosen = jax.tree_util.tree_map(lambda a, c: jnp.where(depth == d, a, c), embed(alone, variables),
-                                                chosen)
+            for d in self.packed_depths or (None,):
+                for w in self.packed_widths or (None,):
+                    if (d, w) == (top_d, top_w):
+                        continue
+                    sizes = {**({field: d} if d is not None else {}), **({"width": w} if w is not None else {})}
+                    alone = self.model.clone(**sizes).init(rngs, x, train=False)
+                    this = (depth == d if d is not None else True) & (width == w if w is not None else True)
+                    chosen = jax.tree_util.tree_map(lambda a, c: jnp.where(this, a, c), embed(alone, variables),
+                                                    chosen)
             variables = chosen
         params = variables["params"]
         opt_state = with_hyperparams(self.tx.init(params), hparams)

@@ -508,14 +508,22 @@ def _base(t: Any, h: str) -> float:
         return float(np.asarray(t.default_hparams().get(h, 0.0)))
 
 
-def _depth_axis(trainer: Any, paths: dict) -> str | None:
-    """The grid's axis over the depth of the trainer's model (``model.num_blocks`` of a residual MLP), if any."""
+def _packed_axes(trainer: Any, paths: dict) -> dict:
+    """The grid's axes over the depth and the width of the trainer's model (``model.num_blocks`` and
+    ``model.width`` of a residual MLP), if any: ``{'active_depth': axis, 'active_width': axis}``."""
     from resjax.train.packing import KINDS
 
     if trainer.make_args.get("model") is not None or "model" not in trainer.config:
-        return None
+        return {}
     field = KINDS.get(trainer.config.model.get("kind"))
-    return next((a for a, p in paths.items() if field and p == f"model.{field}"), None)
+    if field is None:
+        return {}
+    out = {}
+    for name, path in (("active_depth", f"model.{field}"), ("active_width", "model.width")):
+        axis = next((a for a, p in paths.items() if p == path), None)
+        if axis is not None:
+            out[name] = axis
+    return out
 
 
 def _build(trainer: Any, g: Grid, paths: dict, split: list) -> list[tuple]:
@@ -543,26 +551,30 @@ def programs(trainer: Any, g: Grid, pack: bool = True) -> list[Program]:
     effect on some runs, naming them). ``pack``: a depth axis of a model whose depth packs
     (``resjax.train.packing``) runs inside its programs (``hparams['active_depth']``); ``False``: one program per
     depth."""
-    from resjax.train.packing import KINDS, packable
+    from resjax.train.packing import KINDS, packable, packable_width
 
     paths = {a: _resolve(trainer, a) for a in g.values}
     traced = [a for a in g.values if _hparam(a)]
-    depth = _depth_axis(trainer, paths) if pack else None
-    split = [a for a in g.values if a not in traced and a != depth]
-    built = _build(trainer, g, paths, split)
-    if depth is not None and any(packable(t.config, t.optim) is not None for _, _, t in built):
-        depth, split = None, split + [depth]  # some program's depth cannot pack: a program per depth
-        split = [a for a in g.values if a in split]
+    packs = _packed_axes(trainer, paths) if pack else {}
+    checks = {"active_depth": packable, "active_width": packable_width}
+    while True:
+        split = [a for a in g.values if a not in traced and a not in packs.values()]
         built = _build(trainer, g, paths, split)
-    if depth is not None:
-        packed = []
-        for combo, runs, t in built:
-            field = KINDS[t.config.model.kind]
+        cannot = [n for n in packs if any(checks[n](t.config, t.optim) is not None for _, _, t in built)]
+        if not cannot:
+            break
+        for n in cannot:  # some program cannot pack it: a program per value
+            del packs[n]
+    packed = []
+    for combo, runs, t in built:
+        values = {}
+        for name, axis in packs.items():
+            field = KINDS[t.config.model.kind] if name == "active_depth" else "width"
             base = t.config.model.get(field, getattr(t.model, field, None))
-            depths = [base if g.values[depth][r] is None else g.values[depth][r] for r in runs]
-            packed.append((combo, runs, t.with_packed_depths(depths), depths))
-    else:
-        packed = [(combo, runs, t, None) for combo, runs, t in built]
+            values[name] = [base if g.values[axis][r] is None else g.values[axis][r] for r in runs]
+        if values:
+            t = t._packed(values.get("active_depth", ()), values.get("active_width", ()))
+        packed.append((combo, runs, t, values))
     built = [(combo, runs, t) for combo, runs, t, _ in packed]
     for a in traced:  # a value where the setting has no effect would train identical runs: refused, naming them
         h = _hparam(a)
@@ -580,13 +592,12 @@ def programs(trainer: Any, g: Grid, pack: bool = True) -> list[Program]:
                     "grid(..., {'model.scaling': {'tau': dict(tau=[0.5, 1.0]), 'none': {}}})" if h == "tau" else
                     "grid(..., optimizer={'sgd': dict(momentum=[0.0, 0.9]), 'adam': dict(adam_b1=[0.8, 0.9])})"))
     out = []
-    for combo, runs, t, depths in packed:
+    for combo, runs, t, values in packed:
         mine = [a for a in traced if any(g.values[a][r] is not None for r in runs)]
         t = t.with_traced([_hparam(a) for a in mine])
         hparams = {_hparam(a): np.asarray([_base(t, _hparam(a)) if g.values[a][r] is None else g.values[a][r]
                                            for r in runs], np.float64) for a in mine}
-        if depths is not None:
-            hparams["active_depth"] = np.asarray(depths, np.float64)
+        hparams.update({name: np.asarray(v, np.float64) for name, v in values.items()})
         t.check_hparams(hparams, len(runs))  # every program's values checked before any program trains
         settings = {a: v for a, v in zip(split, combo) if v is not None}
         out.append(Program(settings=settings, runs=runs, trainer=t, hparams=hparams,
@@ -625,10 +636,12 @@ def _merge(g: Grid, trained: list[Program]) -> dict:
 def describe(progs: Sequence[Program], g: Grid) -> str:
     """What a grid's programs will train, said before they run: ``'grid: 24 runs in 1 program (depth packed:
     2, 8, 32; traced: learning_rate)'``, one line, and a line per program when there are several."""
-    traced = sorted({k for p in progs for k in p.hparams if k != "active_depth"})
-    depths = sorted({int(d) for p in progs for d in p.hparams.get("active_depth", ())})
-    notes = ([f"depth packed: {', '.join(map(str, depths))}"] if depths else []) + (
-        [f"traced: {', '.join(traced)}"] if traced else [])
+    traced = sorted({k for p in progs for k in p.hparams if k not in ("active_depth", "active_width")})
+    notes = []
+    for name in ("depth", "width"):
+        values = sorted({int(d) for p in progs for d in p.hparams.get(f"active_{name}", ())})
+        notes += [f"{name} packed: {', '.join(map(str, values))}"] if values else []
+    notes += [f"traced: {', '.join(traced)}"] if traced else []
     head = (f"grid: {g.num_runs} runs in {len(progs)} program{'s' if len(progs) != 1 else ''}"
             + (f" ({'; '.join(notes)})" if notes else ""))
     if len(progs) == 1:

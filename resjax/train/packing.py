@@ -17,6 +17,12 @@ A packed run of depth d then trains the depth-d network's computation: the same 
 on them; the results equal the depth-d network trained alone to float rounding (XLA fuses the two programs
 differently: ``tests/test_grid_packing.py`` states the tolerance).
 
+Width packs the same way (``Core.with_packed_widths``, ``hparams['active_width']``): the model is built at the
+largest width and a narrower run's variables are its own network's draws padded with zeros (``embed``). A unit
+past the run's width is then zero in every example, its weights get zero gradient (their inputs or output
+cotangents are zero), and weight decay, momentum and Adam keep zeros at zero: nothing inside the model changes,
+and the run computes the narrow network's numbers plus exact zeros (``packable_width`` says where this holds).
+
 Packable (``packable``): the three MLP kinds built by name, unrolled or scanned without ``remat``, whose forward
 pass does not depend on the number of blocks (``scaling='tau'`` with a rule of K, ``'1/sqrt(K)'``, is not), with an
 optimiser whose update is elementwise per parameter (the built-in ones; a per-leaf norm, as LARS takes, would see
@@ -32,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["KINDS", "embed", "keep_inactive", "packable"]
+__all__ = ["KINDS", "check_packed", "embed", "keep_inactive", "packable", "packable_width"]
 
 #: The ``build_model`` kinds whose depth packs, and the config field of their depth.
 KINDS = {"residual_mlp": "num_blocks", "plain_mlp": "depth", "residual_stack": "num_blocks"}
@@ -64,6 +70,29 @@ def packable(config: Any, optim: dict | None = None) -> str | None:
     return None
 
 
+def packable_width(config: Any, optim: dict | None = None) -> str | None:
+    """``None`` when the width of ``config``'s model packs into one program (``embed``: a narrower run's units past
+    its width are zero and stay zero), else why not. Needs every op to keep a unit that is zero everywhere at zero:
+    BatchNorm or no norm (a layer or group norm mixes the units), an activation with f(0) = 0, no Fixup scalar
+    biases; and the MLP with a stem (``residual_stack`` takes its width from its input)."""
+    from resjax.nn import build_model
+
+    why = packable(config, optim)
+    if why is not None:
+        return why
+    model = config.model
+    if model.kind not in ("residual_mlp", "plain_mlp"):
+        return f"the model kind {model.kind!r} takes its width from its input"
+    if model.get("norm", "none") not in ("batch", "none"):
+        return f"norm {model.get('norm')!r} mixes the units (only 'batch' or 'none' keep a zero unit at zero)"
+    if model.get("scaling", "none") == "fixup":
+        return "Fixup's scalar biases move the units past a run's width"
+    built = build_model(model.to_dict() if hasattr(model, "to_dict") else dict(model), num_classes=2)
+    if float(built.activation(jnp.zeros((), jnp.float32))) != 0.0:
+        return "its activation does not map 0 to 0"
+    return None
+
+
 def _block_index(path: tuple) -> tuple[str, int | None]:
     """``('scan', None)`` for a leaf of a scanned stack, ``('unrolled', k)`` for block k's, ``('other', None)``."""
     if path and path[0] == _STACK and len(path) > 1 and path[1] == "block":
@@ -74,9 +103,10 @@ def _block_index(path: tuple) -> tuple[str, int | None]:
 
 
 def embed(small: dict, big: dict) -> dict:
-    """The variables ``small`` (one collection or a dict of them, of a network of depth d) in the layout of ``big``
-    (the same network at a larger depth): every leaf of ``small`` as it is, a scanned stack's leaves extended by
-    ``big``'s blocks past d, and the unrolled blocks past d ``big``'s."""
+    """The variables ``small`` (one collection or a dict of them, of a network of depth d and width w) in the layout
+    of ``big`` (the same network at a larger depth or width): every leaf of ``small`` as it is, a scanned stack's
+    leaves extended by ``big``'s blocks past d, the unrolled blocks past d ``big``'s, and a narrower leaf padded
+    with zeros (the units past w: zero in, zero out, zero gradient)."""
     fs, fb = traverse_util.flatten_dict(small), traverse_util.flatten_dict(big)
     out = {}
     for path, b in fb.items():
@@ -85,8 +115,10 @@ def embed(small: dict, big: dict) -> dict:
             out[path] = b
         elif s.shape == b.shape:
             out[path] = s
-        else:  # a scanned stack: d blocks of K
+        elif _block_index(path)[0] == "scan" and s.shape[1:] == b.shape[1:]:  # a scanned stack: d blocks of K
             out[path] = jnp.concatenate([s, b[s.shape[0]:]])
+        else:  # narrower: zeros past its width (and past its depth)
+            out[path] = jnp.zeros_like(b).at[tuple(slice(0, n) for n in s.shape)].set(s.astype(b.dtype))
     return traverse_util.unflatten_dict(out)
 
 
@@ -123,9 +155,10 @@ def keep_inactive(new_state: Any, old_state: Any, active_depth: jax.Array) -> An
                               opt_state=opt)
 
 
-def check_depths(values: Any, depths: tuple) -> None:
-    """``ValueError`` naming ``hparams.active_depth`` unless every value is one of the packed ``depths``."""
+def check_packed(name: str, values: Any, packed: tuple) -> None:
+    """``ValueError`` naming ``hparams.<name>`` unless every value is one of the ``packed`` ones."""
     v = np.asarray(values, np.float64).reshape(-1)
-    bad = sorted({float(x) for x in v if not any(x == d for d in depths)})
+    bad = sorted({float(x) for x in v if not any(x == d for d in packed)})
     if bad:
-        raise ValueError(f"hparams.active_depth: {bad} not among the program's packed depths {list(depths)}")
+        what = "depths" if name == "active_depth" else "widths"
+        raise ValueError(f"hparams.{name}: {bad} not among the program's packed {what} {list(packed)}")
