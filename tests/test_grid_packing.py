@@ -139,7 +139,9 @@ def test_a_depth_x_width_grid_is_one_program_and_each_run_is_its_network_trained
     model = dict(kind="residual_mlp", width=8, num_blocks=1, norm="batch")
     g = grid([0, 1], {"model.num_blocks": [1, 3], "model.width": [4, 8]})
     result = fit_grid(make_train(_config(model), VECTORS), g, chunk_epochs=2)
-    assert "grid: 8 runs in 1 program (depth packed: 1, 3; width packed: 4, 8)" in capsys.readouterr().out
+    said = capsys.readouterr().out  # before training: (3 x 64) x 8 runs against (1 + 3) x (16 + 64) x 2
+    assert "grid: 8 runs in 1 program (depth packed: 1, 3; width packed: 4, 8; packed runs compute as their " \
+           "program's largest network: 2.4x the block arithmetic of the runs alone)" in said, said
     assert len(result.programs) == 1 and len(chunk_programs) == 1  # one compiled training program
     frame = result.frame()
     assert sorted(set(zip(frame.num_blocks, frame.width))) == [(1, 4), (1, 8), (3, 4), (3, 8)]
@@ -223,5 +225,7 @@ def test_depth_packing_switches_off_and_falls_back_where_it_cannot_pack(no_train
     assert len(programs(layer, widths)) == 2  # a layer norm mixes the units: a program per width
     with pytest.raises(ValueError, match=r"active_width: this trainer's width cannot be packed: norm 'layer'"):
         layer.with_packed_widths([4, 8])
-    with pytest.raises(ValueError, match="pack: must be True or False"):
+    both = grid(1, {"model.num_blocks": [1, 2], "model.width": [4, 8]})
+    assert [len(programs(trainer, both, pack=p)) for p in (True, "depth", "width", False)] == [1, 2, 2, 4]
+    with pytest.raises(ValueError, match="pack: must be True, False, 'depth' or 'width'"):
         fit_grid(trainer, g, pack="yes")

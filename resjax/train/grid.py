@@ -545,17 +545,19 @@ def _build(trainer: Any, g: Grid, paths: dict, split: list) -> list[tuple]:
     return built
 
 
-def programs(trainer: Any, g: Grid, pack: bool = True) -> list[Program]:
+def programs(trainer: Any, g: Grid, pack: bool | str = True) -> list[Program]:
     """The grid's programs on ``trainer`` (see the module docstring), every axis resolved and every program's
     trainer built before any training (``ValueError`` naming a bad axis or setting, or an axis value that has no
-    effect on some runs, naming them). ``pack``: a depth axis of a model whose depth packs
-    (``resjax.train.packing``) runs inside its programs (``hparams['active_depth']``); ``False``: one program per
-    depth."""
+    effect on some runs, naming them). ``pack``: a depth or width axis of a model whose depth or width packs
+    (``resjax.train.packing``) runs inside its programs (``hparams['active_depth']``, ``['active_width']``);
+    ``'depth'`` or ``'width'``: that axis only; ``False``: one program per depth and width."""
     from resjax.train.packing import KINDS, packable, packable_width
 
     paths = {a: _resolve(trainer, a) for a in g.values}
     traced = [a for a in g.values if _hparam(a)]
     packs = _packed_axes(trainer, paths) if pack else {}
+    if isinstance(pack, str):  # 'depth' or 'width': that axis only
+        packs = {n: a for n, a in packs.items() if n == f"active_{pack}"}
     checks = {"active_depth": packable, "active_width": packable_width}
     while True:
         split = [a for a in g.values if a not in traced and a not in packs.values()]
@@ -633,6 +635,22 @@ def _merge(g: Grid, trained: list[Program]) -> dict:
     return out
 
 
+def _packed_work(progs: Sequence[Program]) -> float | None:
+    """The blocks' arithmetic of the packed programs over that of their runs alone (depth x width^2 per run), or
+    None when nothing is packed."""
+    alone = packed = 0.0
+    for p in progs:
+        depths, widths = p.hparams.get("active_depth"), p.hparams.get("active_width")
+        if depths is None and widths is None:
+            continue
+        n = len(p.runs)
+        d = np.ones(n) if depths is None else np.asarray(depths, float)
+        w = np.ones(n) if widths is None else np.asarray(widths, float)
+        alone += float(np.sum(d * w ** 2))
+        packed += n * float(d.max() * w.max() ** 2)
+    return packed / alone if alone else None
+
+
 def describe(progs: Sequence[Program], g: Grid) -> str:
     """What a grid's programs will train, said before they run: ``'grid: 24 runs in 1 program (depth packed:
     2, 8, 32; traced: learning_rate)'``, one line, and a line per program when there are several."""
@@ -642,6 +660,10 @@ def describe(progs: Sequence[Program], g: Grid) -> str:
         values = sorted({int(d) for p in progs for d in p.hparams.get(f"active_{name}", ())})
         notes += [f"{name} packed: {', '.join(map(str, values))}"] if values else []
     notes += [f"traced: {', '.join(traced)}"] if traced else []
+    factor = _packed_work(progs)
+    if factor is not None and factor > 1.0:
+        notes.append(f"packed runs compute as their program's largest network: {factor:.1f}x the block "
+                     "arithmetic of the runs alone")
     head = (f"grid: {g.num_runs} runs in {len(progs)} program{'s' if len(progs) != 1 else ''}"
             + (f" ({'; '.join(notes)})" if notes else ""))
     if len(progs) == 1:
@@ -649,7 +671,7 @@ def describe(progs: Sequence[Program], g: Grid) -> str:
     return "\n".join([head] + [f"  {p.name}: {len(p.runs)} runs" for p in progs])
 
 
-def fit_grid(trainer: Any, grid: Grid, *, pack: bool = True, **fit_kwargs: Any) -> GridResult:
+def fit_grid(trainer: Any, grid: Grid, *, pack: bool | str = True, **fit_kwargs: Any) -> GridResult:
     """Train every run of ``grid`` on ``trainer`` (either feeder: ``Trainer`` or ``ImageTrainer``) and label
     the results (see the module docstring).
 
@@ -660,13 +682,17 @@ def fit_grid(trainer: Any, grid: Grid, *, pack: bool = True, **fit_kwargs: Any) 
     subfolder per program, a ``progress`` label the program's name. ``callback`` is called from the program's
     thread.
 
-    ``pack`` (default True): a depth axis of an MLP runs inside one program (``resjax.train.packing``: measured
-    faster, ``docs/benchmarks.md``); ``False``: one program per depth. Before anything trains the grid says how
-    many runs and programs it makes (``describe``), on standard output, unless ``progress=False``."""
+    ``pack`` (default True): the depth and width axes of an MLP run inside one program (``resjax.train.packing``);
+    ``'depth'`` or ``'width'``: that axis only; ``False``: a program per depth and width. A packed run computes as
+    the largest network of its program: packing saves compilations and fills a device, at the cost of that extra
+    arithmetic (``describe`` says how much; measured in ``docs/benchmarks.md``: faster for short grids on the
+    2-core CPU, slower for a 10-epoch grid whose packed arithmetic is 3.5x the runs' own). Before anything
+    trains the grid says how many runs and programs it makes (``describe``), on standard output, unless
+    ``progress=False``."""
     if "hparams" in fit_kwargs:
         raise ValueError("hparams: a grid sets them; vary them as axes of grid(...)")
-    if not isinstance(pack, bool):
-        raise ValueError(f"pack: must be True or False, got {pack!r}")
+    if not isinstance(pack, bool) and pack not in ("depth", "width"):
+        raise ValueError(f"pack: must be True, False, 'depth' or 'width', got {pack!r}")
     devices = fit_kwargs.pop("devices", None)
     progs = programs(trainer, grid, pack)
     if fit_kwargs.get("progress", None) is not False:
