@@ -9,6 +9,13 @@ programs that run side by side, with results labelled by the grid.
     result.summary()                                                    # one row per run
     result.select(seed=2, learning_rate=0.03)                           # that run's RunState
 
+    g = grid(3, {"model.num_blocks": [2, 8, 16, 32], "model.width": [32, 64]})  # 24 runs of a residual MLP:
+    result = fit_grid(trainer, g)                                       # one program (depth and width packed)
+
+    g = grid(1, zipped(optimizer=["sgd", "adam"], learning_rate=[0.1, 1e-3]))   # exactly these two settings
+    g = grid(1, optimizer={"sgd": dict(learning_rate=[0.1, 0.03], momentum=[0.0, 0.9]),
+                           "adam": dict(learning_rate=[1e-3])})                  # 5 settings: a conditional axis
+
     g = grid(2, **{"train.batch_size": [16, 32], "train.momentum": [0.0, 0.9]})  # 8 runs in 2 programs
     result = fit_grid(trainer, g, checkpoint_dir="grid")                # batch 16 and batch 32 side by side
     result.select(seed=1, batch_size=32, momentum=0.9)                  # an axis by its last name, too
@@ -26,8 +33,8 @@ Traced axes and programs. The hyperparameters (``HPARAMS``) that the trainer's p
 traced: run ``r`` gets ``hparams[name][r]`` inside one vmapped program (the learning rate and weight decay
 always; ``tau`` for a model with ``scaling='tau'``; ``momentum`` for the SGD family and ``adam_b1`` /
 ``adam_b2`` for the built-in 'adam', injected into the optimiser state only when a grid varies them:
-``Core.with_traced``). Every other axis (batch size, width, depth, optimiser, schedule, model kind, and an
-``HPARAMS`` axis that some program cannot trace) changes the program: the grid splits into one program per
+``Core.with_traced``). Every other axis (batch size, optimiser, schedule, model kind; depth and width where they
+do not pack, below) changes the program: the grid splits into one program per
 combination of those axes' values (``trainer.with_config(config)``: the trainer rebuilt with the same data,
 model factory, optimiser pieces and hooks), each with the traced axes inside. The programs run side by side,
 one device each (``resjax.train.side_by_side``, on-device ``Trainer``: ``Trainer.sweep``), or one after
@@ -35,6 +42,28 @@ another (the host feeder's ``ImageTrainer``, whose ``fit`` uses every device it 
 several processes). Each run is trained exactly as that seed alone with those settings (the seed integer
 gives the PRNG key and the data order): its program's config is the trainer's with the program's values
 set, its traced values are its ``hparams``.
+
+Depth and width packed. A ``model.num_blocks`` (``plain_mlp``: ``model.depth``) or ``model.width`` axis of an MLP
+built by name does not split the grid: its program's model is built at the largest depth and width of its runs,
+and each run trains its own network inside it (``resjax.train.packing``: the blocks past a run's depth are the
+identity and never move, a narrower run's units past its width are zero and stay zero, each run's initial draws
+are its own network's): equal to that network trained alone to float rounding. Where a program cannot pack
+(``packing.packable``: a rematerialised stack, a tau rule of K, an optimiser of your own; for the width, a norm
+that mixes the units, Fixup's scalar biases) the axis splits as any other. ``fit_grid(..., pack=False)`` splits
+always; ``pack='depth'`` or ``'width'`` packs that axis only. A packed run's ``select`` state has the largest
+network's shapes.
+
+Axes that say what the researcher means. ``zipped(a=[...], b=[...])`` (positional, in ``grid(seeds, ...)``) varies
+its axes together: exactly the listed tuples. An axis given a dict is conditional, each value with the axes that
+apply to it (``optimizer={'sgd': dict(learning_rate=[...], momentum=[...]), 'adam': dict(learning_rate=[...])}``):
+a run's label is None for an axis that does not apply to it, and its setting is the config's. An axis value that
+has no effect on some runs (``momentum`` or ``adam_b1`` under an optimiser without it, ``tau`` on a model without
+``scaling='tau'``, a learning rate for your own ``GradientTransformation``) would train identical runs: it is a
+``ValueError`` before anything trains, naming the runs, their settings and the setting. A ``model.*`` axis may
+name a field of the model that the config leaves to its default. The columns of ``frame()`` and ``summary()``
+are the names ``select`` and ``index`` take: an axis's last part (``batch_size`` for ``'train.batch_size'``),
+its full name only where two axes share a last part. ``fit_grid`` says, before anything trains, how many runs
+and programs it makes (``describe``).
 
 Checkpoints: ``fit_grid(..., checkpoint_dir=D)`` with one program checkpoints into ``D`` itself (as
 ``trainer.fit`` does); with several, program ``p`` checkpoints into ``D/<p.name>`` (its settings, e.g.
@@ -47,7 +76,7 @@ on the rerun.
 Results (``GridResult``): ``history`` holds, per metric (the trainer's history entries with an epoch axis,
 whatever the objective's metrics are), ``(runs, epochs)`` in the grid's run order; ``frame()`` has one row per
 run and epoch, labelled by ``run``, ``seed`` and every axis (values as given: numbers, names, tuples);
-``summary()`` one row per run; ``select(**settings)`` a run's ``RunState``; ``programs`` each program's
+``summary()`` one row per run; ``select(**settings)`` a run's ``RunState`` (the axes that apply to it named); ``programs`` each program's
 settings, runs, trainer and results.
 
 Diverged runs: the trainers freeze a run whose loss or gradient became non-finite and record its epoch
