@@ -9,14 +9,14 @@ The grid: a residual MLP with BatchNorm on MNIST-1D (``experiments.degradation``
 SGD with momentum 0.9, a constant learning rate 0.05) over depth {2, 8, 16, 32} x width {32, 64} x 3 seeds (quick:
 depth {2, 8} x width {16, 32} x 2 seeds, 2 epochs), run packed (``pack=True``: one program), depth-packed
 (``pack='depth'``: a program per width) and unpacked (``pack=False``: a program per depth and width). Each is
-``fit_grid(trainer, g, pack=...)`` timed from the call
-to the results on the host, compilation included, on every device the process has (``benchmarks`` is an entry
-point: every CPU core is one device, see ``resjax.use_every_cpu_core``; unpacked, the programs run side by side,
-one per device, as ``fit_grid`` runs them). The packed grid goes first, then the depth-packed and the unpacked ones, then the packed one
-again (the better of the two packed times is reported; both are in the JSON), so a machine that slows during the
-sitting does not favour either. The compilation cache is off (each program compiles in this process). The largest
-difference between a packed run's final train loss and its unpacked run's is reported too (they are the same
-networks: ``resjax.train.packing``). Nothing is asserted.
+``fit_grid(trainer, g, pack=...)`` timed from the call to the results on the host, compilation included, on every
+device the process has (``benchmarks`` is an entry point: every CPU core is one device, see
+``resjax.use_every_cpu_core``; with several programs, they run side by side, one per device, as ``fit_grid`` runs
+them). The packed grid goes first, then the depth-packed and the unpacked ones, then the packed one again (the
+better of the two packed times is reported; both are in the JSON), so a machine that slows during the sitting does
+not favour either. The compilation cache is off (each program compiles in this process). The largest difference
+between a packed run's final train loss and its unpacked run's is reported too (they are the same networks:
+``resjax.train.packing``). Nothing is asserted.
 """
 
 from __future__ import annotations
