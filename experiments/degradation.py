@@ -113,9 +113,10 @@ HELP = {
     "sweep_batch_sizes": "batch sizes of the selection rule's sweep (every cell and seed at each; the docstring's "
                          "rule picks the default batch size from it), e.g. \"(16, 32, 64)\"; () = no sweep",
     "model.width": "hidden width of every cell (units per layer); a cell's :WIDTH replaces it",
-    "pack_cells": "true/false: the cells of one kind (and width) at several depths, e.g. plain:2, plain:8 and "
-                   "plain:32, trained as one program at each batch size (resjax.train.packing: each run the network "
-                   "of its depth, to float rounding); false: a program per cell",
+    "pack_cells": "true/false/auto: the cells of one kind (and width) at several depths, e.g. plain:2, plain:8 and "
+                  "plain:32, trained as one program at each batch size (resjax.train.packing: each run the network "
+                  "of its depth, to float rounding); false: a program per cell; auto (the default): true on an "
+                  "accelerator, false on CPUs (resjax.train.grid.auto_pack)",
     "model.scan": "true/false: the blocks as one nn.scan (traced and compiled once; --quick's choice) instead of "
                   "unrolled (the default: no such setting)",
     "train.batch_size": "minibatch size of the main run (training examples per SGD step; the last partial batch "
@@ -137,7 +138,7 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c.ablations = True
     c.ablation_cells = DEFAULT_ABLATION_CELLS
     c.chunk_epochs = 25
-    c.pack_cells = True
+    c.pack_cells = "auto"
     if size == "quick":
         c.train.epochs, c.num_seeds, c.sweep_batch_sizes, c.ablations, c.chunk_epochs = 2, 2, (), False, 2
         c.model.scan = True  # blocks traced and compiled once: 13 s from an empty cache, 18 s unrolled
@@ -288,6 +289,7 @@ def check(config) -> None:
     """The preflight hook (``experiments.common.preflight``): every cell before any training: the train config at
     every batch size (the library's checks), every batch size within the training examples, every model
     config built."""
+    pack_cells(config)
     data = common.load_data(config)
     n = len(data.y_train)
     common.check_train(config.train, n)
@@ -338,6 +340,20 @@ def cell_job(config, model: dict, batch_size: int, data, learning_rates, name: s
     return job
 
 
+def pack_cells(config) -> bool:
+    """``config.pack_cells`` as a bool (``'auto'``: ``resjax.train.grid.auto_pack``); ``ValueError`` naming it."""
+    from resjax.train.grid import auto_pack
+
+    value = config.pack_cells
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "auto"):
+        value = {"true": True, "false": False, "auto": "auto"}[value.strip().lower()]
+    if value == "auto":
+        return auto_pack()
+    if not isinstance(value, bool):
+        raise ValueError(f"pack_cells: must be true, false or auto, got {config.pack_cells!r}")
+    return value
+
+
 def packed_groups(config, chosen: list) -> list[list]:
     """``chosen`` cells in groups trained as one program each: with ``config.pack_cells``, the cells of one kind and
     width at several depths whose depth packs (``resjax.train.packing.packable``), deepest last; every other cell
@@ -346,7 +362,7 @@ def packed_groups(config, chosen: list) -> list[list]:
 
     groups: dict = {}
     for c in chosen:
-        together = config.pack_cells and packable(run_config({**config.model, **c.model}, config.train)) is None
+        together = pack_cells(config) and packable(run_config({**config.model, **c.model}, config.train)) is None
         groups.setdefault((c.kind, c.width) if together else c.name, []).append(c)
     return [sorted(g, key=lambda c: c.depth) for g in groups.values()]
 

@@ -138,7 +138,7 @@ def _assert_each_run_is_its_network_alone(result, g, model, sizes):
 def test_a_depth_x_width_grid_is_one_program_and_each_run_is_its_network_trained_alone(chunk_programs, capsys):
     model = dict(kind="residual_mlp", width=8, num_blocks=1, norm="batch")
     g = grid([0, 1], {"model.num_blocks": [1, 3], "model.width": [4, 8]})
-    result = fit_grid(make_train(_config(model), VECTORS), g, chunk_epochs=2)
+    result = fit_grid(make_train(_config(model), VECTORS), g, chunk_epochs=2, pack=True)
     said = capsys.readouterr().out  # before training: (3 x 64) x 8 runs against (1 + 3) x (16 + 64) x 2
     assert "grid: 8 runs in 1 program (depth packed: 1, 3; width packed: 4, 8; packed runs compute as their " \
            "program's largest network: 2.4x the block arithmetic of the runs alone)" in said, said
@@ -154,7 +154,7 @@ def test_a_scanned_plain_depth_grid_is_one_program_of_the_networks_alone(chunk_p
     model = dict(kind="plain_mlp", width=8, depth=1, norm="batch", scan=True)
     g = grid([0, 1], {"model.depth": [1, 3]})
     result = fit_grid(make_train(_config(model, optimizer="adam", learning_rate=0.01), VECTORS), g, chunk_epochs=2,
-                      progress=False)
+                      progress=False, pack=True)
     assert len(chunk_programs) == 1 and set(result.frame().depth) == {1, 3}
     for depth in (1, 3):
         _, alone = make_train(_config({**model, "depth": depth}, optimizer="adam", learning_rate=0.01),
@@ -162,6 +162,25 @@ def test_a_scanned_plain_depth_grid_is_one_program_of_the_networks_alone(chunk_p
         rows = [g.index(seed=s, depth=depth) for s in (0, 1)]
         np.testing.assert_allclose(result.history["train_loss"][rows], alone["train_loss"], rtol=RTOL, atol=ATOL)
         np.testing.assert_allclose(result.history["test_loss"][rows], alone["test_loss"], rtol=RTOL, atol=ATOL)
+
+
+def test_packing_is_on_by_default_on_accelerators_and_off_on_cpus(no_training, monkeypatch, capsys):
+    """``pack='auto'`` (the default): measured slower on the 2-core CPU (docs/benchmarks.md), so off there."""
+    import importlib
+
+    grid_module = importlib.import_module("resjax.train.grid")  # (resjax.train.grid is also the function)
+
+    class Chip:
+        def __init__(self, platform):
+            self.platform = platform
+    assert grid_module.auto_pack([Chip("gpu")]) and grid_module.auto_pack([Chip("tpu")])
+    assert not grid_module.auto_pack([Chip("cpu")])
+    seen = []
+    monkeypatch.setattr(grid_module, "programs", lambda t, g, pack: seen.append(pack) or [][0])
+    for devices, expected in (([Chip("cpu")], False), ([Chip("gpu")], True)):
+        with pytest.raises(IndexError):
+            fit_grid(make_train(_config(), VECTORS), grid(1, {"model.num_blocks": [1, 2]}), devices=devices)
+        assert seen[-1] is expected
 
 
 def test_packed_initial_draws_are_the_networks_own_and_blocks_past_a_runs_depth_stay_untouched():
@@ -206,26 +225,26 @@ def test_packed_initial_draws_are_the_networks_own_and_blocks_past_a_runs_depth_
 def test_depth_packing_switches_off_and_falls_back_where_it_cannot_pack(no_training):
     trainer = make_train(_config(), VECTORS)
     g = grid(1, {"model.num_blocks": [1, 2, 4]}, learning_rate=[0.1, 0.05])
-    packed = programs(trainer, g)
+    packed = programs(trainer, g, pack=True)
     assert len(packed) == 1 and packed[0].trainer.config.model.num_blocks == 4
     np.testing.assert_array_equal(packed[0].hparams["active_depth"], [1, 1, 2, 2, 4, 4])
     assert [p.name for p in programs(trainer, g, pack=False)] == [f"model.num_blocks={d}" for d in (1, 2, 4)]
     remat = make_train(_config(dict(kind="residual_mlp", width=8, num_blocks=1, scan=True, remat=True)), VECTORS)
-    assert len(programs(remat, g)) == 3  # a rematerialised stack does not pack: a program per depth
+    assert len(programs(remat, g, pack=True)) == 3  # a rematerialised stack does not pack: a program per depth
     tau_rule = make_train(_config(dict(kind="residual_mlp", width=8, num_blocks=1, scaling="tau", tau="1/sqrt(K)")),
                           VECTORS)
-    assert len(programs(tau_rule, g)) == 3  # its forward pass depends on K
+    assert len(programs(tau_rule, g, pack=True)) == 3  # its forward pass depends on K
     with pytest.raises(ValueError, match=r"hparams\.active_depth: \[2\.0\] not among the program's packed depths"):
         trainer.with_packed_depths([1, 4]).check_hparams({"active_depth": [1, 2]}, 2)
     with pytest.raises(ValueError, match=r"active_depth: this trainer's depth cannot be packed: a rematerialised"):
         remat.with_packed_depths([1, 2])
     widths = grid(1, {"model.width": [4, 8]})
-    assert len(programs(trainer, widths)) == 1
+    assert len(programs(trainer, widths, pack=True)) == 1
     layer = make_train(_config(dict(kind="residual_mlp", width=8, num_blocks=1, norm="layer")), VECTORS)
-    assert len(programs(layer, widths)) == 2  # a layer norm mixes the units: a program per width
+    assert len(programs(layer, widths, pack=True)) == 2  # a layer norm mixes the units: a program per width
     with pytest.raises(ValueError, match=r"active_width: this trainer's width cannot be packed: norm 'layer'"):
         layer.with_packed_widths([4, 8])
     both = grid(1, {"model.num_blocks": [1, 2], "model.width": [4, 8]})
     assert [len(programs(trainer, both, pack=p)) for p in (True, "depth", "width", False)] == [1, 2, 2, 4]
-    with pytest.raises(ValueError, match="pack: must be True, False, 'depth' or 'width'"):
+    with pytest.raises(ValueError, match="pack: must be True, False, 'depth', 'width' or 'auto'"):
         fit_grid(trainer, g, pack="yes")

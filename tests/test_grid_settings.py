@@ -93,7 +93,7 @@ def test_names_resolve_to_settings_and_split_the_grid_where_they_change_the_prog
     trainer = make_train(_config(), VECTORS)
     g = grid([0, 1], {"train.batch_size": [16, 32], "model.width": [4, 8]}, momentum=[0.0, 0.9],
              learning_rate=[0.1, 0.05])
-    progs = programs(trainer, g)
+    progs = programs(trainer, g, pack=False)  # (the width packed: tests/test_grid_packing.py)
     assert [p.name for p in progs] == ["train.batch_size=16,model.width=4", "train.batch_size=16,model.width=8",
                                        "train.batch_size=32,model.width=4", "train.batch_size=32,model.width=8"]
     assert all(p.trainer.traced == ("momentum",) and len(p.runs) == 8 for p in progs)
@@ -207,7 +207,8 @@ def test_programs_of_other_shapes_and_optimisers_on_both_feeders():
     """A width axis (other parameter shapes) on the on-device feeder; an optimiser axis (names as labels) with a
     traced learning rate on the host feeder, whose programs run one after another. The width-8 program (first, on
     the first device) is test_batch_size_x_momentum_x_seeds_...'s batch-16 program: compiled once."""
-    widths = fit_grid(make_train(_config(), VECTORS), grid([0, 1], {"model.width": [8, 4]}, momentum=[0.0, 0.9]))
+    widths = fit_grid(make_train(_config(), VECTORS), grid([0, 1], {"model.width": [8, 4]}, momentum=[0.0, 0.9]),
+                      pack=False)
     assert widths.select(seed=1, width=4, momentum=0.9).state.params["head"]["kernel"].shape == (4, 3)
     assert widths.select(seed=1, width=8, momentum=0.9).state.params["head"]["kernel"].shape == (8, 3)
     host = make_image_train(_config(epochs=1, momentum=0.9), VECTORS)  # sgd: test_traced_momentum_...'s program

@@ -10,7 +10,7 @@ programs that run side by side, with results labelled by the grid.
     result.select(seed=2, learning_rate=0.03)                           # that run's RunState
 
     g = grid(3, {"model.num_blocks": [2, 8, 16, 32], "model.width": [32, 64]})  # 24 runs of a residual MLP:
-    result = fit_grid(trainer, g)                                       # one program (depth and width packed)
+    result = fit_grid(trainer, g, pack=True)                            # one program (depth and width packed)
 
     g = grid(1, zipped(optimizer=["sgd", "adam"], learning_rate=[0.1, 1e-3]))   # exactly these two settings
     g = grid(1, optimizer={"sgd": dict(learning_rate=[0.1, 0.03], momentum=[0.0, 0.9]),
@@ -50,8 +50,9 @@ identity and never move, a narrower run's units past its width are zero and stay
 are its own network's): equal to that network trained alone to float rounding. Where a program cannot pack
 (``packing.packable``: a rematerialised stack, a tau rule of K, an optimiser of your own; for the width, a norm
 that mixes the units, Fixup's scalar biases) the axis splits as any other. ``fit_grid(..., pack=False)`` splits
-always; ``pack='depth'`` or ``'width'`` packs that axis only. A packed run's ``select`` state has the largest
-network's shapes.
+always; ``pack='depth'`` or ``'width'`` packs that axis only; the default, ``pack='auto'``, packs on an
+accelerator and not on CPUs (``auto_pack``: on the 2-core CPU the packed runs' extra arithmetic cost more than the
+compilations saved, ``docs/benchmarks.md``). A packed run's ``select`` state has the largest network's shapes.
 
 Axes that say what the researcher means. ``zipped(a=[...], b=[...])`` (positional, in ``grid(seeds, ...)``) varies
 its axes together: exactly the listed tuples. An axis given a dict is conditional, each value with the axes that
@@ -107,7 +108,7 @@ import numpy as np
 from resjax.train.core import HPARAM_SETTINGS, HPARAMS
 from resjax.train.state import RunState
 
-__all__ = ["Grid", "GridResult", "Program", "Zipped", "describe", "fit_grid", "grid", "programs", "zipped"]
+__all__ = ["Grid", "GridResult", "Program", "Zipped", "auto_pack", "describe", "fit_grid", "grid", "programs", "zipped"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 #: The dict-valued settings whose keys a grid may add (an optax function's arguments).
@@ -574,12 +575,15 @@ def _build(trainer: Any, g: Grid, paths: dict, split: list) -> list[tuple]:
     return built
 
 
-def programs(trainer: Any, g: Grid, pack: bool | str = True) -> list[Program]:
+def programs(trainer: Any, g: Grid, pack: bool | str = "auto") -> list[Program]:
     """The grid's programs on ``trainer`` (see the module docstring), every axis resolved and every program's
     trainer built before any training (``ValueError`` naming a bad axis or setting, or an axis value that has no
     effect on some runs, naming them). ``pack``: a depth or width axis of a model whose depth or width packs
     (``resjax.train.packing``) runs inside its programs (``hparams['active_depth']``, ``['active_width']``);
-    ``'depth'`` or ``'width'``: that axis only; ``False``: one program per depth and width."""
+    ``'depth'`` or ``'width'``: that axis only; ``False``: one program per depth and width; ``'auto'``:
+    ``auto_pack()``, as ``fit_grid``."""
+    if pack == "auto":
+        pack = auto_pack()
     from resjax.train.packing import KINDS, packable, packable_width
 
     paths = {a: _resolve(trainer, a) for a in g.values}
@@ -700,7 +704,19 @@ def describe(progs: Sequence[Program], g: Grid) -> str:
     return "\n".join([head] + [f"  {p.name}: {len(p.runs)} runs" for p in progs])
 
 
-def fit_grid(trainer: Any, grid: Grid, *, pack: bool | str = True, **fit_kwargs: Any) -> GridResult:
+def auto_pack(devices: Sequence[Any] | None = None) -> bool:
+    """What ``fit_grid(..., pack='auto')`` does on ``devices`` (default: JAX's): pack on an accelerator, where a
+    small MLP's program leaves the chip nearly idle and more vmapped runs cost almost nothing (the issue's H200
+    measurement: 8 seeds vmapped 8.6x faster than one after another); not on CPUs, where the packed runs' extra
+    arithmetic costs more than the compilations it saves (``docs/benchmarks.md``: a 10-epoch grid of 24 runs
+    packed took 1.8x as long as unpacked on the 2-core CPU)."""
+    import jax
+
+    first = (list(devices) if devices else jax.devices())[0]
+    return first.platform != "cpu"
+
+
+def fit_grid(trainer: Any, grid: Grid, *, pack: bool | str = "auto", **fit_kwargs: Any) -> GridResult:
     """Train every run of ``grid`` on ``trainer`` (either feeder: ``Trainer`` or ``ImageTrainer``) and label
     the results (see the module docstring).
 
@@ -711,21 +727,24 @@ def fit_grid(trainer: Any, grid: Grid, *, pack: bool | str = True, **fit_kwargs:
     subfolder per program, a ``progress`` label the program's name. ``callback`` is called from the program's
     thread.
 
-    ``pack`` (default True): the depth and width axes of an MLP run inside one program (``resjax.train.packing``);
-    ``'depth'`` or ``'width'``: that axis only; ``False``: a program per depth and width. A packed run computes as
-    the largest network of its program: packing saves compilations and fills a device, at the cost of that extra
-    arithmetic (``describe`` says how much; measured in ``docs/benchmarks.md``: faster for short grids on the
-    2-core CPU, slower for a 10-epoch grid whose packed arithmetic is 3.5x the runs' own). Before anything
-    trains the grid says how many runs and programs it makes (``describe``), on standard output, unless
-    ``progress=False``."""
+    ``pack``: ``True``: the depth and width axes of an MLP run inside one program (``resjax.train.packing``);
+    ``'depth'`` or ``'width'``: that axis only; ``False``: a program per depth and width; ``'auto'`` (default):
+    ``True`` on an accelerator, ``False`` on CPUs (``auto_pack``). A packed run computes as the largest network
+    of its program: packing saves compilations and fills a device, at the cost of that extra arithmetic
+    (``describe`` says how much; measured in ``docs/benchmarks.md``). Before anything trains the grid says how
+    many runs and programs it makes (``describe``), on standard output, unless ``progress=False``."""
     if "hparams" in fit_kwargs:
         raise ValueError("hparams: a grid sets them; vary them as axes of grid(...)")
-    if not isinstance(pack, bool) and pack not in ("depth", "width"):
-        raise ValueError(f"pack: must be True, False, 'depth' or 'width', got {pack!r}")
+    if not isinstance(pack, bool) and pack not in ("depth", "width", "auto"):
+        raise ValueError(f"pack: must be True, False, 'depth', 'width' or 'auto', got {pack!r}")
     devices = fit_kwargs.pop("devices", None)
-    progs = programs(trainer, grid, pack)
+    chosen = auto_pack(devices) if pack == "auto" else pack
+    progs = programs(trainer, grid, chosen)
     if fit_kwargs.get("progress", None) is not False:
-        print(describe(progs, grid), flush=True)
+        said = describe(progs, grid)
+        if pack == "auto" and not chosen and _packed_axes(trainer, {a: _resolve(trainer, a) for a in grid.values}):
+            said += "\n  (depth and width not packed on the CPU, where packing was measured slower: pack=True packs)"
+        print(said, flush=True)
     if len(progs) == 1:
         p = progs[0]
         run, history = p.trainer.fit(grid.seeds, hparams=p.hparams or None, **fit_kwargs)
