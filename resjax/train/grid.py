@@ -77,8 +77,8 @@ on the rerun.
 Results (``GridResult``): ``history`` holds, per metric (the trainer's history entries with an epoch axis,
 whatever the objective's metrics are), ``(runs, epochs)`` in the grid's run order; ``frame()`` has one row per
 run and epoch, labelled by ``run``, ``seed`` and every axis (values as given: numbers, names, tuples);
-``summary()`` one row per run; ``select(**settings)`` a run's ``RunState`` (the axes that apply to it named); ``programs`` each program's
-settings, runs, trainer and results.
+``summary()`` one row per run; ``select(**settings)`` a run's ``RunState`` (the axes that apply to it named);
+``programs`` each program's settings, runs, trainer and results.
 
 Diverged runs: the trainers freeze a run whose loss or gradient became non-finite and record its epoch
 (``diverged_epoch``, 1-based; -1 for none), and its later epochs' metrics are NaN. ``summary()`` reports, per

@@ -53,7 +53,8 @@ def packable(config: Any, optim: dict | None = None) -> str | None:
 
     model = config.get("model") if hasattr(config, "get") else None
     if model is None or model.get("kind") not in KINDS:
-        return f"the model kind {None if model is None else model.get('kind')!r} has no packed depth (only {sorted(KINDS)})"
+        kind = None if model is None else model.get("kind")
+        return f"the model kind {kind!r} has no packed depth (only {sorted(KINDS)})"
     if model.get("remat", False) is not False:
         return "a rematerialised stack (remat) has no packed depth"
     block = model.get("block", None)
