@@ -6,8 +6,9 @@ Run from the project root::
     python -m benchmarks.grid_packing [--quick] [--epochs E] [--scan] [--out runs/benchmarks/grid_packing.json]
 
 The grid: a residual MLP with BatchNorm on MNIST-1D (``experiments.degradation``'s data, batch 64 and optimiser:
-SGD at a constant learning rate 0.005, no momentum; ``--learning_rate`` and ``--momentum`` change them) over depth {2, 8, 16, 32} x width {32, 64} x 3 seeds (quick:
-depth {2, 8} x width {16, 32} x 2 seeds, 2 epochs), run packed (``pack=True``: one program), depth-packed
+SGD at a constant learning rate 0.005, no momentum; ``--learning_rate`` and ``--momentum`` change them) over
+depth {2, 8, 16, 32} x width {32, 64} x 3 seeds (quick: depth {2, 8} x width {16, 32} x 2 seeds, 2 epochs; default
+10 epochs, ``--epochs``), run packed (``pack=True``: one program), depth-packed
 (``pack='depth'``: a program per width) and unpacked (``pack=False``: a program per depth and width). Each is
 ``fit_grid(trainer, g, pack=...)`` timed from the call to the results on the host, compilation included, on every
 device the process has (``benchmarks`` is an entry point: every CPU core is one device, see
