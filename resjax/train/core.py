@@ -16,7 +16,9 @@ vmap over seeds:
 ``tau`` (passed to ``model.apply``), and the optimiser settings a trainer traces (``Core.traced``, made by
 ``with_traced``: ``momentum``, ``adam_b1``, ``adam_b2``; written into the optimiser state like the rate). A
 trainer traces none of the last by default, so its program is the one it always was; a grid
-(``resjax.train.grid``) asks for those it varies. Random numbers are functions of the state: the model's
+(``resjax.train.grid``) asks for those it varies. A trainer that packs depths or widths (``with_packed_depths``,
+``with_packed_widths``; ``resjax.train.packing``) takes ``active_depth`` (passed to ``model.apply``; the blocks
+past it are kept as they were after each step) and ``active_width`` (which network ``init_run`` draws). Random numbers are functions of the state: the model's
 ``dropout`` stream is ``fold_in(key, step)``; data order is the feeder's function of ``(key or data_seed, epoch)``.
 
 Metrics, one vocabulary for both feeders (``METRICS``; per epoch, NaN once a run has diverged):
@@ -301,7 +303,8 @@ class Core:
 
     def model_kwargs(self, hparams: dict | None) -> dict:
         """The extra keyword arguments of ``model.apply``: ``{'tau': hparams['tau']}`` for a model with
-        ``scaling='tau'`` when ``hparams`` holds a tau, else ``{}``."""
+        ``scaling='tau'`` when ``hparams`` holds a tau, and ``active_depth`` (default: the largest) in a trainer
+        that packs depths."""
         out = {"tau": hparams["tau"]} if self.uses_tau and hparams and "tau" in hparams else {}
         if self.packed_depths:
             out["active_depth"] = (hparams or {}).get("active_depth", max(self.packed_depths))
