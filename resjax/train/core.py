@@ -18,7 +18,8 @@ vmap over seeds:
 trainer traces none of the last by default, so its program is the one it always was; a grid
 (``resjax.train.grid``) asks for those it varies. A trainer that packs depths or widths (``with_packed_depths``,
 ``with_packed_widths``; ``resjax.train.packing``) takes ``active_depth`` (passed to ``model.apply``; the blocks
-past it are kept as they were after each step) and ``active_width`` (which network ``init_run`` draws). Random numbers are functions of the state: the model's
+past it are kept as they were after each step) and ``active_width`` (which network ``init_run`` draws).
+Random numbers are functions of the state: the model's
 ``dropout`` stream is ``fold_in(key, step)``; data order is the feeder's function of ``(key or data_seed, epoch)``.
 
 Metrics, one vocabulary for both feeders (``METRICS``; per epoch, NaN once a run has diverged):
