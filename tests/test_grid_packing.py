@@ -248,3 +248,17 @@ def test_depth_packing_switches_off_and_falls_back_where_it_cannot_pack(no_train
     assert [len(programs(trainer, both, pack=p)) for p in (True, "depth", "width", False)] == [1, 2, 2, 4]
     with pytest.raises(ValueError, match="pack: must be True, False, 'depth', 'width' or 'auto'"):
         fit_grid(trainer, g, pack="yes")
+
+
+def test_a_packed_depth_outside_the_stack_or_on_a_rematerialised_one_is_refused_by_name():
+    from resjax.nn import build_model
+
+    x = jnp.zeros((2, 10))
+    model = build_model(dict(kind="residual_mlp", width=8, num_blocks=3), num_classes=3)
+    variables = jax.eval_shape(lambda: model.init(jax.random.key(0), x, train=False))
+    for bad in (0, 4, 1.5):
+        with pytest.raises(ValueError, match=r"active_depth: a packed depth must be an integer in 1 \.\. 3"):
+            jax.eval_shape(lambda v: model.apply(v, x, train=False, active_depth=bad), variables)
+    remat = build_model(dict(kind="plain_mlp", width=8, depth=4, scan=True, remat=2), num_classes=3)
+    with pytest.raises(ValueError, match=r"remat: a packed depth \(active_depth= at call time\) needs remat=False"):
+        jax.eval_shape(lambda: remat.init(jax.random.key(0), x, train=False, active_depth=2))
