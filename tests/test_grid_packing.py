@@ -262,3 +262,24 @@ def test_a_packed_depth_outside_the_stack_or_on_a_rematerialised_one_is_refused_
     remat = build_model(dict(kind="plain_mlp", width=8, depth=4, scan=True, remat=2), num_classes=3)
     with pytest.raises(ValueError, match=r"remat: a packed depth \(active_depth= at call time\) needs remat=False"):
         jax.eval_shape(lambda: remat.init(jax.random.key(0), x, train=False, active_depth=2))
+
+
+def test_degradation_packs_its_plain_cells_per_batch_size_when_asked():
+    """``experiments.degradation``: plain:2, plain:8 and plain:32 as one program (``pack_cells``), its runs each depth's
+    seeds in turn; the other cells alone. On the CPU the default (``auto``) packs nothing (measured slower)."""
+    from experiments import degradation
+    from resjax.data import load_dataset
+
+    config = degradation.get_config("quick")
+    assert [[c.name for c in g] for g in degradation.packed_groups(config, degradation.cells(config))] == [
+        ["plain_d2"], ["plain_d8"], ["plain_d32"], ["residual_bn_d32"], ["residual_d32"]]  # auto, on the CPU
+    config.pack_cells = "true"
+    groups = degradation.packed_groups(config, degradation.cells(config))
+    assert [[c.name for c in g] for g in groups] == [["plain_d2", "plain_d8", "plain_d32"], ["residual_bn_d32"],
+                                                     ["residual_d32"]]
+    args = degradation.packed_job(config, groups[0], 64, load_dataset(config.data), [0.005])()
+    assert args["trainer"].packed_depths == (2, 8, 32) and len(args["keys"]) == 3 * config.num_seeds
+    np.testing.assert_array_equal(args["hparams"]["active_depth"], np.repeat([2, 8, 32], config.num_seeds))
+    config.pack_cells = "maybe"
+    with pytest.raises(ValueError, match="pack_cells: must be true, false or auto"):
+        degradation.check(config)
