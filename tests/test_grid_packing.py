@@ -244,6 +244,11 @@ def test_depth_packing_switches_off_and_falls_back_where_it_cannot_pack(no_train
     assert len(programs(layer, widths, pack=True)) == 2  # a layer norm mixes the units: a program per width
     with pytest.raises(ValueError, match=r"active_width: this trainer's width cannot be packed: norm 'layer'"):
         layer.with_packed_widths([4, 8])
+    # the issue's grid: depth {2, 8, 16, 32} x width {32, 64} x 3 seeds of a residual MLP, one program of 24 runs
+    issue = programs(make_train(_config(dict(kind="residual_mlp", width=64, num_blocks=2, norm="batch")), VECTORS),
+                     grid(3, {"model.num_blocks": [2, 8, 16, 32], "model.width": [32, 64]}), pack=True)
+    assert len(issue) == 1 and len(issue[0].runs) == 24
+    assert (issue[0].trainer.packed_depths, issue[0].trainer.packed_widths) == ((2, 8, 16, 32), (32, 64))
     both = grid(1, {"model.num_blocks": [1, 2], "model.width": [4, 8]})
     assert [len(programs(trainer, both, pack=p)) for p in (True, "depth", "width", False)] == [1, 2, 2, 4]
     with pytest.raises(ValueError, match="pack: must be True, False, 'depth', 'width' or 'auto'"):
