@@ -709,7 +709,7 @@ def auto_pack(devices: Sequence[Any] | None = None) -> bool:
     small MLP's program leaves the chip nearly idle and more vmapped runs cost almost nothing (the issue's H200
     measurement: 8 seeds vmapped 8.6x faster than one after another); not on CPUs, where the packed runs' extra
     arithmetic costs more than the compilations it saves (``docs/benchmarks.md``: a 10-epoch grid of 24 runs
-    packed took 1.8x as long as unpacked on the 2-core CPU)."""
+    packed took 1.8x to 2.2x as long as unpacked on the 2-core CPU)."""
     import jax
 
     first = (list(devices) if devices else jax.devices())[0]
