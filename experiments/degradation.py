@@ -113,6 +113,10 @@ HELP = {
     "sweep_batch_sizes": "batch sizes of the selection rule's sweep (every cell and seed at each; the docstring's "
                          "rule picks the default batch size from it), e.g. \"(16, 32, 64)\"; () = no sweep",
     "model.width": "hidden width of every cell (units per layer); a cell's :WIDTH replaces it",
+    "pack_cells": "true/false/auto: the cells of one kind (and width) at several depths, e.g. plain:2, plain:8 and "
+                  "plain:32, trained as one program at each batch size (resjax.train.packing: each run the network "
+                  "of its depth, to float rounding); false: a program per cell; auto (the default): true on an "
+                  "accelerator, false on CPUs (resjax.train.grid.auto_pack)",
     "model.scan": "true/false: the blocks as one nn.scan (traced and compiled once; --quick's choice) instead of "
                   "unrolled (the default: no such setting)",
     "train.batch_size": "minibatch size of the main run (training examples per SGD step; the last partial batch "
@@ -134,6 +138,7 @@ def get_config(size: str = "default") -> ml_collections.ConfigDict:
     c.ablations = True
     c.ablation_cells = DEFAULT_ABLATION_CELLS
     c.chunk_epochs = 25
+    c.pack_cells = "auto"
     if size == "quick":
         c.train.epochs, c.num_seeds, c.sweep_batch_sizes, c.ablations, c.chunk_epochs = 2, 2, (), False, 2
         c.model.scan = True  # blocks traced and compiled once: 13 s from an empty cache, 18 s unrolled
@@ -284,6 +289,7 @@ def check(config) -> None:
     """The preflight hook (``experiments.common.preflight``): every cell before any training: the train config at
     every batch size (the library's checks), every batch size within the training examples, every model
     config built."""
+    pack_cells(config)
     data = common.load_data(config)
     n = len(data.y_train)
     common.check_train(config.train, n)
@@ -334,6 +340,56 @@ def cell_job(config, model: dict, batch_size: int, data, learning_rates, name: s
     return job
 
 
+def pack_cells(config) -> bool:
+    """``config.pack_cells`` as a bool (``'auto'``: ``resjax.train.grid.auto_pack``); ``ValueError`` naming it."""
+    from resjax.train.grid import auto_pack
+
+    value = config.pack_cells
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "auto"):
+        value = {"true": True, "false": False, "auto": "auto"}[value.strip().lower()]
+    if value == "auto":
+        return auto_pack()
+    if not isinstance(value, bool):
+        raise ValueError(f"pack_cells: must be true, false or auto, got {config.pack_cells!r}")
+    return value
+
+
+def packed_groups(config, chosen: list) -> list[list]:
+    """``chosen`` cells in groups trained as one program each: with ``config.pack_cells``, the cells of one kind and
+    width at several depths whose depth packs (``resjax.train.packing.packable``), deepest last; every other cell
+    alone. In the order of each group's first cell."""
+    from resjax.train.packing import packable
+
+    groups: dict = {}
+    for c in chosen:
+        together = pack_cells(config) and packable(run_config({**config.model, **c.model}, config.train)) is None
+        groups.setdefault((c.kind, c.width) if together else c.name, []).append(c)
+    return [sorted(g, key=lambda c: c.depth) for g in groups.values()]
+
+
+def packed_job(config, group: list, batch_size: int, data, learning_rates, curves: bool = True) -> Callable[[], dict]:
+    """``cell_job`` for a group of cells that differ only in depth (``packed_groups``): one vmapped program of every
+    seed at every depth, the model built at the deepest (``Trainer.with_packed_depths``); its runs are the depths'
+    seeds in turn (``runs_of`` splits them)."""
+    if len(group) == 1:
+        return cell_job(config, group[0].model, batch_size, data, learning_rates, group[0].name, curves)
+    deepest = group[-1]
+    job = cell_job(config, deepest.model, batch_size, data, learning_rates, "+".join(c.name for c in group), curves)
+    depths = [c.depth for c in group]
+
+    def packed() -> dict:
+        args = job()
+        count = len(args["keys"])
+        args["trainer"] = args["trainer"].with_packed_depths(depths)
+        args["keys"] = jax.numpy.concatenate([args["keys"]] * len(depths))
+        args["hparams"] = {"learning_rate": np.tile(args["hparams"]["learning_rate"], len(depths)),
+                           "active_depth": np.repeat(np.asarray(depths, np.float32), count)}
+        return args
+
+    packed.cost = job.cost * len(depths)
+    return packed
+
+
 def train_cell(*args, **kwargs) -> dict:
     """``cell_job``'s cell trained on its own (its seeds over every device): its metrics."""
     return checkpoints.sweeps([cell_job(*args, **kwargs)])[0][1]
@@ -370,8 +426,9 @@ def run(config, out_dir) -> dict:
     batch_sizes = sorted(set(config.sweep_batch_sizes) | {config.train.batch_size})
     # Every cell of the run is an independent sweep: all of them side by side, each whole on one device
     # (checkpoints.sweeps), the longest first; recorded below in the order of the report.
-    jobs = {(b, c.name): cell_job(config, c.model, b, data, lr, c.name, curves=b == config.train.batch_size)
-            for b in batch_sizes for c in cells(config)}
+    groups = packed_groups(config, cells(config))  # plain:2, plain:8, plain:32: one program (pack_cells)
+    jobs = {(b, tuple(c.name for c in g)): packed_job(config, g, b, data, lr, curves=b == config.train.batch_size)
+            for b in batch_sizes for g in groups}
     if config.ablations:
         for c in ablation_cells(config):
             jobs[(None, c.name)] = cell_job(config, c.model, config.train.batch_size, data, lr, c.name)
@@ -381,6 +438,10 @@ def run(config, out_dir) -> dict:
     order = sorted(jobs, key=lambda k: -jobs[k].cost)
     start = time.time()
     done = dict(zip(order, (metrics for _, metrics in checkpoints.sweeps([jobs[k] for k in order]))))
+    for b in batch_sizes:  # a packed group's runs: each depth's seeds in turn
+        for g in groups:
+            for c, metrics in zip(g, runs_of(done.pop((b, tuple(c.name for c in g))), config.num_seeds)):
+                done[(b, c.name)] = metrics
     out: dict = {"seconds": time.time() - start}
     print(f"degradation: {len(jobs)} cells done in {out['seconds']:.0f} s", flush=True)
     for b in batch_sizes:

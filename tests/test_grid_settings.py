@@ -72,7 +72,8 @@ def test_an_axis_that_is_not_a_setting_is_refused_by_name_before_training(no_tra
                         ({"batch_sise": [16, 32]}, r"batch_sise: not a setting"),
                         ({"model.widht": [4, 8]}, r"model\.widht: not a setting"),
                         ({"train.optimizer_args": [1, 2]}, r"train\.optimizer_args: not a setting"),
-                        ({"tau": [0.5, 1.0]}, r"tau: not a setting"),  # the model has no tau
+                        ({"tau": [0.5, 1.0]}, r"tau: has no effect on runs \[0, 1, 2, 3\] of the grid: the model "
+                                              r"has no scaling='tau'"),  # the model has no tau
                         ({"train.batch_size": [16, "big"]}, r"train\.batch_size: cannot set .* to .big."),
                         ({"train.batch_size": [16, 0]}, r"batch_size: must be an integer >= 1")]:
         with pytest.raises(ValueError, match=match):
@@ -92,17 +93,24 @@ def test_names_resolve_to_settings_and_split_the_grid_where_they_change_the_prog
     trainer = make_train(_config(), VECTORS)
     g = grid([0, 1], {"train.batch_size": [16, 32], "model.width": [4, 8]}, momentum=[0.0, 0.9],
              learning_rate=[0.1, 0.05])
-    progs = programs(trainer, g)
+    progs = programs(trainer, g, pack=False)  # (the width packed: tests/test_grid_packing.py)
     assert [p.name for p in progs] == ["train.batch_size=16,model.width=4", "train.batch_size=16,model.width=8",
                                        "train.batch_size=32,model.width=4", "train.batch_size=32,model.width=8"]
     assert all(p.trainer.traced == ("momentum",) and len(p.runs) == 8 for p in progs)
     assert progs[3].trainer.config.train.batch_size == 32 and progs[3].trainer.config.model.width == 8
     np.testing.assert_array_equal(progs[0].hparams["momentum"], [0.0, 0.0, 0.0, 0.0, 0.9, 0.9, 0.9, 0.9])
     assert trainer.traced == () and trainer.config.train.batch_size == 16  # the trainer given is left as it was
-    # the optimiser's own settings: momentum is traced for SGD, a program axis for Adam (which has none)
-    mixed = programs(trainer, grid(1, optimizer=["sgd", "adam"], momentum=[0.0, 0.9], adam_b1=[0.8, 0.9]))
-    assert [p.name for p in mixed] == [f"train.optimizer={o},train.momentum={m},train.adam_b1={b}"
-                                       for o in ("sgd", "adam") for m in (0.0, 0.9) for b in (0.8, 0.9)]
+    # the optimiser's own settings: momentum is traced for SGD; under Adam (which has none) it is refused, naming
+    # the runs, unless a conditional axis gives it only where it applies
+    with pytest.raises(ValueError, match=r"momentum: has no effect on runs \[4, 5, 6, 7\] of the grid "
+                                         r"\(optimizer='adam'\): optimizer 'adam' has no momentum"):
+        programs(trainer, grid(1, optimizer=["sgd", "adam"], momentum=[0.0, 0.9], adam_b1=[0.8, 0.9]))
+    with pytest.raises(ValueError, match=r"adam_b1: has no effect on runs \[0, 1\] .*\(optimizer='sgd'\)"):
+        programs(trainer, grid(1, optimizer=["sgd", "adam"], adam_b1=[0.8, 0.9]))
+    mixed = programs(trainer, grid(1, optimizer={"sgd": dict(momentum=[0.0, 0.9]), "adam": dict(adam_b1=[0.8, 0.9])}))
+    assert [(p.name, p.runs, p.trainer.traced) for p in mixed] == [
+        ("train.optimizer=sgd", [0, 1], ("momentum",)), ("train.optimizer=adam", [2, 3], ("adam_b1",))]
+    np.testing.assert_array_equal(mixed[1].hparams["adam_b1"], [0.8, 0.9])
     assert programs(trainer, grid(1, optimizer=["adam"], adam_b1=[0.8, 0.9]))[0].trainer.traced == ("adam_b1",)
 
 
@@ -170,8 +178,9 @@ def test_batch_size_x_momentum_x_seeds_runs_as_two_programs_side_by_side_and_res
         np.testing.assert_allclose(whole.select(seed=1, batch_size=batch, momentum=momentum).state.params["head"]
                                    ["kernel"], run.state.params["head"]["kernel"][1], rtol=1e-6, atol=1e-7)
     frame = whole.frame()
-    assert len(frame) == 16 and {"train.batch_size", "train.momentum", "seed", "epoch", "train_loss"} <= set(frame)
-    cell = frame[(frame["train.batch_size"] == 32) & (frame["train.momentum"] == 0.9) & (frame.epoch == 2)]
+    # the columns are the names select and summary take: batch_size, not train.batch_size
+    assert len(frame) == 16 and {"batch_size", "momentum", "seed", "epoch", "train_loss"} <= set(frame)
+    cell = frame[(frame["batch_size"] == 32) & (frame["momentum"] == 0.9) & (frame.epoch == 2)]
     np.testing.assert_allclose(cell.train_loss, whole.history["train_loss"][[6, 7], 1], rtol=0)
     assert sorted(cell.seed) == [0, 1] and len(whole.summary()) == 8
 
@@ -198,7 +207,8 @@ def test_programs_of_other_shapes_and_optimisers_on_both_feeders():
     """A width axis (other parameter shapes) on the on-device feeder; an optimiser axis (names as labels) with a
     traced learning rate on the host feeder, whose programs run one after another. The width-8 program (first, on
     the first device) is test_batch_size_x_momentum_x_seeds_...'s batch-16 program: compiled once."""
-    widths = fit_grid(make_train(_config(), VECTORS), grid([0, 1], {"model.width": [8, 4]}, momentum=[0.0, 0.9]))
+    widths = fit_grid(make_train(_config(), VECTORS), grid([0, 1], {"model.width": [8, 4]}, momentum=[0.0, 0.9]),
+                      pack=False)
     assert widths.select(seed=1, width=4, momentum=0.9).state.params["head"]["kernel"].shape == (4, 3)
     assert widths.select(seed=1, width=8, momentum=0.9).state.params["head"]["kernel"].shape == (8, 3)
     host = make_image_train(_config(epochs=1, momentum=0.9), VECTORS)  # sgd: test_traced_momentum_...'s program

@@ -29,7 +29,7 @@ from compare_results import compare_values  # noqa: E402
 # Two small cells, 12 epochs in chunks of one (a chunk ends, and can be saved, after every epoch; the signal sent
 # after the first lands well inside the cell), one seed.
 DEGRADATION = ["-m", "experiments.degradation", "--quick", "--cells", "plain:2,plain:8", "--train.epochs", "12",
-               "--chunk_epochs", "1", "--num_seeds", "1"]
+               "--chunk_epochs", "1", "--num_seeds", "1", "--pack_cells", "false"]
 
 
 def _in_process(capsys, args, out, *extra) -> str:

@@ -68,9 +68,14 @@ class _Stack(MLPSettings):
         resolve_block(self.block, ResidualBlock, kwargs)
         return kwargs
 
-    def _blocks(self, h: jax.Array, train: bool | None, tau: float | jax.Array | None) -> jax.Array:
+    #: The field that holds the number of blocks (a grid's depth axis: ``resjax.train.grid``).
+    depth_field = "num_blocks"
+
+    def _blocks(self, h: jax.Array, train: bool | None, tau: float | jax.Array | None,
+                active_depth: int | jax.Array | None = None) -> jax.Array:
         block, kwargs = resolve_block(self.block, ResidualBlock, self.block_kwargs())
-        return stack_blocks(block, kwargs, self.stack_size, h, train, tau, scan=self.scan, remat=self.remat)
+        return stack_blocks(block, kwargs, self.stack_size, h, train, tau, scan=self.scan, remat=self.remat,
+                            active_depth=active_depth)
 
 
 class _Classifier(_Stack):
@@ -88,7 +93,8 @@ class _Classifier(_Stack):
         super().__post_init__()
 
     @nn.compact
-    def __call__(self, x: jax.Array, train: bool | None = None, tau: float | jax.Array | None = None) -> jax.Array:
+    def __call__(self, x: jax.Array, train: bool | None = None, tau: float | jax.Array | None = None,
+                 active_depth: int | jax.Array | None = None) -> jax.Array:
         """Apply the network: stem, the blocks, head.
 
         Args:
@@ -97,6 +103,9 @@ class _Classifier(_Stack):
             tau: a scalar branch scale for this call, shared by every block (a number, or a traced value: a
                 sweep over tau is a ``vmap``), in place of the ``tau`` field. Only with ``scaling='tau'`` (else
                 ``ValueError``); a concrete tau must be a finite number > 0. ``None`` (default): the field.
+            active_depth: a packed depth (a number or a traced value; ``None``, default: every block): the blocks past
+                it are the identity (``resjax.nn.residual.stack_blocks``), so runs of several depths share one
+                program; 1 .. the model's blocks, and ``remat=False`` (else ``ValueError`` naming it).
 
         Returns:
             The logits, ``(batch, num_classes)``.
@@ -114,7 +123,7 @@ class _Classifier(_Stack):
         if self.order == "post":
             h = self.activation(h)
         self.sow("intermediates", "stem_out", h)
-        h = self._blocks(h, train, tau)
+        h = self._blocks(h, train, tau, active_depth)
         head_init = get_initializer("zeros" if self.scaling == "fixup" else self.head_init or self.kernel_init)
         head_bias = get_bias_initializer("zeros" if self.scaling == "fixup" else self.bias_init, h.shape[-1])
         return nn.Dense(self.num_classes, kernel_init=head_init, bias_init=head_bias, name="head", **dtypes)(h)
@@ -165,6 +174,8 @@ class PlainMLP(_Classifier):
         check_positive("depth", self.depth)
         super().__post_init__()
 
+    depth_field = "depth"
+
     @property
     def stack_size(self) -> int:
         return self.depth
@@ -188,8 +199,10 @@ class ResidualStack(_Stack):
     num_blocks: int
 
     @nn.compact
-    def __call__(self, x: jax.Array, train: bool | None = None, tau: float | jax.Array | None = None) -> jax.Array:
-        """Apply the ``num_blocks`` blocks to the stream ``x``, ``(batch, width)``; ``tau`` as ``ResidualMLP``'s.
+    def __call__(self, x: jax.Array, train: bool | None = None, tau: float | jax.Array | None = None,
+                 active_depth: int | jax.Array | None = None) -> jax.Array:
+        """Apply the ``num_blocks`` blocks to the stream ``x``, ``(batch, width)``; ``tau`` and ``active_depth``
+        as ``ResidualMLP``'s.
 
         Returns:
             The stream after the last block, the shape of ``x``.
@@ -205,4 +218,4 @@ class ResidualStack(_Stack):
         if x.shape[-1] != self.width:
             raise ValueError(f"inputs: last axis {x.shape[-1]} must equal width {self.width} (the input is the stream)")
         self.sow("intermediates", "stem_out", x)
-        return self._blocks(x, train, tau)
+        return self._blocks(x, train, tau, active_depth)

@@ -443,8 +443,44 @@ class _RematScan(nn.Module):
         return nn.map_variables(segments, True, split, join, mutable=True)(self, x)
 
 
+class _ActiveScanStep(nn.Module):
+    """``_ScanStep`` with a per-block flag ``on``: a block that is off is the identity (``active_block``)."""
+
+    block_cls: Any
+    block_kwargs: Any
+
+    @nn.compact
+    def __call__(self, x: jax.Array, on: jax.Array, *broadcast: Any) -> tuple[jax.Array, None]:
+        with _scanned_body():
+            block = self.block_cls(**dict(self.block_kwargs), name="block")
+            return active_block(block, on, x, *broadcast), None
+
+
+def active_block(block: nn.Module, on: jax.Array, x: jax.Array, *broadcast: Any) -> jax.Array:
+    """``block(x, *broadcast)`` where ``on``, else ``x`` unchanged (the identity): the block of a stack built at a
+    larger depth than a run's (a packed depth, ``stack_blocks(..., active_depth=d)``). A block that is off is fed zeros,
+    so its computation stays finite and its parameters get exactly zero gradient; where it is on, the input and
+    output are the block's own, bit for bit (``jnp.where`` selects, it does not compute)."""
+    y = block(jnp.where(on, x, jnp.zeros_like(x)), *broadcast)
+    return jnp.where(on, y, x)
+
+
+def check_packed_depth(depth: Any, num_blocks: int, remat: int | bool = False) -> None:
+    """A packed depth (``stack_blocks(..., active_depth=d)``): a concrete one must be an integer in 1 .. ``num_blocks``
+    (``ValueError`` naming ``active_depth``); a rematerialised stack cannot take one (names ``remat``)."""
+    if remat is not False:
+        raise ValueError(f"remat: a packed depth (active_depth= at call time) needs remat=False, got remat={remat!r}")
+    if isinstance(depth, jax.core.Tracer):
+        return
+    d = np.asarray(depth)
+    if d.ndim != 0 or d != np.round(d) or not 1 <= d <= num_blocks:
+        raise ValueError(f"active_depth: a packed depth must be an integer in 1 .. {num_blocks} (the stack's blocks), "
+                         f"got {depth!r}")
+
+
 def stack_blocks(block_cls: type[nn.Module], block_kwargs: dict, num_blocks: int, x: jax.Array, *broadcast: Any,
-                 scan: bool, name: str = "blocks", remat: int | bool = False) -> jax.Array:
+                 scan: bool, name: str = "blocks", remat: int | bool = False,
+                 active_depth: int | jax.Array | None = None) -> jax.Array:
     """Apply ``num_blocks`` blocks ``block_cls(**block_kwargs)(x, *broadcast)`` one after another, unrolled
     (``name_0`` ... ``name_{K-1}``) or with ``nn.scan`` (one ``name/block`` subtree whose leaves have a
     leading axis of size K; ``broadcast`` is passed unchanged to every block).
@@ -458,11 +494,27 @@ def stack_blocks(block_cls: type[nn.Module], block_kwargs: dict, num_blocks: int
     ``name/block`` subtree, leading axis K), ``init`` draws the same values from the same key, and the
     outputs and gradients are the same computation, in the same order (bit for bit on CPU for resjax's MLPs).
 
+    ``active_depth`` (a packed depth: a number or a traced value, ``remat=False`` only): the stack is built with its
+    ``num_blocks`` blocks, and block ``k`` (0-based) is the identity where ``k >= active_depth`` (``active_block``):
+    runs of several depths, vmapped, share one program. The parameters are those of ``num_blocks`` blocks; the
+    blocks past ``active_depth`` get zero gradient (their ``batch_stats`` still see their zero input in training:
+    a trainer keeps them as they were, ``resjax.train.packing.keep_inactive``).
+
     Must be called inside a ``@nn.compact`` method. ``unstack_scanned``/``stack_unrolled`` convert
     between the two parameter layouts. ``num_blocks = 0`` returns ``x`` (a one-block ResNet stage).
     """
     check_remat(remat, scan)
     if num_blocks == 0:
+        return x
+    if active_depth is not None:
+        check_packed_depth(active_depth, num_blocks, remat)
+        if scan:
+            stack = nn.scan(_ActiveScanStep, variable_axes=_SCAN_AXES, split_rngs={"params": True},
+                            in_axes=(0,) + (nn.broadcast,) * len(broadcast), length=num_blocks,
+                            )(block_cls=block_cls, block_kwargs=tuple(sorted(block_kwargs.items())), name=name)
+            return stack(x, jnp.arange(num_blocks) < active_depth, *broadcast)[0]
+        for k in range(num_blocks):
+            x = active_block(block_cls(**block_kwargs, name=f"{name}_{k}"), k < active_depth, x, *broadcast)
         return x
     if scan:
         kwargs = tuple(sorted(block_kwargs.items()))

@@ -24,7 +24,7 @@ from resjax.train.checkpoint import CheckpointError, Checkpoints
 from resjax.train.config import check_train_config, image_train_config, train_config
 from resjax.train.core import METRICS, Core, run_config
 from resjax.train.distributed import initialize_if_needed, make_data_mesh
-from resjax.train.grid import Grid, GridResult, fit_grid, grid
+from resjax.train.grid import Grid, GridResult, fit_grid, grid, zipped
 from resjax.train.host import ImageTrainer, make_image_train, seed_axis_mode
 from resjax.train.monitor import RunLog, log_to
 from resjax.train.ondevice import Trainer, make_train, shard_over_seeds
@@ -39,7 +39,7 @@ __all__ = ["METRICS", "CheckpointError", "Checkpoints", "Core", "Grid", "GridRes
            "Preempted", "RunLog", "RunState", "Trainer", "check_train_config", "fit_grid", "grid", "image_train_config",
            "initialize_if_needed", "log_to", "make_data_mesh",
            "make_image_train", "make_optimizer", "make_schedule", "make_train", "run_config", "seed_axis_mode",
-           "shard_over_seeds", "side_by_side", "train_config"]
+           "shard_over_seeds", "side_by_side", "train_config", "zipped"]
 
 
 def __getattr__(name: str):  # the old ``TrainState``: the same class as ``ModelState``, with a DeprecationWarning

@@ -16,7 +16,10 @@ vmap over seeds:
 ``tau`` (passed to ``model.apply``), and the optimiser settings a trainer traces (``Core.traced``, made by
 ``with_traced``: ``momentum``, ``adam_b1``, ``adam_b2``; written into the optimiser state like the rate). A
 trainer traces none of the last by default, so its program is the one it always was; a grid
-(``resjax.train.grid``) asks for those it varies. Random numbers are functions of the state: the model's
+(``resjax.train.grid``) asks for those it varies. A trainer that packs depths or widths (``with_packed_depths``,
+``with_packed_widths``; ``resjax.train.packing``) takes ``active_depth`` (passed to ``model.apply``; the blocks
+past it are kept as they were after each step) and ``active_width`` (which network ``init_run`` draws).
+Random numbers are functions of the state: the model's
 ``dropout`` stream is ``fold_in(key, step)``; data order is the feeder's function of ``(key or data_seed, epoch)``.
 
 Metrics, one vocabulary for both feeders (``METRICS``; per epoch, NaN once a run has diverged):
@@ -135,6 +138,10 @@ class Core:
     traced: tuple = ()
     # the make_* function's arguments other than the config (``with_config`` rebuilds with them)
     make_args: dict = dataclasses.field(default_factory=dict, repr=False)
+    # the depths of the runs packed into this program (``with_packed_depths``; ``resjax.train.packing``)
+    packed_depths: tuple = ()
+    # the widths of the runs packed into this program (``with_packed_widths``; ``resjax.train.packing``)
+    packed_widths: tuple = ()
 
     # ---- hyper-parameters ---------------------------------------------------------------------------
 
@@ -149,6 +156,10 @@ class Core:
             out[name] = jnp.asarray(self.setting(HPARAM_SETTINGS[name]), dtype)
         if self.obj.smoothing and t.get("label_smoothing", 0.0):
             out["label_smoothing"] = jnp.asarray(t.label_smoothing, dtype)
+        if self.packed_depths:
+            out["active_depth"] = jnp.asarray(max(self.packed_depths), dtype)
+        if self.packed_widths:
+            out["active_width"] = jnp.asarray(max(self.packed_widths), dtype)
         return out
 
     def setting(self, path: str) -> Any:
@@ -165,6 +176,7 @@ class Core:
         ``GradientTransformation`` object), ``weight_decay``, ``tau`` (a model with ``scaling='tau'``),
         ``label_smoothing`` (the built-in cross-entropy) and ``traced``."""
         names = ("learning_rate",) * (not self.own_rate) + ("weight_decay",) + ("tau",) * self.uses_tau
+        names += ("active_depth",) * bool(self.packed_depths) + ("active_width",) * bool(self.packed_widths)
         return names + ("label_smoothing",) * self.obj.smoothing + tuple(self.traced)
 
     def traceable(self, name: str) -> bool:
@@ -188,6 +200,39 @@ class Core:
         if traced == tuple(self.traced):
             return self
         return dataclasses.replace(self, traced=traced, tx=self._optimizer(self.config, traced))
+
+    def with_packed_depths(self, depths: Sequence[int]) -> Core:
+        """This trainer, its model built at the largest of ``depths``, training runs of each of ``depths`` in one
+        program: ``hparams['active_depth']`` per run (``resjax.train.packing``: each run as the network of its depth
+        trained alone, to float rounding). ``ValueError`` naming ``active_depth`` when the depth does not pack
+        (``packing.packable``)."""
+        return self._packed(depths, self.packed_widths)
+
+    def with_packed_widths(self, widths: Sequence[int]) -> Core:
+        """This trainer, its model built at the largest of ``widths``, training runs of each of ``widths`` in one
+        program: ``hparams['active_width']`` per run (``resjax.train.packing``: a narrower run's units past its width
+        are zero and stay zero). ``ValueError`` naming ``active_width`` when the width does not pack
+        (``packing.packable_width``)."""
+        return self._packed(self.packed_depths, widths)
+
+    def _packed(self, depths: Sequence[int], widths: Sequence[int]) -> Core:
+        from resjax.train.packing import KINDS, packable, packable_width
+
+        given = self.make_args.get("model") is not None
+        for name, values, check in (("active_depth", depths, packable), ("active_width", widths, packable_width)):
+            why = "a model given as an object" if given else check(self.config, self.optim)
+            if values and why is not None:
+                raise ValueError(f"{name}: this trainer's {name[7:]} cannot be packed: {why}")
+            if values and (not all(is_int(v) for v in values) or min(values) < 1):
+                raise ValueError(f"{name}: packed {name[7:]}s must be integers >= 1, got {list(values)}")
+        depths, widths = tuple(sorted({int(d) for d in depths})), tuple(sorted({int(w) for w in widths}))
+        config = ml_collections.ConfigDict(self.config.to_dict())
+        if depths:
+            config.model[KINDS[config.model.kind]] = depths[-1]
+        if widths:
+            config.model.width = widths[-1]
+        t = self if config.to_dict() == self.config.to_dict() else self.with_config(config)
+        return dataclasses.replace(t, packed_depths=depths, packed_widths=widths)
 
     def with_config(self, config: Any) -> Core:
         """This trainer rebuilt for ``config`` from the arguments it was made with (data, model or model factory,
@@ -232,6 +277,10 @@ class Core:
                 if t.get("nesterov", False) or t.get("optimizer", "sgd") in ("nesterov", "momentum"):
                     raise ValueError(f"hparams.momentum: optimizer {t.get('optimizer')!r} (nesterov="
                                      f"{t.get('nesterov', False)}) needs momentum > 0, got {v}")
+            if name in ("active_depth", "active_width"):
+                from resjax.train.packing import check_packed
+
+                check_packed(name, v, self.packed_depths if name == "active_depth" else self.packed_widths)
             if num is not None and (v.ndim not in (0, 1) or (v.ndim == 1 and v.shape[0] != num)):
                 raise ValueError(f"hparams.{name}: must be a scalar or have one value per key ({num}), got shape {v.shape}")
         dtype = float_dtype()
@@ -256,8 +305,12 @@ class Core:
 
     def model_kwargs(self, hparams: dict | None) -> dict:
         """The extra keyword arguments of ``model.apply``: ``{'tau': hparams['tau']}`` for a model with
-        ``scaling='tau'`` when ``hparams`` holds a tau, else ``{}``."""
-        return {"tau": hparams["tau"]} if self.uses_tau and hparams and "tau" in hparams else {}
+        ``scaling='tau'`` when ``hparams`` holds a tau, and ``active_depth`` (default: the largest) in a trainer
+        that packs depths."""
+        out = {"tau": hparams["tau"]} if self.uses_tau and hparams and "tau" in hparams else {}
+        if self.packed_depths:
+            out["active_depth"] = (hparams or {}).get("active_depth", max(self.packed_depths))
+        return out
 
     def with_epochs(self, epochs: int) -> Core:
         """This trainer for runs of ``epochs`` epochs in all (``config.train.epochs = epochs``, the optimiser's
@@ -301,8 +354,25 @@ class Core:
         hparams = {**self.default_hparams(), **(hparams or {})}
         init_key, run_key = jax.random.split(key)
         x = jnp.zeros((2, *self.example_shape), jnp.float32)
-        variables = self.model.init({"params": init_key, "dropout": jax.random.fold_in(init_key, 1)}, x,
-                                    train=False, **self.model_kwargs(hparams))
+        rngs = {"params": init_key, "dropout": jax.random.fold_in(init_key, 1)}
+        variables = self.model.init(rngs, x, train=False, **self.model_kwargs(hparams))
+        if self.packed_depths or self.packed_widths:  # drawn as the run's own network draws them (packing)
+            from resjax.train.packing import KINDS, embed
+
+            field = KINDS[self.config.model.kind]
+            top_d, top_w = max(self.packed_depths, default=None), max(self.packed_widths, default=None)
+            depth, width = hparams.get("active_depth", top_d), hparams.get("active_width", top_w)
+            chosen = variables
+            for d in self.packed_depths or (None,):
+                for w in self.packed_widths or (None,):
+                    if (d, w) == (top_d, top_w):
+                        continue
+                    sizes = {**({field: d} if d is not None else {}), **({"width": w} if w is not None else {})}
+                    alone = self.model.clone(**sizes).init(rngs, x, train=False)
+                    this = (depth == d if d is not None else True) & (width == w if w is not None else True)
+                    chosen = jax.tree_util.tree_map(lambda a, c: jnp.where(this, a, c), embed(alone, variables),
+                                                    chosen)
+            variables = chosen
         params = variables["params"]
         opt_state = with_hyperparams(self.tx.init(params), hparams)
         state = ModelState(step=jnp.int32(0), params=params, batch_stats=variables.get("batch_stats", {}),
@@ -331,6 +401,10 @@ class Core:
 
         (loss, (outputs, batch_stats, inter)), grads = jax.value_and_grad(loss_fn, has_aux=True)(ts.params)
         ts, diverged_epoch = guarded_step(ts, self.tx, grads, loss, batch_stats, run.diverged_epoch, run.epoch)
+        if self.packed_depths:  # the blocks past the run's depth stay as they were (resjax.train.packing)
+            from resjax.train.packing import keep_inactive
+
+            ts = keep_inactive(ts, run.state, self.model_kwargs(hparams)["active_depth"])
         metrics = {m: jnp.mean(v) for m, v in obj.per_example_metrics(outputs, y, inter, hparams).items()}
         return run._replace(state=ts, diverged_epoch=diverged_epoch), (loss, metrics)
 

@@ -9,6 +9,13 @@ programs that run side by side, with results labelled by the grid.
     result.summary()                                                    # one row per run
     result.select(seed=2, learning_rate=0.03)                           # that run's RunState
 
+    g = grid(3, {"model.num_blocks": [2, 8, 16, 32], "model.width": [32, 64]})  # 24 runs of a residual MLP:
+    result = fit_grid(trainer, g, pack=True)                            # one program (depth and width packed)
+
+    g = grid(1, zipped(optimizer=["sgd", "adam"], learning_rate=[0.1, 1e-3]))   # exactly these two settings
+    g = grid(1, optimizer={"sgd": dict(learning_rate=[0.1, 0.03], momentum=[0.0, 0.9]),
+                           "adam": dict(learning_rate=[1e-3])})                  # 5 settings: a conditional axis
+
     g = grid(2, **{"train.batch_size": [16, 32], "train.momentum": [0.0, 0.9]})  # 8 runs in 2 programs
     result = fit_grid(trainer, g, checkpoint_dir="grid")                # batch 16 and batch 32 side by side
     result.select(seed=1, batch_size=32, momentum=0.9)                  # an axis by its last name, too
@@ -26,8 +33,8 @@ Traced axes and programs. The hyperparameters (``HPARAMS``) that the trainer's p
 traced: run ``r`` gets ``hparams[name][r]`` inside one vmapped program (the learning rate and weight decay
 always; ``tau`` for a model with ``scaling='tau'``; ``momentum`` for the SGD family and ``adam_b1`` /
 ``adam_b2`` for the built-in 'adam', injected into the optimiser state only when a grid varies them:
-``Core.with_traced``). Every other axis (batch size, width, depth, optimiser, schedule, model kind, and an
-``HPARAMS`` axis that some program cannot trace) changes the program: the grid splits into one program per
+``Core.with_traced``). Every other axis (batch size, optimiser, schedule, model kind; depth and width where they
+do not pack, below) changes the program: the grid splits into one program per
 combination of those axes' values (``trainer.with_config(config)``: the trainer rebuilt with the same data,
 model factory, optimiser pieces and hooks), each with the traced axes inside. The programs run side by side,
 one device each (``resjax.train.side_by_side``, on-device ``Trainer``: ``Trainer.sweep``), or one after
@@ -35,6 +42,29 @@ another (the host feeder's ``ImageTrainer``, whose ``fit`` uses every device it 
 several processes). Each run is trained exactly as that seed alone with those settings (the seed integer
 gives the PRNG key and the data order): its program's config is the trainer's with the program's values
 set, its traced values are its ``hparams``.
+
+Depth and width packed. A ``model.num_blocks`` (``plain_mlp``: ``model.depth``) or ``model.width`` axis of an MLP
+built by name does not split the grid: its program's model is built at the largest depth and width of its runs,
+and each run trains its own network inside it (``resjax.train.packing``: the blocks past a run's depth are the
+identity and never move, a narrower run's units past its width are zero and stay zero, each run's initial draws
+are its own network's): equal to that network trained alone to float rounding. Where a program cannot pack
+(``packing.packable``: a rematerialised stack, a tau rule of K, an optimiser of your own; for the width, a norm
+that mixes the units, Fixup's scalar biases) the axis splits as any other. ``fit_grid(..., pack=False)`` splits
+always; ``pack='depth'`` or ``'width'`` packs that axis only; the default, ``pack='auto'``, packs on an
+accelerator and not on CPUs (``auto_pack``: on the 2-core CPU the packed runs' extra arithmetic cost more than the
+compilations saved, ``docs/benchmarks.md``). A packed run's ``select`` state has the largest network's shapes.
+
+Axes that say what the researcher means. ``zipped(a=[...], b=[...])`` (positional, in ``grid(seeds, ...)``) varies
+its axes together: exactly the listed tuples. An axis given a dict is conditional, each value with the axes that
+apply to it (``optimizer={'sgd': dict(learning_rate=[...], momentum=[...]), 'adam': dict(learning_rate=[...])}``):
+a run's label is None for an axis that does not apply to it, and its setting is the config's. An axis value that
+has no effect on some runs (``momentum`` or ``adam_b1`` under an optimiser without it, ``tau`` on a model without
+``scaling='tau'``, a learning rate for your own ``GradientTransformation``) would train identical runs: it is a
+``ValueError`` before anything trains, naming the runs, their settings and the setting. A ``model.*`` axis may
+name a field of the model that the config leaves to its default. The columns of ``frame()`` and ``summary()``
+are the names ``select`` and ``index`` take: an axis's last part (``batch_size`` for ``'train.batch_size'``),
+its full name only where two axes share a last part. ``fit_grid`` says, before anything trains, how many runs
+and programs it makes (``describe``).
 
 Checkpoints: ``fit_grid(..., checkpoint_dir=D)`` with one program checkpoints into ``D`` itself (as
 ``trainer.fit`` does); with several, program ``p`` checkpoints into ``D/<p.name>`` (its settings, e.g.
@@ -47,8 +77,8 @@ on the rerun.
 Results (``GridResult``): ``history`` holds, per metric (the trainer's history entries with an epoch axis,
 whatever the objective's metrics are), ``(runs, epochs)`` in the grid's run order; ``frame()`` has one row per
 run and epoch, labelled by ``run``, ``seed`` and every axis (values as given: numbers, names, tuples);
-``summary()`` one row per run; ``select(**settings)`` a run's ``RunState``; ``programs`` each program's
-settings, runs, trainer and results.
+``summary()`` one row per run; ``select(**settings)`` a run's ``RunState`` (the axes that apply to it named);
+``programs`` each program's settings, runs, trainer and results.
 
 Diverged runs: the trainers freeze a run whose loss or gradient became non-finite and record its epoch
 (``diverged_epoch``, 1-based; -1 for none), and its later epochs' metrics are NaN. ``summary()`` reports, per
@@ -78,7 +108,7 @@ import numpy as np
 from resjax.train.core import HPARAM_SETTINGS, HPARAMS
 from resjax.train.state import RunState
 
-__all__ = ["Grid", "GridResult", "Program", "fit_grid", "grid"]
+__all__ = ["Grid", "GridResult", "Program", "Zipped", "auto_pack", "describe", "fit_grid", "grid", "programs", "zipped"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 #: The dict-valued settings whose keys a grid may add (an optax function's arguments).
@@ -124,12 +154,25 @@ class Grid:
 
     @property
     def hparams(self) -> dict:
-        """The ``HPARAMS`` axes as per-run float64 arrays, by hyperparameter name (``{'learning_rate': ...}``)."""
-        return {_hparam(k): np.asarray(v, np.float64) for k, v in self.values.items() if _hparam(k)}
+        """The ``HPARAMS`` axes as per-run float64 arrays, by hyperparameter name (``{'learning_rate': ...}``; NaN
+        where a conditional axis does not apply to a run)."""
+        return {_hparam(k): np.asarray([np.nan if x is None else x for x in v], np.float64)
+                for k, v in self.values.items() if _hparam(k)}
+
+    def column(self, axis: str) -> str:
+        """The name of ``axis``'s column in ``labels``, ``frame`` and ``summary``: the name ``select`` and ``index``
+        take, its last part (``batch_size`` for ``'train.batch_size'``) unless another axis shares that last part
+        (then the name as given)."""
+        short = axis.split(".")[-1]
+        clash = [a for a in self.axes if a != "seed" and a.split(".")[-1] == short]
+        return short if len(clash) == 1 and short not in ("run", "seed", "epoch") else axis
 
     def labels(self) -> list[dict]:
-        """One dict per run: ``{'run': r, 'seed': s, <axis>: value, ...}``."""
-        return [{"run": r, "seed": s, **{k: v[r] for k, v in self.values.items()}} for r, s in enumerate(self.seeds)]
+        """One dict per run: ``{'run': r, 'seed': s, <axis column>: value, ...}`` (None where a conditional axis
+        does not apply to the run)."""
+        cols = {k: self.column(k) for k in self.values}
+        return [{"run": r, "seed": s, **{cols[k]: v[r] for k, v in self.values.items()}}
+                for r, s in enumerate(self.seeds)]
 
     def axis(self, name: str) -> str:
         """The axis ``name`` names: its name as given, its config path's last part (``batch_size`` for
@@ -144,25 +187,123 @@ class Grid:
         return found[0]
 
     def index(self, **settings: Any) -> int:
-        """The run number of the run with ``settings`` (every axis named, as given or by its last name, e.g.
-        ``seed=1, learning_rate=0.1`` or ``seed=0, batch_size=32``)."""
+        """The run number of the run with ``settings`` (every axis that applies to it named, as given or by its
+        last name, e.g. ``seed=1, learning_rate=0.1`` or ``seed=0, batch_size=32``)."""
         named = {}
         for k, v in settings.items():
             named[self.axis(k)] = _plain(v)
-        if set(named) != set(self.axes):
+        if "seed" not in named or not set(named) <= set(self.axes):
             raise ValueError(f"index: name every axis of the grid {list(self.axes)}, got {sorted(settings)}")
-        for label in self.labels():
-            if all(_same(label[k], v) if k != "seed" else label[k] == v for k, v in named.items()):
-                return label["run"]
+        for r, s in enumerate(self.seeds):
+            if s != named["seed"]:
+                continue
+            run = {k: v[r] for k, v in self.values.items() if v[r] is not None}
+            if set(run) == set(named) - {"seed"} and all(_same(run[k], named[k]) for k in run):
+                return r
+        if set(named) != set(self.axes) and all(None not in v for v in self.values.values()):
+            raise ValueError(f"index: name every axis of the grid {list(self.axes)}, got {sorted(settings)}")
         raise ValueError(f"index: no run of the grid has {settings}; its axes are {self.axes}")
 
 
-def grid(seeds: int | Sequence[int] = 1, axes: dict | None = None, **more: Sequence[Any]) -> Grid:
+@dataclasses.dataclass(frozen=True)
+class Zipped:
+    """Axes that vary together (``zipped(optimizer=['sgd', 'adam'], learning_rate=[0.1, 0.001])``): the i-th values of
+    every axis form one setting, so the grid runs exactly the listed pairs (tuples), not their product."""
+
+    axes: dict
+
+
+def zipped(axes: dict | None = None, **more: Sequence[Any]) -> Zipped:
+    """Axes that vary together, for ``grid(...)``: ``zipped(optimizer=['sgd', 'adam'], learning_rate=[0.1, 1e-3])``
+    is two settings, (sgd, 0.1) and (adam, 0.001). Every list must have the same length (``ValueError`` naming
+    the axes), the settings distinct; a dotted name goes in ``axes`` (``zipped({'train.batch_size': [...]}, ...)``)."""
+    given = {**(axes or {}), **more}
+    if len(given) < 1:
+        raise ValueError("zipped: want at least one axis")
+    lists = {n: _axis_values(n, v, distinct=False) for n, v in given.items()}
+    lengths = {n: len(v) for n, v in lists.items()}
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"zipped: the axes {sorted(lists)} must have as many values each, got {lengths}")
+    rows = list(zip(*lists.values()))
+    if any(all(_same(x, y) for x, y in zip(a, b)) for a, b in itertools.combinations(rows, 2)):
+        raise ValueError(f"zipped: want distinct settings of {list(lists)}, got {rows}")
+    return Zipped(lists)
+
+
+def _axis_values(name: Any, vals: Any, distinct: bool = True) -> list:
+    """An axis's values, checked (``ValueError`` naming the axis): numbers for ``HPARAMS``, any plain values
+    otherwise; distinct unless ``distinct=False``."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"{name!r}: an axis is a setting's name or dotted config path ('train.batch_size')")
+    if name in ("seed", "train.seed"):
+        raise ValueError(f"{name}: the seeds are the grid's seeds= argument, not an axis")
+    if _hparam(name):
+        vals = np.atleast_1d(np.asarray(vals, dtype=object))
+        try:
+            vals = [float(v) for v in vals]
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}: want numbers, got {list(vals)}") from None
+        if any(not math.isfinite(v) for v in vals):
+            raise ValueError(f"{name}: want finite numbers, got {vals}")
+    else:
+        if isinstance(vals, (str, bytes)) or not isinstance(vals, (Sequence, np.ndarray)):
+            raise ValueError(f"{name}: want a list of values, got {vals!r}")
+        vals = [_plain(v) for v in vals]
+    if not vals or (distinct and any(_same(a, b) for a, b in itertools.combinations(vals, 2))):
+        raise ValueError(f"{name}: want distinct values, got {vals}")
+    return vals
+
+
+def _settings(parts: list) -> list[dict]:
+    """Every combination of ``parts`` (each a ``Zipped``, or a dict of axis name -> values or, for a conditional
+    axis, value -> its own axes), as dicts of axis name -> value, the first part slowest."""
+    factors = []
+    for part in parts:
+        if isinstance(part, Zipped):
+            factors.append([dict(zip(part.axes, row)) for row in zip(*part.axes.values())])
+            continue
+        for name, vals in part.items():
+            if isinstance(vals, Zipped):
+                raise ValueError(f"{name}: pass zipped(...) as its own argument of grid(...), not as an axis's values")
+            if isinstance(vals, dict):  # a conditional axis: each value with the axes that apply to it
+                values = _axis_values(name, list(vals))
+                factor = []
+                for v, sub in zip(values, vals.values()):
+                    subparts = [sub] if isinstance(sub, (dict, Zipped)) else list(sub or ())
+                    if not all(isinstance(p, (dict, Zipped)) for p in subparts):
+                        raise ValueError(f"{name}={v!r}: want the axes that apply to it as a dict (or zipped(...)), "
+                                         f"got {sub!r}")
+                    for s in _settings(subparts):
+                        if name in s:
+                            raise ValueError(f"{name}: an axis inside its own conditional value {v!r}")
+                        factor.append({name: v, **s})
+                factors.append(factor)
+            else:
+                factors.append([{name: v} for v in _axis_values(name, vals)])
+    out = []
+    for combo in itertools.product(*factors):
+        merged = {}
+        for d in combo:
+            twice = set(merged) & set(d)
+            if twice:
+                raise ValueError(f"{sorted(twice)[0]}: an axis given twice in grid(...)")
+            merged.update(d)
+        out.append(merged)
+    return out
+
+
+def grid(seeds: int | Sequence[int] = 1, axes: dict | Zipped | None = None, *groups: dict | Zipped,
+         **more: Sequence[Any] | dict) -> Grid:
     """The grid of every combination of ``seeds`` (seed integers, or a count: ``0 .. seeds - 1``) and the
-    values of each axis: ``axes`` (a dict, for dotted names: ``{'train.batch_size': [64, 128]}``) and keywords
-    (``learning_rate=[...]``, ``momentum=[...]``, ``batch_size=[...]``). The seed varies fastest, then the axes
-    in reverse order of their giving. Bad names or values are a ``ValueError`` naming the axis; whether a name
-    is a setting is checked against the trainer's config by ``fit_grid``, before training."""
+    values of each axis: ``axes`` (a dict, for dotted names: ``{'train.batch_size': [64, 128]}``), keywords
+    (``learning_rate=[...]``, ``momentum=[...]``, ``batch_size=[...]``) and, positionally, ``zipped(...)`` axes
+    (their values in lockstep: exactly the listed tuples). An axis given a dict is conditional: each of its values
+    with the axes that apply to it (``optimizer={'sgd': dict(learning_rate=[0.1, 0.03], momentum=[0.0, 0.9]),
+    'adam': dict(learning_rate=[1e-3])}``: 4 SGD settings and one Adam setting; a run's label is None for an axis
+    that does not apply to it, and its value is the config's). The seed varies fastest, then the axes in reverse
+    order of their giving. Bad names or values are a ``ValueError`` naming the axis; whether a name is a setting
+    (and whether each value has an effect on its runs) is checked against the trainer's config by ``fit_grid``,
+    before training."""
     if isinstance(seeds, (int, np.integer)) and not isinstance(seeds, bool):
         if seeds < 1:
             raise ValueError(f"seeds: want a positive count or a list of seed integers, got {seeds!r}")
@@ -172,31 +313,22 @@ def grid(seeds: int | Sequence[int] = 1, axes: dict | None = None, **more: Seque
         raise ValueError(f"seeds: want a non-empty list of seed integers, got {seeds!r}")
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds: each seed once, got {seeds}")
-    given = {**(axes or {}), **more}
-    values = {}
-    for name, vals in given.items():
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise ValueError(f"{name!r}: an axis is a setting's name or dotted config path ('train.batch_size')")
-        if name in ("seed", "train.seed"):
-            raise ValueError(f"{name}: the seeds are the grid's seeds= argument, not an axis")
-        if _hparam(name):
-            vals = np.atleast_1d(np.asarray(vals, dtype=object))
-            try:
-                vals = [float(v) for v in vals]
-            except (TypeError, ValueError):
-                raise ValueError(f"{name}: want numbers, got {list(vals)}") from None
-            if any(not math.isfinite(v) for v in vals):
-                raise ValueError(f"{name}: want finite numbers, got {vals}")
-        else:
-            if isinstance(vals, (str, bytes)) or not isinstance(vals, (Sequence, np.ndarray)):
-                raise ValueError(f"{name}: want a list of values, got {vals!r}")
-            vals = [_plain(v) for v in vals]
-        if not vals or any(_same(a, b) for a, b in itertools.combinations(vals, 2)):
-            raise ValueError(f"{name}: want distinct values, got {vals}")
-        values[name] = vals
-    runs = list(itertools.product(*values.values(), seeds)) if values else [(s,) for s in seeds]
-    return Grid(axes={"seed": [int(s) for s in seeds], **values}, seeds=[int(r[-1]) for r in runs],
-                values={n: [r[i] for r in runs] for i, n in enumerate(values)})
+    parts = [p for p in (axes, *groups) if p is not None]
+    for p in parts:
+        if not isinstance(p, (dict, Zipped)):
+            raise ValueError(f"grid: the positional arguments after seeds are dicts of axes or zipped(...), got {p!r}")
+    parts.append(more)
+    settings = _settings(parts)
+    names = list(dict.fromkeys(n for s in settings for n in s))
+    values = {n: [s.get(n) for s in settings for _ in seeds] for n in names}
+    distinct = {}
+    for n in names:
+        distinct[n] = []
+        for s in settings:
+            if n in s and not any(_same(s[n], v) for v in distinct[n]):
+                distinct[n].append(s[n])
+    return Grid(axes={"seed": [int(s) for s in seeds], **distinct}, seeds=[int(s) for _ in settings for s in seeds],
+                values=values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,6 +441,30 @@ def _lookup(config: Any, path: str) -> bool:
     return not hasattr(node, "keys")  # a setting, not a block of them
 
 
+def _model_field(config: Any, path: str) -> bool:
+    """Whether ``path`` (``'model.depth'``) is a field of the model ``config.model`` builds (by its ``kind``), named
+    in the config or not (then the model's default is the axis's base value)."""
+    parts = path.split(".")
+    if len(parts) != 2 or parts[0] != "model" or "model" not in config or "kind" not in config.model:
+        return False
+    import inspect
+
+    from resjax.nn import _families
+
+    kind = config.model.kind
+    if kind == "tau_resnet":
+        from resjax.nn import tau_resnet as made
+    else:
+        made = _families().get(kind)
+    if made is None:
+        return False
+    if dataclasses.is_dataclass(made):
+        names = {f.name for f in dataclasses.fields(made)} - {"parent", "name"}
+    else:
+        names = set(inspect.signature(made).parameters)
+    return parts[1] in names and parts[1] != "kind"
+
+
 def _resolve(trainer: Any, name: str) -> str:
     """The config path of the axis ``name`` (``ValueError`` naming it when it is no setting of the trainer)."""
     h = _hparam(name)
@@ -321,7 +477,7 @@ def _resolve(trainer: Any, name: str) -> str:
             path = f"train.{path}"
         elif path in config and not hasattr(config[path], "keys"):
             return path
-    if not _lookup(config, path):
+    if not _lookup(config, path) and not _model_field(config, path):
         known = sorted(config.train.keys()) if "train" in config else []
         raise ValueError(f"{name}: not a setting of the trainer's config (a dotted path such as 'train.batch_size' "
                          f"or 'model.width', or a setting of config.train: {known})")
@@ -359,40 +515,126 @@ def _folder(settings: dict) -> str:
     return safe
 
 
-def programs(trainer: Any, g: Grid) -> list[Program]:
-    """The grid's programs on ``trainer`` (see the module docstring), every axis resolved and every program's
-    trainer built before any training (``ValueError`` naming a bad axis or setting)."""
-    paths = {a: _resolve(trainer, a) for a in g.values}
-    candidates = [a for a in g.values if _hparam(a)]
-    traced = list(candidates)
-    while True:
-        split = [a for a in g.values if a not in traced]
-        combos = {}
-        for r in range(g.num_runs):
-            combos.setdefault(tuple(_plain(g.values[a][r]) for a in split), []).append(r)
-        built = []
-        for combo, runs in combos.items():
-            if not split:
-                t = trainer
-            else:
-                config = ml_collections.ConfigDict(trainer.config.to_dict())
-                for a, v in zip(split, combo):
+def _no_effect(t: Any, h: str) -> str:
+    """Why the hyperparameter ``h`` cannot vary in trainer ``t``'s program (it has no effect there)."""
+    if h == "tau":
+        return "the model has no scaling='tau'"
+    if h == "learning_rate":
+        return "the optimiser given as a GradientTransformation holds its own learning rate"
+    if h == "label_smoothing":
+        return "the objective has no label smoothing"
+    return f"optimizer {t.config.train.get('optimizer', 'sgd')!r} has no {h}"
+
+
+def _base(t: Any, h: str) -> float:
+    """The value of hyperparameter ``h`` in trainer ``t``'s config (a run that a conditional axis gives none)."""
+    if h == "tau":
+        from resjax.nn.residual import resolve_tau
+
+        return resolve_tau(getattr(t.model, "tau", 1.0), getattr(t.model, "num_blocks", None))
+    try:
+        return float(t.setting(HPARAM_SETTINGS[h]))
+    except KeyError:
+        return float(np.asarray(t.default_hparams().get(h, 0.0)))
+
+
+def _packed_axes(trainer: Any, paths: dict) -> dict:
+    """The grid's axes over the depth and the width of the trainer's model (``model.num_blocks`` and
+    ``model.width`` of a residual MLP), if any: ``{'active_depth': axis, 'active_width': axis}``."""
+    from resjax.train.packing import KINDS
+
+    if trainer.make_args.get("model") is not None or "model" not in trainer.config:
+        return {}
+    field = KINDS.get(trainer.config.model.get("kind"))
+    if field is None:
+        return {}
+    out = {}
+    for name, path in (("active_depth", f"model.{field}"), ("active_width", "model.width")):
+        axis = next((a for a, p in paths.items() if p == path), None)
+        if axis is not None:
+            out[name] = axis
+    return out
+
+
+def _build(trainer: Any, g: Grid, paths: dict, split: list) -> list[tuple]:
+    """``(combo, runs, trainer)`` per combination of the ``split`` axes' values (the trainer rebuilt for it)."""
+    combos = {}
+    for r in range(g.num_runs):
+        combos.setdefault(tuple(_plain(g.values[a][r]) for a in split), []).append(r)
+    built = []
+    for combo, runs in combos.items():
+        if not any(v is not None for v in combo):
+            t = trainer
+        else:
+            config = ml_collections.ConfigDict(trainer.config.to_dict())
+            for a, v in zip(split, combo):
+                if v is not None:
                     _set(config, paths[a], v, a)
-                t = trainer.with_config(config)
-            built.append((combo, runs, t))
-        untraceable = [a for a in traced if any(not t.traceable(_hparam(a)) for _, _, t in built)]
-        if not untraceable:
+            t = trainer.with_config(config)
+        built.append((combo, runs, t))
+    return built
+
+
+def programs(trainer: Any, g: Grid, pack: bool | str = "auto") -> list[Program]:
+    """The grid's programs on ``trainer`` (see the module docstring), every axis resolved and every program's
+    trainer built before any training (``ValueError`` naming a bad axis or setting, or an axis value that has no
+    effect on some runs, naming them). ``pack``: a depth or width axis of a model whose depth or width packs
+    (``resjax.train.packing``) runs inside its programs (``hparams['active_depth']``, ``['active_width']``);
+    ``'depth'`` or ``'width'``: that axis only; ``False``: one program per depth and width; ``'auto'``:
+    ``auto_pack()``, as ``fit_grid``."""
+    if pack == "auto":
+        pack = auto_pack()
+    from resjax.train.packing import KINDS, packable, packable_width
+
+    paths = {a: _resolve(trainer, a) for a in g.values}
+    traced = [a for a in g.values if _hparam(a)]
+    packs = _packed_axes(trainer, paths) if pack else {}
+    if isinstance(pack, str):  # 'depth' or 'width': that axis only
+        packs = {n: a for n, a in packs.items() if n == f"active_{pack}"}
+    checks = {"active_depth": packable, "active_width": packable_width}
+    while True:
+        split = [a for a in g.values if a not in traced and a not in packs.values()]
+        built = _build(trainer, g, paths, split)
+        cannot = [n for n in packs if any(checks[n](t.config, t.optim) is not None for _, _, t in built)]
+        if not cannot:
             break
-        for a in untraceable:
-            if paths[a] == "tau" or not _lookup(trainer.config, paths[a]):
-                raise ValueError(f"{a}: cannot vary: the model has no scaling='tau' (its tau is no setting)")
-            traced.remove(a)
-    out = []
+        for n in cannot:  # some program cannot pack it: a program per value
+            del packs[n]
+    packed = []
     for combo, runs, t in built:
-        t = t.with_traced([_hparam(a) for a in traced])
-        hparams = {_hparam(a): np.asarray([g.values[a][r] for r in runs], np.float64) for a in traced}
+        values = {}
+        for name, axis in packs.items():
+            field = KINDS[t.config.model.kind] if name == "active_depth" else "width"
+            base = t.config.model.get(field, getattr(t.model, field, None))
+            values[name] = [base if g.values[axis][r] is None else g.values[axis][r] for r in runs]
+        if values:
+            t = t._packed(values.get("active_depth", ()), values.get("active_width", ()))
+        packed.append((combo, runs, t, values))
+    built = [(combo, runs, t) for combo, runs, t, _ in packed]
+    for a in traced:  # a value where the setting has no effect would train identical runs: refused, naming them
+        h = _hparam(a)
+        idle = [(combo, [r for r in runs if g.values[a][r] is not None], t) for combo, runs, t in built
+                if not t.traceable(h)]
+        idle = [(combo, runs, t) for combo, runs, t in idle if runs]
+        if idle:
+            combo, runs, t = idle[0]
+            where = ", ".join(f"{g.column(s)}={v!r}" for s, v in zip(split, combo) if v is not None)
+            more = sum(len(r) for _, r, _ in idle) - len(runs)
+            raise ValueError(
+                f"{a}: has no effect on runs {runs}{f' and {more} more' if more else ''} of the grid"
+                f"{f' ({where})' if where else ''}: {_no_effect(t, h)}; its values would train identical runs. "
+                "Give it only where it applies, with a conditional axis: " + (
+                    "grid(..., {'model.scaling': {'tau': dict(tau=[0.5, 1.0]), 'none': {}}})" if h == "tau" else
+                    "grid(..., optimizer={'sgd': dict(momentum=[0.0, 0.9]), 'adam': dict(adam_b1=[0.8, 0.9])})"))
+    out = []
+    for combo, runs, t, values in packed:
+        mine = [a for a in traced if any(g.values[a][r] is not None for r in runs)]
+        t = t.with_traced([_hparam(a) for a in mine])
+        hparams = {_hparam(a): np.asarray([_base(t, _hparam(a)) if g.values[a][r] is None else g.values[a][r]
+                                           for r in runs], np.float64) for a in mine}
+        hparams.update({name: np.asarray(v, np.float64) for name, v in values.items()})
         t.check_hparams(hparams, len(runs))  # every program's values checked before any program trains
-        settings = dict(zip(split, combo))
+        settings = {a: v for a, v in zip(split, combo) if v is not None}
         out.append(Program(settings=settings, runs=runs, trainer=t, hparams=hparams,
                            name=_folder({paths[a]: v for a, v in settings.items()})))
     names = [p.name for p in out]
@@ -426,7 +668,55 @@ def _merge(g: Grid, trained: list[Program]) -> dict:
     return out
 
 
-def fit_grid(trainer: Any, grid: Grid, **fit_kwargs: Any) -> GridResult:
+def _packed_work(progs: Sequence[Program]) -> float | None:
+    """The blocks' arithmetic of the packed programs over that of their runs alone (depth x width^2 per run), or
+    None when nothing is packed."""
+    alone = packed = 0.0
+    for p in progs:
+        depths, widths = p.hparams.get("active_depth"), p.hparams.get("active_width")
+        if depths is None and widths is None:
+            continue
+        n = len(p.runs)
+        d = np.ones(n) if depths is None else np.asarray(depths, float)
+        w = np.ones(n) if widths is None else np.asarray(widths, float)
+        alone += float(np.sum(d * w ** 2))
+        packed += n * float(d.max() * w.max() ** 2)
+    return packed / alone if alone else None
+
+
+def describe(progs: Sequence[Program], g: Grid) -> str:
+    """What a grid's programs will train, said before they run: ``'grid: 24 runs in 1 program (depth packed:
+    2, 8, 32; traced: learning_rate)'``, one line, and a line per program when there are several."""
+    traced = sorted({k for p in progs for k in p.hparams if k not in ("active_depth", "active_width")})
+    notes = []
+    for name in ("depth", "width"):
+        values = sorted({int(d) for p in progs for d in p.hparams.get(f"active_{name}", ())})
+        notes += [f"{name} packed: {', '.join(map(str, values))}"] if values else []
+    notes += [f"traced: {', '.join(traced)}"] if traced else []
+    factor = _packed_work(progs)
+    if factor is not None and factor > 1.0:
+        notes.append(f"packed runs compute as their program's largest network: {factor:.1f}x the block "
+                     "arithmetic of the runs alone")
+    head = (f"grid: {g.num_runs} runs in {len(progs)} program{'s' if len(progs) != 1 else ''}"
+            + (f" ({'; '.join(notes)})" if notes else ""))
+    if len(progs) == 1:
+        return head
+    return "\n".join([head] + [f"  {p.name}: {len(p.runs)} runs" for p in progs])
+
+
+def auto_pack(devices: Sequence[Any] | None = None) -> bool:
+    """What ``fit_grid(..., pack='auto')`` does on ``devices`` (default: JAX's): pack on an accelerator, where a
+    small MLP's program leaves the chip nearly idle and more vmapped runs cost almost nothing (the issue's H200
+    measurement: 8 seeds vmapped 8.6x faster than one after another); not on CPUs, where the packed runs' extra
+    arithmetic costs more than the compilations it saves (``docs/benchmarks.md``: a 10-epoch grid of 24 runs
+    packed took 1.8x to 2.2x as long as unpacked on the 2-core CPU)."""
+    import jax
+
+    first = (list(devices) if devices else jax.devices())[0]
+    return first.platform != "cpu"
+
+
+def fit_grid(trainer: Any, grid: Grid, *, pack: bool | str = "auto", **fit_kwargs: Any) -> GridResult:
     """Train every run of ``grid`` on ``trainer`` (either feeder: ``Trainer`` or ``ImageTrainer``) and label
     the results (see the module docstring).
 
@@ -435,11 +725,26 @@ def fit_grid(trainer: Any, grid: Grid, **fit_kwargs: Any) -> GridResult:
     (``ImageTrainer``), with ``fit_kwargs`` (``epochs``, ``checkpoint_dir``, ``resume``, ``progress``,
     ``callback``, ``log``, ``chunk_epochs``) passed to each; ``checkpoint_dir`` and a ``log`` folder get a
     subfolder per program, a ``progress`` label the program's name. ``callback`` is called from the program's
-    thread."""
+    thread.
+
+    ``pack``: ``True``: the depth and width axes of an MLP run inside one program (``resjax.train.packing``);
+    ``'depth'`` or ``'width'``: that axis only; ``False``: a program per depth and width; ``'auto'`` (default):
+    ``True`` on an accelerator, ``False`` on CPUs (``auto_pack``). A packed run computes as the largest network
+    of its program: packing saves compilations and fills a device, at the cost of that extra arithmetic
+    (``describe`` says how much; measured in ``docs/benchmarks.md``). Before anything trains the grid says how
+    many runs and programs it makes (``describe``), on standard output, unless ``progress=False``."""
     if "hparams" in fit_kwargs:
         raise ValueError("hparams: a grid sets them; vary them as axes of grid(...)")
+    if not isinstance(pack, bool) and pack not in ("depth", "width", "auto"):
+        raise ValueError(f"pack: must be True, False, 'depth', 'width' or 'auto', got {pack!r}")
     devices = fit_kwargs.pop("devices", None)
-    progs = programs(trainer, grid)
+    chosen = auto_pack(devices) if pack == "auto" else pack
+    progs = programs(trainer, grid, chosen)
+    if fit_kwargs.get("progress", None) is not False:
+        said = describe(progs, grid)
+        if pack == "auto" and not chosen and _packed_axes(trainer, {a: _resolve(trainer, a) for a in grid.values}):
+            said += "\n  (depth and width not packed on the CPU, where packing was measured slower: pack=True packs)"
+        print(said, flush=True)
     if len(progs) == 1:
         p = progs[0]
         run, history = p.trainer.fit(grid.seeds, hparams=p.hparams or None, **fit_kwargs)
