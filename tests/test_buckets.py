@@ -230,3 +230,26 @@ def test_a_tfds_data_dir_in_a_bucket_is_copied_once_into_the_local_cache_and_rea
     with mocked_tfds():
         load_image_dataset("cifar10", "test", data_dir=url)
     assert "copying" not in capsys.readouterr().err  # nothing copied again
+
+
+def test_a_grid_checkpoints_its_programs_into_a_bucket_and_reads_them_back(gcs):
+    """``fit_grid(..., checkpoint_dir=gs://...)``: ``grid.json`` and one folder per program in the bucket; the same
+    call again loads every program from there (nothing trained) and returns the same history."""
+    import numpy as np
+
+    from resjax.data import from_arrays
+    from resjax.train import make_train, run_config, train_config
+    from resjax.train.grid import fit_grid, grid
+    from tests.small_data import separable_arrays
+
+    url = gcs.url("grid")
+    trainer = make_train(run_config(dict(kind="plain_mlp", depth=1, width=4), train_config(batch_size=16, epochs=1)),
+                         from_arrays(*separable_arrays(32, (6,))))
+    g = grid([0], {"train.batch_size": [8, 16]})
+    first = fit_grid(trainer, g, checkpoint_dir=url)
+    assert sorted(p.name for p in as_path(url).iterdir()) == ["grid.json", "train.batch_size=16",
+                                                               "train.batch_size=8"]
+    assert json.loads((as_path(url) / "grid.json").read_text())["axes"]["train.batch_size"] == [8, 16]
+    again = fit_grid(trainer, g, checkpoint_dir=url)
+    for name in ("train_loss", "test_error"):
+        np.testing.assert_array_equal(np.asarray(first.history[name]), np.asarray(again.history[name]))

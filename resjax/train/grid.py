@@ -758,9 +758,9 @@ def fit_grid(trainer: Any, grid: Grid, *, pack: bool | str = "auto", **fit_kwarg
     def kwargs(p: Program) -> dict:
         kw = dict(fit_kwargs)
         if root is not None:
-            kw["checkpoint_dir"] = os.path.join(root, p.name)
+            kw["checkpoint_dir"] = _join(root, p.name)
         if log is not None:
-            kw["log"] = os.path.join(log, p.name) if isinstance(log, (str, os.PathLike)) else log
+            kw["log"] = _join(log, p.name) if isinstance(log, (str, os.PathLike)) else log
         if progress is not None:
             kw["progress"] = f"{progress} {p.name}" if isinstance(progress, str) else progress
         return kw
@@ -777,6 +777,13 @@ def fit_grid(trainer: Any, grid: Grid, *, pack: bool | str = "auto", **fit_kwarg
     return GridResult(grid, None, _merge(grid, trained), tuple(trained))
 
 
+def _join(folder: str | os.PathLike, name: str) -> str:
+    """``folder/name``: ``os.path.join`` for a local folder, a ``/`` for a bucket URL."""
+    from resjax.paths import is_url
+
+    return f"{os.fspath(folder).rstrip('/')}/{name}" if is_url(folder) else os.path.join(folder, name)
+
+
 def _write_manifest(root: Any, g: Grid, progs: list[Program]) -> None:
     """``root/grid.json``: the grid's axes and each program's folder, settings and runs (for people; resuming
     reads each program's own checkpoints)."""
@@ -784,10 +791,11 @@ def _write_manifest(root: Any, g: Grid, progs: list[Program]) -> None:
 
     if not is_main_process():
         return
-    os.makedirs(root, exist_ok=True)
+    from resjax.paths import as_path, write_atomically
+
+    folder = as_path(root, "checkpoint_dir")  # a local folder or a bucket URL
+    folder.mkdir(parents=True, exist_ok=True)
     doc = {"axes": {k: list(v) for k, v in g.axes.items()},
            "programs": [{"folder": p.name, "settings": p.settings, "runs": p.runs} for p in progs]}
-    tmp = os.path.join(root, ".grid.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1, default=str)
-    os.replace(tmp, os.path.join(root, "grid.json"))
+    write_atomically(folder / "grid.json", lambda path: path.write_text(json.dumps(doc, indent=1, default=str)),
+                     ".grid.json.tmp")
