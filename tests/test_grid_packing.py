@@ -13,6 +13,7 @@ from resjax.train import make_train, run_config, train_config
 from resjax.train.grid import fit_grid, grid, programs, zipped
 from resjax.train.ondevice import Trainer
 from tests.small_data import separable_arrays
+from tests.test_grid_settings import no_training  # noqa: F401  (a fixture: training refused)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -30,15 +31,6 @@ def _config(model=None, **train):
     model = dict(kind="residual_mlp", width=8, num_blocks=1, norm="batch") if model is None else model
     return run_config(model, train_config(**{"batch_size": 16, "epochs": 2, "learning_rate": 0.05, "momentum": 0.9,
                                              "weight_decay": 1e-3, "weight_decay_on": "all", **train}))
-
-
-@pytest.fixture
-def no_training(monkeypatch):
-    """Training refused: a refusal must come before any run starts."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("training started")
-    monkeypatch.setattr(Trainer, "fit", refuse)
-    monkeypatch.setattr(Trainer, "sweep", refuse)
 
 
 @pytest.fixture
