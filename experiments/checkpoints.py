@@ -44,8 +44,6 @@ import hashlib
 import json
 import os
 import pathlib
-
-from resjax.paths import as_path, check_url, is_url, remove_tree
 import re
 import signal
 import sys
@@ -56,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from experiments import files
+from resjax.paths import as_path, check_url, is_url, remove_tree
 from resjax.train.preemption import SignalHandlers
 
 #: ``--checkpoint_dir none``: no checkpoints.

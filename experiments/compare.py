@@ -29,8 +29,6 @@ from __future__ import annotations
 import json
 import math
 import pathlib
-
-from resjax.paths import as_path, is_url
 import sys
 import warnings
 from collections.abc import Sequence
@@ -38,6 +36,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from experiments import common
+from resjax.paths import as_path, is_url
 
 __all__ = ["load_run", "differing_settings", "summarise", "metric_table", "plot_curves", "main"]
 

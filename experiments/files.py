@@ -35,9 +35,8 @@ def write_atomically(path: pathlib.Path, write: Callable[[pathlib.Path], Any], s
     """``write(tmp)`` then ``tmp`` renamed to ``path``: ``path`` is the old file or the whole new one, never a
     part; a failed write leaves no temporary file behind. A write the storage refuses (a full disk, a read-only
     file system, no permission) is ``resjax.train.storage.StorageError`` naming ``setting`` and the folder."""
-    from resjax.train.storage import raise_storage_error
-
     from resjax import paths
+    from resjax.train.storage import raise_storage_error
 
     path = paths.as_path(path, setting)  # a local file, or an object in a bucket (written in one request: whole)
     existed = path.exists()

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-
-from resjax.paths import as_path
 import re
 
 import ml_collections
@@ -21,6 +19,7 @@ import ml_collections
 from experiments import checkpoints
 from experiments.preflight import flag_message, preflight
 from experiments.settings import SIZES, default_out, flatten, parse_value, set_path, show_value
+from resjax.paths import as_path
 
 # ---- help: every flag's meaning, units and allowed values ----------------------------------------------
 

@@ -47,14 +47,13 @@ import importlib
 import json
 import os
 import pathlib
-
-from resjax.paths import as_path, is_url
 import signal
 import subprocess
 import sys
 import time
 
 from experiments import checkpoints, common, image_runs
+from resjax.paths import as_path, is_url
 
 REGISTRY = (
     # lecture (seed 000)

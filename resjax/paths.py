@@ -202,4 +202,5 @@ def remove_tree(path: Path) -> None:
             if path.exists():
                 path.rmtree()
         return
-    shutil.rmtree(path, ignore_errors=False) if os.path.isdir(path) else None
+    if os.path.isdir(path):
+        shutil.rmtree(path)

@@ -21,9 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 
 from resjax.paths import as_path
-import sys
 
 
 def _flat(value, prefix=""):

@@ -46,8 +46,8 @@ import jax
 import numpy as np
 
 from resjax._quiet import quiet_import, root_logger_kept
-from resjax.train.distributed import barrier, is_main_process, to_host
 from resjax.paths import as_path, filesystem, is_url, remove_tree
+from resjax.train.distributed import barrier, is_main_process, to_host
 from resjax.train.storage import raise_storage_error, storage_errno
 
 if TYPE_CHECKING:
