@@ -127,6 +127,26 @@ def test_readme_links_point_into_the_checkout():
     assert len(text.splitlines()) <= 200
 
 
+# What a measured timing looks like in prose: a date, a rate, seconds, or minutes that are not a rounded "about N".
+MEASURED = re.compile(r"\b20\d\d-\d\d-\d\d\b|GFLOP|TFLOP|\b\d[\d,.]* ?(?:s|ms|seconds)\b|"
+                      r"(?<!about )\b\d[\d.]*(?: to [\d.]+)? minutes\b")
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/getting_started.md", "docs/index.md"])
+def test_front_pages_carry_no_measured_timings(page):
+    """Measured numbers live in one generated table (docs/benchmarks.md, ``python -m benchmarks.first_hour``); the
+    front pages round them ("about 25 minutes") and carry no dates, rates or seconds."""
+    found = MEASURED.findall((ROOT / page).read_text())
+    assert not found, f"{page} states measured timings in prose (they belong in docs/benchmarks.md): {found}"
+
+
+def test_the_first_hour_table_is_on_the_benchmarks_page():
+    text = (DOCS / "benchmarks.md").read_text()
+    assert "python -m benchmarks.first_hour" in text and "FIRST_HOUR_TABLE" not in text
+    assert re.search(r"^Machine: .+ matmul peak \d+ GFLOP/s", text, re.M)
+    assert "| `python -m experiments.reproduce --quick` |" in text and "| `python -m pytest -q tests` |" in text
+
+
 def test_every_experiment_has_its_page_with_claims_and_figure(site):
     from experiments import reproduce
 

@@ -1,0 +1,148 @@
+"""What a new user's commands cost on this machine: the README's two commands and the documentation site, timed
+as a user runs them, in one table.
+
+Run from the project root, in the virtual environment the README makes::
+
+    python -m benchmarks.first_hour [--only quick,tests,docs,reproduce] [--json PATH]
+
+Each step runs as a child process of its own, from an empty compilation cache (``RESJAX_COMPILATION_CACHE`` set to
+a new temporary folder, so nothing compiled by an earlier run is reused) and writing into a temporary folder:
+
+- ``quick``: ``python -m experiments.reproduce --quick``, the pipeline check of every experiment at small sizes;
+- ``tests``: ``python -m pytest -q tests``, the README's test command (the suite on every core);
+- ``docs``: ``python -m sphinx -W --keep-going -b html docs OUT``, the site with its tutorials executed;
+- ``reproduce``: ``python -m experiments.reproduce``, every experiment at its default (lecture) size.
+
+The default is ``quick,tests,docs``: the full reproduction takes about twenty minutes on a 2-core CPU, so without
+``reproduce`` among the steps its row is read from the committed report instead (``docs/report/REPORT.md``'s
+"this run took N s", a default run of ``experiments.reproduce``), and the table says so.
+
+For every step the table gives its wall seconds, the CPU seconds of the child and everything it waited for
+(``os.wait4``), and the largest resident set. The first line names the machine (the processor, its instruction-set
+extensions, the cores, JAX's devices and versions) and the float32 matmul peak measured in this process, so a
+reader can scale the numbers to their own machine. Nothing is asserted. The page ``docs/benchmarks.md`` holds this
+table as printed by one run; every timing the README and Getting started mention comes from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+#: step name -> (what it does, the command's arguments after ``python``; ``{out}`` is the step's temporary folder)
+STEPS = {
+    "quick": ("every experiment at small sizes (a pipeline check)",
+              ["-m", "experiments.reproduce", "--quick", "--out", "{out}"]),
+    "tests": ("the test suite, on every core", ["-m", "pytest", "-q", "tests", "-p", "no:cacheprovider"]),
+    "docs": ("the documentation site, tutorials executed",
+             ["-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", "docs", "{out}"]),
+    "reproduce": ("every experiment at its default size", ["-m", "experiments.reproduce", "--out", "{out}"]),
+}
+
+#: The command a user types for each step (the table's first column).
+SHOWN = {"quick": "python -m experiments.reproduce --quick", "tests": "python -m pytest -q tests",
+         "docs": "python -m sphinx -W --keep-going -b html docs docs/_build/html",
+         "reproduce": "python -m experiments.reproduce"}
+
+
+def run_step(name: str) -> dict:
+    """Runs one step in a child process from an empty compilation cache; its wall and CPU seconds, peak memory,
+    exit status and the last lines of its output."""
+    with tempfile.TemporaryDirectory(prefix=f"first_hour_{name}_") as tmp:
+        out = os.path.join(tmp, "out")
+        env = dict(os.environ, RESJAX_COMPILATION_CACHE=os.path.join(tmp, "jax_cache"))
+        args = [sys.executable] + [a.format(out=out) for a in STEPS[name][1]]
+        log = os.path.join(tmp, "log")
+        start = time.perf_counter()
+        with open(log, "w") as f:
+            process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+            _, status, usage = os.wait4(process.pid, 0)
+        seconds = time.perf_counter() - start
+        with open(log) as f:
+            tail = f.read()[-2000:]
+    return {"step": name, "command": SHOWN[name], "seconds": seconds,
+            "cpu_seconds": usage.ru_utime + usage.ru_stime, "peak_rss_mb": usage.ru_maxrss / 1024,
+            "returncode": os.waitstatus_to_exitcode(status), "tail": tail}
+
+
+def from_report(path: pathlib.Path = ROOT / "docs" / "report" / "REPORT.md") -> dict | None:
+    """The committed report's own time: a default ``experiments.reproduce`` run, read from its header."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    found = re.search(r"this run took (\d+) s", text)
+    if not found:
+        return None
+    return {"step": "reproduce", "command": SHOWN["reproduce"], "seconds": float(found.group(1)), "cpu_seconds": None,
+            "peak_rss_mb": None, "returncode": 0,
+            "source": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)}
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s ({seconds / 60:.1f} min)"
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| command | what it does | wall time | CPU seconds | peak memory | exit |", "|---|---|---|---|---|---|"]
+    for row in rows:
+        what = STEPS[row["step"]][0] + (f"; from `{row['source']}`, not timed here" if row.get("source") else "")
+        cpu = f"{row['cpu_seconds']:.0f}" if row["cpu_seconds"] is not None else "-"
+        rss = f"{row['peak_rss_mb'] / 1024:.1f} GB" if row["peak_rss_mb"] is not None else "-"
+        lines.append(f"| `{row['command']}` | {what} | {_minutes(row['seconds'])} | {cpu} | {rss} | "
+                     f"{row['returncode']} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default="quick,tests,docs",
+                        help="comma-separated steps to time, of: " + ", ".join(STEPS))
+    parser.add_argument("--json", default="runs/benchmarks/first_hour.json", help="where the rows are written")
+    args = parser.parse_args(argv)
+    steps = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = [s for s in steps if s not in STEPS]
+    if unknown:
+        parser.error(f"--only: unknown step(s) {', '.join(unknown)}; the steps are {', '.join(STEPS)}")
+
+    from benchmarks.throughput import matmul_peak
+    from experiments.reproduce import machine
+
+    peak = matmul_peak((512, 1024, 2048), repeats=5)["peak_gflops"]
+    header = (f"Machine: {machine()}; float32 matmul peak {peak:.0f} GFLOP/s. "
+              f"Measured {datetime.date.today().isoformat()} by `python -m benchmarks.first_hour"
+              f"{' --only ' + args.only if args.only != 'quick,tests,docs' else ''}`.")
+    print(header, flush=True)
+    rows = []
+    for name in STEPS:
+        if name in steps:
+            print(f"timing {name}: {SHOWN[name]} ...", flush=True)
+            rows.append(run_step(name))
+            print(f"  {_minutes(rows[-1]['seconds'])}, exit {rows[-1]['returncode']}", flush=True)
+            if rows[-1]["returncode"] != 0:
+                print(rows[-1]["tail"], file=sys.stderr)
+        elif name == "reproduce" and (row := from_report()) is not None:
+            rows.append(row)
+    print()
+    print(header)
+    print()
+    print(table(rows))
+    result = {"machine": header, "matmul_peak_gflops": peak, "rows": rows}
+    path = pathlib.Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""benchmarks.first_hour: the table of a new user's commands reads the committed report's time where the full
+reproduction is not timed, and times a step as a child process (its wall and CPU seconds, its exit status)."""
+
+import pytest
+
+from benchmarks import first_hour
+
+
+def test_report_time_is_read_from_the_committed_report(tmp_path):
+    report = tmp_path / "REPORT.md"
+    report.write_text("Size: `default`. The experiments took 1260 s in all; this run took 1271 s.\n")
+    row = first_hour.from_report(report)
+    assert row["seconds"] == 1271 and row["step"] == "reproduce"
+    assert first_hour.from_report(tmp_path / "missing.md") is None
+    # the committed report itself has the line the README's "about N minutes" comes from
+    assert first_hour.from_report() is not None
+
+
+def test_a_step_is_timed_in_a_child_process(monkeypatch):
+    monkeypatch.setitem(first_hour.STEPS, "spin", ("burns CPU", ["-c", "import sys, time\nt = time.process_time()\n"
+                                                                 "while time.process_time() - t < 0.3: pass\n"
+                                                                 "sys.exit(3)"]))
+    monkeypatch.setitem(first_hour.SHOWN, "spin", "python -c ...")
+    row = first_hour.run_step("spin")
+    assert row["returncode"] == 3
+    assert row["cpu_seconds"] >= 0.3 and row["seconds"] >= row["cpu_seconds"] * 0.5
+    text = first_hour.table([row])
+    assert "| `python -c ...` | burns CPU |" in text and "| 3 |" in text
+
+
+def test_unknown_step_is_refused_by_name(capsys):
+    with pytest.raises(SystemExit):
+        first_hour.main(["--only", "quick,bogus"])
+    assert "bogus" in capsys.readouterr().err
