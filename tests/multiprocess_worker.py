@@ -18,6 +18,9 @@ the library's):
                end and stop (exit status 143: the last stage)
   die          trains, and process ``DIE`` (default 1) kills itself (``os._exit(3)``) after its second step (the
                last stage)
+  copy:A=B     process 0 copies the checkpoint folder ``A`` to ``B`` (paths as for ``resume``), the others wait
+
+A ``DIR`` that is a URL (``gs://bucket/run``: ``tests/test_buckets.py``) is used as it is.
 """
 
 from __future__ import annotations
@@ -109,6 +112,10 @@ def history(prefix, run, hist):
     return out
 
 
+def _dir(out: str, arg: str) -> str:
+    return arg if "://" in arg else os.path.join(out, arg)
+
+
 def main(stages: str, out: str) -> None:
     for stage in stages.split(","):
         run_stage(stage, out)
@@ -117,13 +124,24 @@ def main(stages: str, out: str) -> None:
 def run_stage(stage: str, out: str) -> None:
     """One stage (see the module docstring), with a trainer and data sources of its own."""
     index = jax.process_index()
+    if stage.startswith("copy:"):
+        from jax.experimental import multihost_utils
+
+        from resjax.paths import filesystem
+
+        source, _, target = stage[len("copy:"):].partition("=")
+        if index == 0:
+            fs, source = filesystem(_dir(out, source))
+            fs.copy(source, filesystem(_dir(out, target))[1], recursive=True)
+        multihost_utils.sync_global_devices("copy")
+        return
     result = {"process_count": np.asarray(jax.process_count()), "device_count": np.asarray(jax.device_count())}
     stage, _, arg = stage.partition(":")
     trainer, train, test = image_trainer(int(os.environ.get("SIGTERM_AT_READ", 0)) if stage == "preempt" else 0)
     saved_as = stage
     if stage == "first":
         result.update(sweep())
-        ckpt = None if arg == "none" else os.path.join(out, arg or "ckpt")
+        ckpt = None if arg == "none" else _dir(out, arg or "ckpt")
         run, hist = trainer.fit(0, epochs=2, checkpoint_dir=ckpt)
         result.update(history("image", run, hist))
         for name, src in (("train_reads", train), ("test_reads", test)):
@@ -133,7 +151,7 @@ def run_stage(stage: str, out: str) -> None:
         trainer.fit(0, checkpoint_dir=os.path.join(out, "preempted"))  # raises Preempted (exit status 143)
     elif stage == "resume":
         saved_as = f"resume-{os.path.basename(arg)}"
-        run, hist = trainer.fit(0, checkpoint_dir=os.path.join(out, arg))
+        run, hist = trainer.fit(0, checkpoint_dir=_dir(out, arg))
         result.update(history("image", run, hist))
     elif stage == "whole":
         run, hist = trainer.fit(0)

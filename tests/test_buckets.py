@@ -253,3 +253,26 @@ def test_a_grid_checkpoints_its_programs_into_a_bucket_and_reads_them_back(gcs):
     again = fit_grid(trainer, g, checkpoint_dir=url)
     for name in ("train_loss", "test_error"):
         np.testing.assert_array_equal(np.asarray(first.history[name]), np.asarray(again.history[name]))
+
+
+def test_a_checkpoint_written_by_two_processes_to_a_bucket_resumes_in_two_and_in_one(gcs, tmp_path):
+    """Two processes (``resjax.launch``) train data-parallel for 2 of 3 epochs with one checkpoint in ``gs://``;
+    the run is resumed to its end by two processes and, from a copy of that checkpoint, by one: both equal the
+    unbroken run (``tests/test_multiprocess.py``'s worker and tolerance)."""
+    from tests import test_multiprocess as mp
+
+    url, out = gcs.url("two"), str(tmp_path)
+    rc, log, _ = mp._launch(f"first:{url},copy:{url}={url}-one,resume:{url}", out)
+    assert rc == 0, log[-4000:]
+    from resjax.train.checkpoint import Checkpoints
+
+    with Checkpoints(f"{url}-one") as ckpt:  # the copy holds the two processes' checkpoint of epoch 2 of 3
+        assert ckpt.meta()["epoch"] == 2
+    rc, one_log = mp._one(f"whole,resume:{url}-one", out)
+    assert rc == 0, one_log[-4000:]
+    name = url.rsplit("/", 1)[1]
+    whole = mp._load(os.path.join(out, "whole-0.npz"))
+    resumed = [mp._loaded(os.path.join(out, f"resume-{name}-{i}.npz"), log) for i in (0, 1)]
+    assert [int(r["process_count"]) for r in resumed] == [2, 2]
+    for r in (*resumed, mp._loaded(os.path.join(out, f"resume-{name}-one-0.npz"), one_log)):
+        mp._assert_close(r, whole, "image_")
