@@ -159,6 +159,12 @@ def check_url(url: str | os.PathLike, setting: str, write: bool = True) -> None:
     except (PermissionError, OSError, Exception) as err:  # noqa: BLE001  (each file system has its own errors)
         raise ValueError(f"{setting}: {text}: the bucket {bucket} cannot be read ({_reason(err)})") from None
     if not found:
+        try:  # s3fs answers False where the store refused the credentials: listing says which it was
+            fs.ls(bucket)
+        except FileNotFoundError:
+            pass
+        except Exception as err:  # noqa: BLE001
+            raise ValueError(f"{setting}: {text}: the bucket {bucket} cannot be read ({_reason(err)})") from None
         raise ValueError(f"{setting}: {text}: the bucket {bucket} does not exist (create it, or check the URL)")
     if not write:
         return

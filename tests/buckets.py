@@ -7,6 +7,9 @@
   Orbax's arrays). ``GCE_METADATA_HOST`` points at a closed port, so the credential search ends at once.
 - ``s3``: ``moto``'s S3 server (``moto_server``), which honours S3's conditional writes (``If-None-Match``,
   ``If-Match``): the lock's races are tested there too.
+- ``s3_reader``: a second moto server that checks credentials (``INITIAL_NO_AUTH_ACTION_COUNT``: every request
+  after the setup's is authenticated against its IAM users), with a bucket and a user allowed only to read it:
+  read-only buckets and refused credentials are tested there.
 
 One server of each kind per test process (session scope: fsspec keeps one file system per endpoint), each test in a
 folder of its own (``url(name)``).
@@ -117,4 +120,47 @@ def s3():
     finally:
         for k, v in saved.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        _stop(process)
+
+
+#: The requests that set up ``s3_reader`` (bucket, user, policy, key) before the server starts checking credentials.
+_SETUP_REQUESTS = 4
+
+
+@pytest.fixture
+def s3_reader(monkeypatch):
+    """A moto server that authenticates every request after its setup, holding the bucket ``read-only-bucket`` and
+    a user who may only read; this process's S3 settings point at it with that user's keys (``s3fs``'s cached file
+    systems are dropped before and after, as they hold the endpoint and keys they were made with)."""
+    import json
+
+    import boto3
+    import s3fs
+
+    port = _free_port()
+    log = tempfile.NamedTemporaryFile("w+", prefix="s3-reader-server-", suffix=".log")
+    process = subprocess.Popen([_command("moto_server"), "-H", "127.0.0.1", "-p", str(port)], stdout=log,
+                               stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(_SETUP_REQUESTS)})
+    process.log = log
+    try:
+        _wait_for(port, process, "S3 (moto, credentials checked)")
+        endpoint = f"http://127.0.0.1:{port}"
+        settings = dict(endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="setup",
+                        aws_secret_access_key="setup")
+        boto3.client("s3", **settings).create_bucket(Bucket="read-only-bucket")
+        iam = boto3.client("iam", **settings)
+        iam.create_user(UserName="reader")
+        read = ["s3:GetObject", "s3:ListBucket", "s3:ListAllMyBuckets", "s3:GetBucketLocation"]
+        iam.put_user_policy(UserName="reader", PolicyName="read", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": read, "Resource": "*"}]}))
+        key = iam.create_access_key(UserName="reader")["AccessKey"]
+        for name, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+                            "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"], "AWS_DEFAULT_REGION": "us-east-1",
+                            "AWS_EC2_METADATA_DISABLED": "true"}.items():
+            monkeypatch.setenv(name, value)
+        s3fs.S3FileSystem.clear_instance_cache()
+        yield endpoint
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
         _stop(process)

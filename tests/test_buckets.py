@@ -23,7 +23,7 @@ import pytest
 
 from resjax.paths import as_path, check_url
 from resjax.train.lock import LOCK_FILE, DirectoryLock, LockHeldError
-from tests.buckets import gcs, s3  # noqa: F401  (fixtures)
+from tests.buckets import gcs, s3, s3_reader  # noqa: F401  (fixtures)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -138,6 +138,23 @@ def test_a_url_with_no_installed_file_system_names_the_scheme():
 def test_a_bucket_that_does_not_exist_is_named(gcs):
     with pytest.raises(ValueError, match=r"^out: gs://no-such-bucket/run: the bucket no-such-bucket does not exist"):
         check_url("gs://no-such-bucket/run", "out")
+
+
+def test_a_read_only_bucket_and_refused_credentials_are_named(s3_reader, monkeypatch):
+    """On a server that checks credentials: a user who may only read passes the check of an input (``write=False``)
+    and is refused, naming the URL and the credentials, as an output; unknown keys are named as refused, not as a
+    missing bucket."""
+    check_url("s3://read-only-bucket/data", "data_dir", write=False)
+    with pytest.raises(ValueError, match=r"^out: s3://read-only-bucket/run: cannot write into the bucket "
+                                         r"read-only-bucket \(the credentials were refused or are missing"):
+        check_url("s3://read-only-bucket/run", "out")
+    import s3fs
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIANOSUCHKEY")
+    s3fs.S3FileSystem.clear_instance_cache()
+    with pytest.raises(ValueError, match=r"^out: s3://read-only-bucket/run: the bucket read-only-bucket cannot be "
+                                         r"read \(the credentials were refused or are missing"):
+        check_url("s3://read-only-bucket/run", "out")
 
 
 def test_an_endpoint_that_does_not_answer_is_named_before_anything_compiles(tmp_path):
