@@ -17,8 +17,9 @@ difference of the means (second minus first). Nested lists that are not curves a
 What it draws: every metric named ``curves.*`` (a list per seed of values per epoch, or one list) in a panel of
 its own, the runs overlaid in one colour each: the mean over seeds solid, the range over seeds shaded; each y axis
 labelled with the quantity and its unit (``y_label``). The legend lists every run, also runs that share no curve
-(runs of different cells), each with its value of every setting that differs. The figure is written to ``--out`` (default ``compare.png`` in the working directory). ``--metrics`` / ``--curves`` keep only
-the metrics / curves whose names contain one of the given texts.
+(runs of different cells), each with its value of every setting that differs. The figure is written to
+``--out`` (default ``compare.png`` in the working directory). ``--metrics`` / ``--curves`` keep only the metrics /
+curves whose names contain one of the given texts.
 
 Exit status: 0 when the comparison was made; 2 (with the reason) for a folder that is not a run (no
 ``results.json``, or one without ``experiment``, ``config`` and ``metrics``), runs of different experiments, or

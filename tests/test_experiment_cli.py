@@ -165,7 +165,7 @@ def test_degradation_figure_of_custom_cells_titles_the_cells_that_ran_and_colour
     assert abs(hsv["residual_bn_d16"][0] - hsv["plain_d8"][0]) > 0.1  # another kind, another hue
     assert all(line.get_color() == every.lines[i].get_color() for i, line in enumerate(gap.lines))  # every panel alike
 
-    config.cells = ("plain:8", "residual_bn:32", "plain_ln:32")  # part of the lecture's 'Training at depth 32', one cell added
+    config.cells = ("plain:8", "residual_bn:32", "plain_ln:32")  # part of the lecture's depth-32 figure, one added
     degradation.plot(_fake_curves(["plain_d8", "residual_bn_d32", "plain_ln_d32"]), config, "x.png")
     depth, depth_32, _ = figures.pop().axes
     assert depth_32.get_title() == ("Training at depth 32 (lecture fig. 'Training at depth 32'; without plain_d32 and "
