@@ -485,7 +485,7 @@ def shade(colour, t: float) -> tuple:
     from matplotlib.colors import to_rgb
 
     rgb = np.asarray(to_rgb(colour))
-    return tuple(rgb + (1 - rgb) * -t if t < 0 else rgb * (1 - t))
+    return tuple(float(x) for x in (rgb + (1 - rgb) * -t if t < 0 else rgb * (1 - t)))
 
 
 def cell_colours(chosen: list) -> dict:
@@ -514,7 +514,7 @@ def _runs(m: dict, k: str) -> np.ndarray:
     return np.array([[np.nan if v is None else v for v in r] for r in m[k]], float)
 
 
-def _curves(ax, m, names, colours, key="train_error_pct", faint=True, gap=False) -> list:
+def _curves(ax, m, names, colours, key="train_error_pct", faint=True, gap=False) -> tuple[list, list]:
     """Each cell's mean curve over seeds (``gap``: test minus training error), faint single seeds; a diverged seed
     is marked x at its divergence epoch, on its last finite value or, without one, at the top of the panel.
     Returns the legend's ``(handles, labels)`` in the order of ``names`` (a cell with no finite value is labelled
@@ -553,17 +553,18 @@ def _listed(names) -> str:
     return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
 
 
-def panel_titles(config, main: list, ablated: list[str], ablated_depths: list[int]) -> dict:
+def panel_titles(main: list, ablated: list[str], ablated_depths: list[int]) -> dict:
     """The panels' titles from the cells that ran (``main``: ``common.Cell``s with curves; ``ablated``: names):
     ``{'depth' | 'depth32' | 'gap' | 'ablations': title}``, only the panels there is something to draw for. A
     title names the lecture's figure only where the panel shows that figure's cells, and says which are missing."""
     names = [c.name for c in main]
     titles = {}
-    plain = sorted(c.depth for c in main if c.kind == "plain")
+    plain = sorted({(c.depth, c.width or 0) for c in main if c.kind == "plain"})
     if plain:
-        depths = f"plain MLPs of depth {_listed(map(str, plain))}"
+        depths = "plain MLPs of depth " + _listed(f"{d}" + (f" (width {w})" if w else "") for d, w in plain)
+        at_lecture = [d for d, w in plain if not w] == list(LECTURE_PLAIN_DEPTHS) and len(plain) == 3
         titles["depth"] = (f"Training error against depth (lecture fig. 'Training error against depth')\n{depths}; "
-                           if tuple(plain) == LECTURE_PLAIN_DEPTHS else
+                           if at_lecture else
                            f"Training error against depth: {depths}\n(the lecture's fig. 'Training error against "
                            f"depth' has depths {_listed(map(str, LECTURE_PLAIN_DEPTHS))})\n") \
             + "faint: single seeds, solid: mean"
@@ -598,7 +599,7 @@ def plot(m: dict, config, path) -> None:
     colours = cell_colours(main + extra)
     for n, t in zip(ABLATION_LEARNING_RATES, (-0.35, 0.35)):  # the un-normalised residual network at depth 32
         colours[n] = shade(FAMILY_COLOURS["residual"], t)  # in its family's colour, lighter at the smaller rate
-    titles = panel_titles(config, main, ablated, [c.depth for c in extra] + [32] * len(lr_runs))
+    titles = panel_titles(main, ablated, [c.depth for c in extra] + [32] * len(lr_runs))
     panels = []  # (title, names, faint, gap): only panels with something to draw
     if "depth" in titles:
         panels.append((titles["depth"], [n for n in names if n in {c.name for c in main if c.kind == "plain"}], True,
