@@ -6,7 +6,8 @@ differ, and every curve overlaid in one figure.
 A run is a folder that an experiment wrote (``python -m experiments.<name> --out RUN``): it holds
 ``results.json`` = ``{"experiment", "config", "metrics", "seconds"}``. Every run must be of the same experiment.
 
-What it prints: the runs (label = the folder's name), the settings that differ between them (every flattened
+What it prints: the runs (label = the folder's name; "ran N s in all" is ``results.json``'s ``seconds``, the whole
+run's time, every session of a resumed run counted), the settings that differ between them (every flattened
 ``config`` entry, ``--train.learning_rate`` style), and a table with one row per metric that is a number or a list
 of numbers (a list over seeds, usually): per run ``mean +- std (n)``, the standard deviation over the list's
 entries (``ddof=1``; ``n/a`` for one entry) and the count of numbers; ``null`` entries (a run that never
@@ -14,9 +15,11 @@ diverged, a value that was not finite) are counted apart, ``k null``. With two r
 difference of the means (second minus first). Nested lists that are not curves are left out of the table.
 
 What it draws: every metric named ``curves.*`` (a list per seed of values per epoch, or one list) in a panel of
-its own, the runs overlaid in one colour each: the mean over seeds solid, the range over seeds shaded. The figure
-is written to ``--out`` (default ``compare.png`` in the working directory). ``--metrics`` / ``--curves`` keep only
-the metrics / curves whose names contain one of the given texts.
+its own, the runs overlaid in one colour each: the mean over seeds solid, the range over seeds shaded; each y axis
+labelled with the quantity and its unit (``y_label``). The legend lists every run, also runs that share no curve
+(runs of different cells), each with its value of every setting that differs. The figure is written to
+``--out`` (default ``compare.png`` in the working directory). ``--metrics`` / ``--curves`` keep only the metrics /
+curves whose names contain one of the given texts.
 
 Exit status: 0 when the comparison was made; 2 (with the reason) for a folder that is not a run (no
 ``results.json``, or one without ``experiment``, ``config`` and ``metrics``), runs of different experiments, or
@@ -29,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -38,7 +42,7 @@ import numpy as np
 from experiments import common
 from resjax.paths import as_path, is_url
 
-__all__ = ["load_run", "differing_settings", "summarise", "metric_table", "plot_curves", "main"]
+__all__ = ["load_run", "differing_settings", "summarise", "metric_table", "y_label", "run_label", "plot_curves", "main"]
 
 
 class NotARun(ValueError):
@@ -178,19 +182,81 @@ def _drawable(value) -> bool:
     return curve is not None and bool(np.isfinite(curve).any())
 
 
-def plot_curves(metrics: Sequence[dict], labels: Sequence[str], path, title: str, keep: Sequence[str] = ()) -> list[str]:
+#: The y axis of a curve, by the quantity its name ends with (or holds): what it is and its unit.
+QUANTITIES = {"train_error_pct": "training error (%)", "test_error_pct": "test error (%)",
+              "test_accuracy": "test accuracy (%)", "test_acc": "test accuracy (fraction, 0 to 1)"}
+#: ``train.loss`` (``resjax.train.objective.LOSSES``) as a loss curve's unit.
+LOSS_UNITS = {"cross_entropy": "cross-entropy, nats", "mse": "mean squared error, squared target units"}
+_TAG = re.compile(r"(d|L|B|step|k)\d+")  # a depth, batch or step tag in a curve's name: not its quantity
+
+
+def y_label(name: str, configs: Sequence[dict] = ()) -> str:
+    """The y-axis label of the curve ``name`` (``curves.plain_d8.train_error_pct``), with its unit: a known quantity
+    (``QUANTITIES``; ``train_loss``/``test_loss`` in the unit of the runs' ``train.loss``), a ``log10_*`` quantity in
+    decades, a ``*_pct`` one in %; any other, the quantity's name as the results give it."""
+    parts = [p for p in name.split(".")[1:] if not _TAG.fullmatch(p)]
+    for part in reversed(parts):
+        if part in QUANTITIES:
+            return QUANTITIES[part]
+        if part in ("train_loss", "test_loss"):
+            losses = {str((c.get("train") or {}).get("loss", "cross_entropy")) for c in configs
+                      if isinstance(c, dict)} or {"cross_entropy"}
+            unit = LOSS_UNITS.get(losses.pop()) if len(losses) == 1 else None
+            return f"{'training' if part == 'train_loss' else 'test'} loss" + (f" ({unit})" if unit else
+                                                                              " (each run's train.loss)")
+    quantity = next((p for p in parts if "log10" in p or p.endswith("_pct")), parts[-1] if parts else name)
+    if "log10" in quantity:
+        return f"{quantity.replace('_', ' ')} (decades)"
+    if quantity.endswith("_pct"):
+        return f"{quantity[:-4].replace('_', ' ')} (%)"
+    return f"{quantity.replace('_', ' ')} (as recorded)"
+
+
+def run_label(label: str, diff: dict, i: int, width: int = 60) -> str:
+    """Run ``i``'s legend label: its name and its value of every setting that differs between the runs (``diff``,
+    ``differing_settings``), a long value shortened, wrapped at ``width`` characters."""
+    def short(v):
+        text = common.show_value(v)
+        if len(text) <= 32:
+            return text
+        close = {"(": ")", "[": "]", "{": "}"}.get(text[0], "")  # a list shortened still reads as one
+        return text[:29 - len(close)].rstrip(", ") + " ..." + close
+
+    lines = [label + (":" if diff else "")]
+    for n, (k, v) in enumerate(diff.items()):  # a setting and its value kept on one line
+        item = f"{k} {short(v[i])}" + ("," if n < len(diff) - 1 else "")
+        if len(lines[-1]) + 1 + len(item) > width:
+            lines.append(" ")
+        lines[-1] += " " + item
+    return "\n".join(lines)
+
+
+def plot_curves(metrics: Sequence[dict], labels: Sequence[str], path, title: str, keep: Sequence[str] = (),
+                configs: Sequence[dict] = ()) -> list[str]:
     """Every ``curves.*`` metric (``keep``: names containing one of these) with a finite value in some run, in a
-    panel of its own, the runs overlaid; written to ``path``. Returns the names drawn (none: nothing is written)."""
+    panel of its own, the runs overlaid, its y axis labelled with the quantity and its unit (``y_label``; the
+    runs' ``configs`` give a loss's unit); written to ``path``. The legend has every run, in its colour, also one
+    whose curves are in none of the panels of another (runs of different cells share no curve); a run with
+    nothing drawn says so. Returns the names drawn (none: nothing is written)."""
     names = [k for k in dict.fromkeys(k for m in metrics for k in m)
              if k.startswith("curves.") and (not keep or any(t in k for t in keep))
              and any(_drawable(m.get(k)) for m in metrics)]
     if not names:
         return []
     plt = common.pyplot()
+    from matplotlib.lines import Line2D
+
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    legend = [Line2D([], [], color=colours[i % len(colours)], lw=1.6) for i in range(len(metrics))]
+    texts = [label if any(_drawable(m.get(k)) for k in names) else f"{label}\n  (no curve drawn: none has a finite "
+             "value)" for m, label in zip(metrics, labels)]
+    ncol = 1 if max(len(t) for t in "\n".join(texts).splitlines()) > 40 else min(len(texts), 4)
+    rows = sum(t.count("\n") + 1 for t in texts) if ncol == 1 else -(-len(texts) // ncol)
+    header = 0.5 + 0.17 * rows  # inches above the panels: the title and the legend
     ncols = min(3, len(names))
     nrows = -(-len(names) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.6 * nrows + 0.8), squeeze=False)
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    height = 3.6 * nrows + header
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, height), squeeze=False)
     for ax, name in zip(axes.flat, names):
         seeds = False
         for i, (m, label) in enumerate(zip(metrics, labels)):
@@ -208,19 +274,15 @@ def plot_curves(metrics: Sequence[dict], labels: Sequence[str], path, title: str
                 ax.fill_between(x, lo, hi, color=colour, alpha=0.15, lw=0)
         ax.set_title(name[len("curves."):], fontsize=9)
         ax.set_xlabel("epoch" if seeds else "index")
+        ax.set_ylabel(y_label(name, configs), fontsize=8)
         if seeds:
             common.integer_ticks(ax)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(names):]:
         ax.set_axis_off()
-    handles, shown = axes.flat[0].get_legend_handles_labels()
-    for ax in axes.flat:  # the legend of the panel with the most runs
-        h, s = ax.get_legend_handles_labels()
-        if len(s) > len(shown):
-            handles, shown = h, s
-    fig.legend(handles, shown, loc="upper center", ncol=min(len(shown), 4), fontsize=9, bbox_to_anchor=(0.5, 1.0))
-    fig.suptitle(title, fontsize=10, y=1.0 - 0.45 / (3.6 * nrows + 0.8))
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.9 / (3.6 * nrows + 0.8)))
+    fig.legend(legend, texts, loc="upper center", ncol=ncol, fontsize=8, bbox_to_anchor=(0.5, 1 - 0.4 / height))
+    fig.suptitle(title, fontsize=10, y=1.0 - 0.12 / height, va="top")
+    fig.tight_layout(rect=(0, 0, 1, 1 - header / height))
     from experiments.figures import write_figure
 
     path = as_path(path, "out")  # a local file or a bucket object
@@ -260,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{len(results)} runs of {name}:")
     for label, folder, r in zip(labels, args.runs, results):
         seconds = r.get("seconds")
-        ran = f", ran {seconds:.0f} s" if isinstance(seconds, (int, float)) else ""
+        ran = f", ran {seconds:.0f} s in all" if isinstance(seconds, (int, float)) else ""  # every session's
         print(f"  {label}: {folder}{ran}")
     diff = differing_settings([r["config"] for r in results])
     print()
@@ -274,12 +336,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("Metrics: mean +- std over the list's entries (seeds, usually), n numbers; k null = entries that are null "
           "(never diverged, not finite):")
     _print_table(metric_table([r["metrics"] for r in results], labels, args.metrics))
-    short = {k: v for k, v in diff.items() if all(len(common.show_value(x)) <= 16 for x in v)}  # legend-sized settings
-    legend = [label + (" (" + ", ".join(f"{k} {common.show_value(v[i])}" for k, v in list(short.items())[:3]) + ")"
-                       if short else "") for i, label in enumerate(labels)]
+    legend = [run_label(label, diff, i) for i, label in enumerate(labels)]  # every setting the table lists
     title = (f"{name}: {len(results)} runs; mean over seeds (line) and their range (shaded); settings that differ: "
              + (", ".join(list(diff)[:6]) + (" ..." if len(diff) > 6 else "") if diff else "none"))
-    drawn = plot_curves([r["metrics"] for r in results], legend, args.out, title, args.curves)
+    drawn = plot_curves([r["metrics"] for r in results], legend, args.out, title, args.curves,
+                        [r["config"] for r in results])
     curves = [k for k in dict.fromkeys(k for r in results for k in r["metrics"]) if k.startswith("curves.")]
     empty = [k for k in curves if k not in drawn and (not args.curves or any(t in k for t in args.curves))]
     print()

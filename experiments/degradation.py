@@ -465,41 +465,71 @@ def run(config, out_dir) -> dict:
 
 # ---- figure ------------------------------------------------------------------------------------------
 
-COLOURS = {"plain_d2": "tab:green", "plain_d8": "tab:blue", "plain_d32": "tab:red",
-           "residual_bn_d32": "tab:purple", "residual_d32": "tab:gray", "plain_bn_d32": "tab:orange",
-           "residual_rescale_d32": "tab:brown", "residual_tau_d32": "tab:olive",
-           "residual_skipinit_d32": "tab:cyan", "residual_fixup_d32": "tab:pink",
-           "residual_d32_lr5e-4": "black", "residual_d32_lr1e-3": "dimgray"}
-EXTRA_COLOURS = ("navy", "darkgoldenrod", "crimson", "teal", "limegreen", "indigo", "sienna", "slategray")
+#: Each cell kind's colour family: a cell is drawn in its kind's colour, lighter for the shallower cells of that kind
+#: in the run and darker for the deeper ones (``cell_colours``), so that plain_d4 and plain_d8 are two reds and the
+#: kinds stay apart. The lecture's cells: plain (red shades: the depths of 'Training error against depth'),
+#: residual + BN (green) and residual without normalisation (grey).
+FAMILY_COLOURS = {"plain": "tab:red", "plain_bn": "tab:orange", "plain_ln": "tab:pink", "residual": "tab:gray",
+                  "residual_bn": "tab:green", "residual_ln": "tab:olive", "residual_post": "tab:brown",
+                  "residual_post_bn": "tab:cyan", "residual_rescale": "tab:blue", "residual_tau": "tab:purple",
+                  "residual_skipinit": "goldenrod", "residual_fixup": "darkmagenta"}
+#: The learning-rate ablations: the un-normalised residual network at depth 32 (its family's colour, lighter at the
+#: smaller rate), told apart from the cells by line style.
+ABLATION_STYLES = {"residual_d32_lr5e-4": "--", "residual_d32_lr1e-3": ":"}
+LECTURE_PLAIN_DEPTHS = (2, 8, 32)  # the lecture's 'Training error against depth'
 LECTURE_DEPTH_32 = ("plain_d8", "plain_d32", "residual_bn_d32", "residual_d32")  # the lecture's 'Training at depth 32'
 
 
-def _colour(name: str, names: list[str]) -> str:
-    """A cell's colour: the built-in cells' own; added cells (--cells) one of ``EXTRA_COLOURS`` each."""
-    if name in COLOURS:
-        return COLOURS[name]
-    extra = [n for n in names if n not in COLOURS]
-    return EXTRA_COLOURS[extra.index(name) % len(EXTRA_COLOURS)]
+def shade(colour, t: float) -> tuple:
+    """``colour`` lightened towards white (``t`` < 0) or darkened towards black (``t`` > 0) by ``|t|``; its hue kept."""
+    from matplotlib.colors import to_rgb
+
+    rgb = np.asarray(to_rgb(colour))
+    return tuple(float(x) for x in (rgb + (1 - rgb) * -t if t < 0 else rgb * (1 - t)))
+
+
+def cell_colours(chosen: list) -> dict:
+    """``{cell name: colour}`` for ``chosen`` cells (``common.Cell``): the kind's ``FAMILY_COLOURS`` entry, shaded by
+    the cell's rank in depth (then width) among the run's cells of its kind: from light (the shallowest) to dark
+    (the deepest); a kind's only cell gets the family colour itself."""
+    colours = {}
+    for kind in dict.fromkeys(c.kind for c in chosen):
+        family = [c for c in chosen if c.kind == kind]
+        ranked = sorted({(c.depth, c.width or 0) for c in family})
+        steps = np.linspace(-0.5, 0.45, len(ranked)) if len(ranked) > 1 else [0.0]
+        base = FAMILY_COLOURS.get(kind, "black")
+        for c in family:
+            colours[c.name] = shade(base, float(steps[ranked.index((c.depth, c.width or 0))]))
+    return colours
+
+
+def legend_order(chosen: list) -> list[str]:
+    """The cells' names as legends list them: the kinds in the order the run first gives them, each kind's cells in
+    depth (then width) order (plain_d4, plain_d8, residual_bn_d16)."""
+    kinds = list(dict.fromkeys(c.kind for c in chosen))
+    return [c.name for c in sorted(chosen, key=lambda c: (kinds.index(c.kind), c.depth, c.width or 0))]
 
 
 def _runs(m: dict, k: str) -> np.ndarray:
     return np.array([[np.nan if v is None else v for v in r] for r in m[k]], float)
 
 
-def _curves(ax, m, names, every, key="train_error_pct", faint=True, gap=False):
+def _curves(ax, m, names, colours, key="train_error_pct", faint=True, gap=False) -> tuple[list, list]:
     """Each cell's mean curve over seeds (``gap``: test minus training error), faint single seeds; a diverged seed
-    is marked x at its divergence epoch, on its last finite value or, without one, at the top of the panel."""
-    marks = []
+    is marked x at its divergence epoch, on its last finite value or, without one, at the top of the panel.
+    Returns the legend's ``(handles, labels)`` in the order of ``names`` (a cell with no finite value is labelled
+    on its x mark, drawn last)."""
+    marks, labelled = [], {}
     for name in names:
         k = f"curves.{name}.{key}"
         if k not in m:
             continue
         runs = _runs(m, k) if not gap else _runs(m, f"curves.{name}.test_error_pct") - _runs(m, k)
         epochs = np.arange(1, runs.shape[1] + 1)
-        colour = _colour(name, every)
+        colour, style = colours[name], ABLATION_STYLES.get(name, "-")
         if faint:
             for r in runs:
-                ax.plot(epochs, r, color=colour, alpha=0.25, lw=0.7)
+                ax.plot(epochs, r, color=colour, alpha=0.25, lw=0.7, ls=style)
         div = m.get(f"diverged_epoch.{name}", [None] * len(runs))
         diverged = [e for e in div if e is not None]
         label = name + (f": diverged (x) in epoch {', '.join(map(str, sorted(set(diverged))))}, {len(diverged)} of "
@@ -507,48 +537,92 @@ def _curves(ax, m, names, every, key="train_error_pct", faint=True, gap=False):
         if np.isfinite(runs).any():
             with np.errstate(all="ignore"):
                 mean = np.mean(runs, axis=0)
-            ax.plot(epochs, mean, color=colour, lw=1.6, label=label, marker="o" if len(epochs) < 4 else None, ms=3)
+            labelled[name] = ax.plot(epochs, mean, color=colour, lw=1.6, ls=style, label=label,
+                                     marker="o" if len(epochs) < 4 else None, ms=3)[0]
             label = None
         marks += common.diverged_marks(runs, div, colour, label)
     common.mark_diverged(ax, marks)
+    handles = dict(zip(*reversed(ax.get_legend_handles_labels())))  # label -> handle, the x marks' too
+    ordered = [(h, label) for name in names for label, h in handles.items()
+               if label == name or label.startswith(name + ":")]
+    return [h for h, _ in ordered], [label for _, label in ordered]
+
+
+def _listed(names) -> str:
+    names = list(names)
+    return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
+
+
+def panel_titles(main: list, ablated: list[str], ablated_depths: list[int]) -> dict:
+    """The panels' titles from the cells that ran (``main``: ``common.Cell``s with curves; ``ablated``: names):
+    ``{'depth' | 'depth32' | 'gap' | 'ablations': title}``, only the panels there is something to draw for. A
+    title names the lecture's figure only where the panel shows that figure's cells, and says which are missing."""
+    names = [c.name for c in main]
+    titles = {}
+    plain = sorted({(c.depth, c.width or 0) for c in main if c.kind == "plain"})
+    if plain:
+        depths = "plain MLPs of depth " + _listed(f"{d}" + (f" (width {w})" if w else "") for d, w in plain)
+        at_lecture = [d for d, w in plain if not w] == list(LECTURE_PLAIN_DEPTHS) and len(plain) == 3
+        titles["depth"] = (f"Training error against depth (lecture fig. 'Training error against depth')\n{depths}; "
+                           if at_lecture else
+                           f"Training error against depth: {depths}\n(the lecture's fig. 'Training error against "
+                           f"depth' has depths {_listed(map(str, LECTURE_PLAIN_DEPTHS))})\n") \
+            + "faint: single seeds, solid: mean"
+    lecture = [n for n in LECTURE_DEPTH_32 if n in names]
+    added = [n for n in names if n not in CONFIGS]
+    if any(n.endswith("_d32") for n in lecture):  # the lecture's depth-32 figure is there, in part or whole
+        missing = [n for n in LECTURE_DEPTH_32 if n not in names]
+        title = ("Training at depth 32 (lecture fig. 'Training at depth 32'"
+                 + (f"; without {_listed(missing)}" if missing else "") + ")")
+        if added:
+            title += "\nand the cells added by --cells"
+        titles["depth32"] = title + ", means over seeds"
+    elif names:
+        titles["depth32"] = "Training error of every cell of this run (--cells), means over seeds"
+    titles["gap"] = ("Train-test gap (test error - training error), means over seeds\n"
+                     "(lecture 'Revision': degradation vs overfitting)")
+    if ablated:
+        at = sorted(set(ablated_depths))
+        titles["ablations"] = (f"Beyond the lecture: ablations at depth{'s' if len(at) > 1 else ''} "
+                               f"{_listed(map(str, at))}, means over seeds")
+    return titles
 
 
 def plot(m: dict, config, path) -> None:
     plt = common.pyplot()
 
     main = [c for c in cells(config) if f"curves.{c.name}.train_error_pct" in m]
-    names = [c.name for c in main]
-    added = [n for n in names if n not in CONFIGS]
-    ablated = [n for n in [c.name for c in ablation_cells(config)] + list(ABLATION_LEARNING_RATES)
-               if f"curves.{n}.train_error_pct" in m]
-    every = names + ablated
+    names = legend_order(main)
+    extra = [c for c in ablation_cells(config) if f"curves.{c.name}.train_error_pct" in m]
+    lr_runs = [n for n in ABLATION_LEARNING_RATES if f"curves.{n}.train_error_pct" in m]
+    ablated = legend_order(extra) + lr_runs
+    colours = cell_colours(main + extra)
+    for n, t in zip(ABLATION_LEARNING_RATES, (-0.35, 0.35)):  # the un-normalised residual network at depth 32
+        colours[n] = shade(FAMILY_COLOURS["residual"], t)  # in its family's colour, lighter at the smaller rate
+    titles = panel_titles(main, ablated, [c.depth for c in extra] + [32] * len(lr_runs))
     panels = []  # (title, names, faint, gap): only panels with something to draw
-    plain = [c.name for c in main if c.kind == "plain"]
-    if plain:
-        panels.append(("Training error against depth (lecture fig. 'Training error against depth')\n"
-                       "plain MLPs, faint: single seeds, solid: mean", plain, True, False))
-    lecture = [n for n in LECTURE_DEPTH_32 if n in names]
-    if lecture or added:
-        title = ("Training at depth 32 (lecture fig. 'Training at depth 32')" + ("\nand the cells added by --cells"
-                                                                                 if added else "")
-                 if lecture else "The cells of this run (--cells)")
-        panels.append((title + ", means over seeds", lecture + [n for n in added if n not in lecture], False, False))
-    panels.append(("Train-test gap (test error - training error), means over seeds\n"
-                   "(lecture 'Revision': degradation vs overfitting)", names, False, True))
+    if "depth" in titles:
+        panels.append((titles["depth"], [n for n in names if n in {c.name for c in main if c.kind == "plain"}], True,
+                       False))
+    if "depth32" in titles:
+        lecture = [n for n in LECTURE_DEPTH_32 if n in names]
+        shown = lecture + [n for n in names if n not in CONFIGS] if lecture and any(
+            n.endswith("_d32") for n in lecture) else names
+        panels.append((titles["depth32"], [n for n in names if n in shown], False, False))
+    panels.append((titles["gap"], names, False, True))
     if ablated:
-        panels.append(("Beyond the lecture: ablations at depth 32, means over seeds",
-                       ablated + [n for n in ["residual_bn_d32"] if n in names], False, False))
+        panels.append((titles["ablations"], ablated + [n for n in ["residual_bn_d32"] if n in names], False, False))
     ncols = 2 if len(panels) == 4 else len(panels)
     nrows = -(-len(panels) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 * ncols, 5.6 * nrows), squeeze=False)
     for ax, (title, shown, faint, gap) in zip(axes.flat, panels):
-        _curves(ax, m, shown, every, faint=faint, gap=gap)
+        handles, labels = _curves(ax, m, shown, colours, faint=faint, gap=gap)
         ax.set_title(title, fontsize=10)
         ax.set_ylabel("gap (percentage points)" if gap else "training error (%)")
         ax.set_xlabel("epoch")
         common.integer_ticks(ax)
         ax.grid(alpha=0.3)
-        common.legend_outside(ax)
+        common.legend_outside(ax, handles=handles, labels=labels)
     for ax in list(axes.flat)[len(panels):]:
         ax.set_axis_off()
     fig.suptitle(f"MNIST-1D degradation: width {config.model.width}, {common.describe_optimizer(config.train)}, "

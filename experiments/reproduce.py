@@ -8,6 +8,8 @@ well under an hour on a 2-core CPU) and ``--full`` (paper-scale runs meant for a
 experiment writes ``DIR/<name>/results.json`` and its figure; the report, ``DIR/REPORT.md``, links them.
 Without ``--out``, ``--quick`` writes ``runs/<name>-quick`` and ``runs/REPORT-quick.md`` (where
 ``python -m experiments.<name> --quick`` writes too), so a quick check never replaces a real run's results.
+A quick report marks each claim that does not hold with the committed default-size report's verdict on it
+(``docs/report``): "also no at default size (docs/report)" or "only at quick size" (``quick_marks``).
 
 Every experiment to be run is preflighted (``experiments.common.preflight``: every cell, every setting,
 the output folders) before the first one starts.
@@ -81,9 +83,10 @@ LEGEND = ("'seed document' is the claim's value in the seed document it comes fr
           "document's settings; '(this run: ...)' after it names the settings this run used where they differ.")
 QUICK_NOTE = ("**Quick sizes: not a reproduction.** Every experiment here ran at its `--quick` size (small networks, "
               "few seeds, draws and epochs), which checks that it runs end to end in minutes. Its numbers are not "
-              "expected to reproduce the seed documents, so a claim marked 'no' here says nothing about whether it "
-              "holds at the experiment's own size: `python -m experiments.reproduce` runs those (its report is "
-              "`docs/report/REPORT.md`).")
+              "expected to reproduce the seed documents, so a quick 'no' alone says nothing about the experiment's "
+              "own size: each 'no' is marked with the committed default-size report's verdict on the same claim "
+              "(`docs/report`, the report of `python -m experiments.reproduce`): 'also no at default size "
+              "(docs/report)', or 'only at quick size' where it holds there.")
 OUTCOMES = (("yes", "hold"), ("**no**", "do not hold"), ("reported", "are reported without a pass/fail test"),
             ("not measured", "were not measured"))
 
@@ -117,6 +120,53 @@ def claim_rows(module, results: dict) -> list[tuple[str, str, str, str, str]]:
         text = claim_text(claim) + ("" if stand_in else common.run_settings_note(module, results.get("config"), claim))
         rows.append((text, claim.source, claim.seed_value, measured, ok))
     return rows
+
+
+#: A quick 'no' marked with the committed default-size report's verdict on the claim (``quick_marks``).
+ALSO_NO = "also no at default size (docs/report)"
+ONLY_QUICK = "only at quick size"
+DEFAULT_VERDICT_MARKS = {"**no**": ALSO_NO, "yes": ONLY_QUICK,
+                         "reported": "at default size reported without a pass/fail test (docs/report)",
+                         "not measured": "not measured at default size either (docs/report ran a stand-in)"}
+
+
+def quick_marks(module, rows: list[tuple], reference: pathlib.Path | None = None) -> list[str | None]:
+    """For each claim row of a quick run (``claim_rows``) that does not hold, what the committed default-size report
+    says of the same claim: ``ALSO_NO``, ``ONLY_QUICK`` (it holds there), or why it cannot say (the report lacks the
+    experiment, or the claim: its results lack a metric the claim reads); None for the other rows. The default
+    verdicts are the claims evaluated on ``reference/<name>/results.json`` (``REFERENCE``: ``docs/report``), as
+    ``rebuild_report`` writes them into ``docs/report/REPORT.md``."""
+    path = (reference or REFERENCE) / module.NAME / "results.json"
+    if not any(r[4] == "**no**" for r in rows):
+        return [None] * len(rows)
+    if not path.is_file():
+        default = [("", "lacks")] * len(module.CLAIMS)
+    else:
+        default = [(measured, ok) for *_, measured, ok in claim_rows(module, json.loads(path.read_text()))]
+    marks = []
+    for row, (measured, ok) in zip(rows, default):
+        if row[4] != "**no**":
+            marks.append(None)
+        elif ok == "lacks":
+            marks.append(f"docs/report lacks this experiment ({module.NAME}): no verdict at default size")
+        elif str(measured).startswith("missing"):
+            marks.append("docs/report lacks this claim (its results lack a metric the claim reads): no verdict at "
+                         "default size")
+        else:
+            marks.append(DEFAULT_VERDICT_MARKS[ok])
+    return marks
+
+
+def marks_summary(marks: list[str | None]) -> str:
+    """``'Of the 21 claims marked no: 3 also no at default size (docs/report), 18 only at quick size.'``"""
+    given = [m for m in marks if m is not None]
+    if not given:
+        return ""
+    also, only = given.count(ALSO_NO), given.count(ONLY_QUICK)
+    parts = [f"{also} {ALSO_NO}"] * bool(also) + [f"{only} {ONLY_QUICK}"] * bool(only) + (
+        [f"{len(given) - also - only} without a pass/fail verdict at default size (each says why)"]
+        if len(given) > also + only else [])
+    return f"Of the {len(given)} claims marked **no**: " + ", ".join(parts) + "."
 
 
 def summary(rows: list[tuple], experiments: int) -> str:
@@ -168,10 +218,12 @@ def machine() -> str:
             f"jax {jax.__version__}, jaxlib {jaxlib.__version__}")
 
 
-def front_matter(rows: list[tuple], experiments: int, quick: bool) -> list[str]:
+def front_matter(rows: list[tuple], experiments: int, quick: bool, marks: list | None = None) -> list[str]:
     """The report's lines after its run line: the summary of every claim, the note that quick sizes are not a
-    reproduction (``quick``), the legend."""
-    return [summary(rows, experiments), ""] + ([QUICK_NOTE, ""] if quick else []) + [LEGEND, ""]
+    reproduction (``quick``) with the counts of its 'no' marks (``quick_marks`` of every row), the legend."""
+    counted = marks_summary(marks or []) if quick else ""
+    return ([summary(rows, experiments), ""] + ([QUICK_NOTE + (" " + counted if counted else ""), ""] if quick else [])
+            + [LEGEND, ""])
 
 
 def _holds(claim: common.Claim, metrics: dict) -> tuple[str, str]:
@@ -184,7 +236,10 @@ def _holds(claim: common.Claim, metrics: dict) -> tuple[str, str]:
 
 
 def report_section(module, results: dict, out_dir: pathlib.Path, report_dir: pathlib.Path,
-                   missing: str | None = None) -> str:
+                   missing: str | None = None, quick: bool = False) -> str:
+    """The experiment's section of the report: its run, the settings that differ from the seed's, the claims'
+    table (``quick``: each 'no' marked with the default-size report's verdict, ``quick_marks``), its own tables
+    and its figure."""
     metrics = results["metrics"]
     lines = [f"## {module.NAME}", ""]
     stand_in = image_runs.not_measured(metrics)
@@ -198,7 +253,10 @@ def report_section(module, results: dict, out_dir: pathlib.Path, report_dir: pat
               + ", ".join(f"`{k}` {common.show_value(v)}" for k, v in changed.items()) + "." if changed else "")
     lines += [f"Ran in {results['seconds']:.0f} s. Config: `{results['config']}`.", ""] + ([differ, ""] if differ else []) + [
               "| claim | source | seed document | measured | holds |", "|---|---|---|---|---|"]
-    for text, source, seed_value, measured, ok in claim_rows(module, results):
+    rows = claim_rows(module, results)
+    marks = quick_marks(module, rows) if quick else [None] * len(rows)
+    for (text, source, seed_value, measured, ok), mark in zip(rows, marks):
+        ok = f"{ok}: {mark}" if mark else ok
         lines.append(f"| {table_text(text)} | {table_text(source)} | {table_text(seed_value)} | {measured} | {ok} |")
     lines.append("")
     if hasattr(module, "report_section"):
@@ -254,24 +312,28 @@ def rebuild_report(out="runs", size_name: str = "default", names=None) -> pathli
     shows the command that prepares the data set as this machine sees it (``size_name``'s config)."""
     out = as_path(out, "out")
     path = out / "REPORT.md"
-    sections, seconds, rows = [], 0.0, []
+    sections, seconds, rows, marks = [], 0.0, [], []
+    quick = size_name == "quick"
+    if path.exists() and not quick:
+        quick = any(p.startswith("Size: `quick`") for p in path.read_text().split("\n\n"))
     for name in names or REGISTRY:
         module = importlib.import_module(f"experiments.{name}")
         results = json.loads((out / name / "results.json").read_text())
         missing = (image_runs.missing_data(module, module.get_config(size_name))
                    if hasattr(module, "required_data") and image_runs.not_measured(results["metrics"]) else None)
         seconds += results["seconds"]
-        sections.append(report_section(module, results, out / name, out, missing))
+        sections.append(report_section(module, results, out / name, out, missing, quick))
         rows += claim_rows(module, results)
+        marks += quick_marks(module, claim_rows(module, results)) if quick else []
     run_line = None
     if path.exists():
         run_line = next((p for p in path.read_text().split("\n\n") if p.startswith("Size: ")), None)
     if run_line is None:
         run_line = (f"Size: `{size_name}`. The experiments took {seconds:.0f} s in all. Rebuilt from their stored "
                     "results by `experiments.reproduce.rebuild_report`.")
-    quick = size_name == "quick" or run_line.startswith("Size: `quick`")
     common.write_atomically(path, lambda tmp: tmp.write_text("\n".join(["# resjax reproduction report", "", run_line,
-                                                                          ""] + front_matter(rows, len(sections), quick)
+                                                                          ""] + front_matter(rows, len(sections), quick,
+                                                                                             marks)
                                                                          + sections)))
     return path
 
@@ -482,7 +544,8 @@ def main(argv=None) -> pathlib.Path:
         except ValueError as err:
             parser.error(f"{name}: {' '.join(str(err).split())}")
         plan.append((module, config, label, missing, out / f"{name}{suffix}"))
-    sections, experiment_seconds, reused, rows, ran = [], 0.0, [], [], []
+    sections, experiment_seconds, reused, rows, ran, marks = [], 0.0, [], [], [], []
+    quick = size_name == "quick"
     previous = [None if args.fresh else _previous(folder, config) for _, config, _, _, folder in plan]
     expected = [0.0 if prev is not None else _expected_seconds(module.NAME, label)  # reused: no time
                 for (module, _, label, _, _), prev in zip(plan, previous)]
@@ -522,8 +585,9 @@ def main(argv=None) -> pathlib.Path:
                       f"{folder / 'results.json'} (--fresh runs it again)", flush=True)
                 reused.append(name)
             experiment_seconds += results["seconds"]
-            sections.append(report_section(module, results, folder, out, missing))
+            sections.append(report_section(module, results, folder, out, missing, quick))
             rows += claim_rows(module, results)
+            marks += quick_marks(module, claim_rows(module, results)) if quick else []
     header = [
         "# resjax reproduction report", "",
         f"Size: `{size_name}`. The experiments took {experiment_seconds:.0f} s in all"
@@ -534,7 +598,7 @@ def main(argv=None) -> pathlib.Path:
         "",
         f"Machine: {machine()}.",
         "",
-        *front_matter(rows, len(sections), size_name == "quick"),
+        *front_matter(rows, len(sections), quick, marks),
     ]
     path = out / f"REPORT{suffix}.md"
     if common.is_main() and not args.no_report:

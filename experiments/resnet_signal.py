@@ -59,7 +59,12 @@ Measured (``<D>`` = depth):
   so |h_l|^2 grows by about one unit per entry per block, i.e. |h_l| ~ sqrt(l).
 - ``tau.max_over_min.d<D>`` (every block), ``tau.within_stage_max_over_min.d<D>`` (per stage).
 - ``none.log10_increment.d<D>``: median over within-stage blocks of the increment of log10(mean norm);
-  ``none.float32_overflow_block.d<D>`` (1-based, ``null`` when float32 does not overflow).
+  ``none.float32_overflow_block.d<D>`` (1-based, ``null`` when float32 does not overflow: the report says "none
+  (finite in float32)").
+- ``null`` in ``bn.stage1_exponent``, ``bn.ms_increment`` and ``none.log10_increment`` at a depth with one block
+  per stage (depth 8, ``--quick``'s shallower one): a slope within a stage, or an increment between two of its
+  blocks, needs two blocks, so nothing was measured there (the report says "n/a (1 block per stage ...)"; the
+  claims count it as not holding).
 - ``log10_output_norm.<variant>.step<k>.d<D>`` and ``log10_max_block_norm.<variant>.step<k>.d<D>`` for
   k = 0..num_steps (``null`` for log10 0: Fixup's logits are exactly 0 at initialisation).
 - ``curves.log10_norm.<bn|tau|none|none_float32>.d<D>`` (log10 mean norm, blocks 1..L, at
@@ -391,13 +396,34 @@ def _per_depth(m: dict, key: str) -> dict:
     return {d: m[f"{key}.d{d}"] for d in m["depths"]}
 
 
-def _fmt(values: dict, fmt: str = "{:.3f}") -> str:
-    def one(v):
-        if isinstance(v, (list, tuple)):
-            return "[" + ", ".join(one(x) for x in v) + "]"
-        return "null" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
 
-    return "; ".join(f"{d}: {one(v)}" for d, v in values.items())
+
+def why_missing(depth: int) -> str:
+    """What a per-depth slope or increment recorded as ``null`` means at ``depth``: a depth with one block per stage
+    (depth 8) has no slope within a stage nor any increment between two of its blocks, so none was measured; at a
+    deeper network the value was not finite."""
+    if (depth - 2) // 6 < 2:
+        return "n/a (1 block per stage: a slope or increment needs 2)"
+    return "n/a (not finite)"
+
+
+def _fmt(values: dict, fmt: str = "{:.3f}", missing=why_missing) -> str:
+    """``'110: 0.523; 1202: 0.510'``: a value per depth; a ``null`` one (a list of them: once) as ``missing(depth)``
+    says, never a bare 'null'."""
+    def one(v, d):
+        if isinstance(v, (list, tuple)):
+            return missing(d) if v and all(_missing(x) for x in v) else "[" + ", ".join(one(x, d) for x in v) + "]"
+        return missing(d) if _missing(v) else fmt.format(v)
+
+    return "; ".join(f"{d}: {one(v, d)}" for d, v in values.items())
+
+
+def _overflow_text(m: dict) -> str:
+    """The first block whose float32 output overflows, per depth (``null`` in the results: none does)."""
+    return "; ".join(f"{d}: " + ("none (finite in float32)" if b is None else f"block {b}")
+                     for d, b in _per_depth(m, "none.float32_overflow_block").items())
 
 
 def _all(values, test) -> bool:
@@ -461,8 +487,8 @@ CLAIMS = [
                  "increment of log10(mean norm) >= 0.1 per block at every depth (measured in float64; the "
                  "first block whose float32 output overflows is shown)", SRC_T, "grows uncontrollably",
                  lambda m: (_fmt(_per_depth(m, "none.log10_increment")) + " per block; last block log10 norm "
-                            + _fmt(_per_depth(m, "none.last_block_log10_norm"), "{:.1f}") + "; float32 overflow at block "
-                            + _fmt(_per_depth(m, "none.float32_overflow_block"), "{}")),
+                            + _fmt(_per_depth(m, "none.last_block_log10_norm"), "{:.1f}") + "; first float32 overflow "
+                            + _overflow_text(m)),
                  lambda m: _all(_per_depth(m, "none.log10_increment").values(), lambda v: v >= 0.1),
                  probe_threshold=True),
     common.Claim("Fixup (its own initialisation, zero classifier): after one SGD step (lr 0.1) the output norm "

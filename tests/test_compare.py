@@ -77,3 +77,56 @@ def test_compare_results_exits_non_zero_for_differences_and_for_nothing_to_compa
     assert compare_results.main([str(tmp_path / "a"), str(tmp_path / "b")]) == 2
     assert "nothing to compare" in capsys.readouterr().err
     assert compare_results.main([str(tmp_path / "a"), str(tmp_path / "missing")]) == 2
+
+
+def _fake_run(folder, cells: str, momentum: float, curves: dict, seconds: float = 182.0):
+    """A run folder without training: the results.json a run of ``cells`` at ``momentum`` would write."""
+    config = degradation.get_config("quick")
+    config.cells, config.train.momentum = tuple(cells.split(",")), momentum
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps({"experiment": "degradation", "config": common.to_jsonable(config),
+                                                     "metrics": curves, "seconds": seconds}))
+    return str(folder)
+
+
+def test_compare_overlay_has_every_run_labelled_with_every_differing_setting_and_y_units(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """#53: runs of different cells share no curve: each is still in the legend, with every setting the table lists
+    as differing (momentum among them); each panel's y axis names its quantity and unit; a run with no finite curve
+    says so; "ran N s in all" is results.json's seconds."""
+    from experiments import figures
+
+    written = []
+    monkeypatch.setattr(figures, "write_figure", lambda fig, path, dpi: written.append(fig))
+    curve = {"train_error_pct": [[80.0, 70.0], [82.0, 71.0]], "train_loss": [[2.3, 2.0], [2.3, 2.1]]}
+    a = _fake_run(tmp_path / "a", "plain:2", 0.0, {f"curves.plain_d2.{k}": v for k, v in curve.items()}, 182.0)
+    b = _fake_run(tmp_path / "b", "plain:4,plain:8,plain:16,plain:32,residual_bn:32", 0.9,
+                  {f"curves.plain_d4.{k}": v for k, v in curve.items()})
+    assert compare.main([a, b, "--out", str(tmp_path / "x.png")]) == 0
+    out = capsys.readouterr().out
+    assert "a: " + a + ", ran 182 s in all" in out
+    differing = out.split("Settings that differ:")[1].split("Metrics:")[0]
+    assert "train.momentum" in differing and "cells" in differing
+    (fig,) = written
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert len(legend) == 2 and legend[0].startswith("a: ") and legend[1].startswith("b: ")
+    for text, momentum in zip(legend, ("0.0", "0.9")):
+        flat = " ".join(text.split())
+        assert f"train.momentum {momentum}" in flat and "cells (plain:" in flat, text
+    assert "..." in legend[1]  # the long cell list shortened, not left out
+    drawn = [ax for ax in fig.axes if ax.axison]
+    assert {ax.get_title(): ax.get_ylabel() for ax in drawn} == {
+        "plain_d2.train_error_pct": "training error (%)", "plain_d2.train_loss": "training loss (cross-entropy, nats)",
+        "plain_d4.train_error_pct": "training error (%)", "plain_d4.train_loss": "training loss (cross-entropy, nats)"}
+    colours = {ax.get_title().split(".")[0]: ax.lines[0].get_color() for ax in drawn}
+    assert [h.get_color() for h in fig.legends[0].legend_handles] == [colours["plain_d2"], colours["plain_d4"]]
+
+    nan = {"curves.plain_d4.train_loss": [[None, None]]}  # a run whose every curve diverged: in the legend, said so
+    assert compare.plot_curves([{"curves.plain_d4.train_loss": [[2.0, 1.0]]}, nan], ["first", "second"],
+                               tmp_path / "y.png", "t") == ["curves.plain_d4.train_loss"]
+    assert [t.get_text() for t in written[-1].legends[0].get_texts()] == [
+        "first", "second\n  (no curve drawn: none has a finite value)"]
+    assert compare.y_label("curves.log10_norm.bn.d8") == "log10 norm (decades)"
+    assert compare.y_label("curves.cifar10.tau_sqrt.L8.test_acc") == "test accuracy (fraction, 0 to 1)"
+    assert compare.y_label("curves.plain.L4.train_loss", [{"train": {"loss": "mse"}}]).startswith(
+        "training loss (mean squared error")

@@ -125,6 +125,67 @@ def test_degradation_figure_is_drawn_from_the_run(monkeypatch, tmp_path):
         depth_32.get_window_extent().y0  # below the data
 
 
+def _fake_curves(names, epochs=3, seeds=2):
+    rng = np.random.default_rng(0)
+    m = {}
+    for name in names:
+        runs = 50 + 10 * rng.random((seeds, epochs))
+        m[f"curves.{name}.train_error_pct"], m[f"curves.{name}.test_error_pct"] = runs, runs + 1
+        m[f"diverged_epoch.{name}"] = [None] * seeds
+    return m
+
+
+def _legend(ax) -> list[str]:
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_degradation_figure_of_custom_cells_titles_the_cells_that_ran_and_colours_each_kind_by_depth(monkeypatch):
+    """#53: with --cells "plain:8,residual_bn:16,plain:4" no panel says 'depth 32', the plain cells are two shades of
+    the plain colour (light: shallow), the other kind another colour, every legend in depth order; with part of the
+    lecture's depth-32 cells the title names the lecture's figure and what is missing."""
+    from matplotlib.colors import rgb_to_hsv, to_rgb
+
+    figures = _figure(monkeypatch)
+    config = degradation.get_config("quick")
+    config.cells = ("plain:8", "residual_bn:16", "plain:4")
+    degradation.plot(_fake_curves(["plain_d8", "residual_bn_d16", "plain_d4"]), config, "x.png")
+    depth, every, gap = figures.pop().axes
+    titles = [ax.get_title() for ax in (depth, every, gap)]
+    assert not any("32" in t.replace("2, 8 and 32", "") for t in titles), titles  # only the lecture's depths, named
+    assert depth.get_title().startswith("Training error against depth: plain MLPs of depth 4 and 8\n(the lecture's "
+                                        "fig. 'Training error against depth' has depths 2, 8 and 32)")
+    assert every.get_title() == "Training error of every cell of this run (--cells), means over seeds"
+    assert _legend(depth) == ["plain_d4", "plain_d8"]
+    assert _legend(every) == _legend(gap) == ["plain_d4", "plain_d8", "residual_bn_d16"]
+    colour = {line.get_label(): np.asarray(to_rgb(line.get_color())) for line in every.lines}
+    hsv = {name: rgb_to_hsv(c) for name, c in colour.items()}
+    assert abs(hsv["plain_d4"][0] - hsv["plain_d8"][0]) < 0.01  # one family: one hue ...
+    assert np.abs(colour["plain_d4"] - colour["plain_d8"]).max() > 0.3  # ... two shades, apart
+    assert hsv["plain_d4"][2] > hsv["plain_d8"][2] or hsv["plain_d4"][1] < hsv["plain_d8"][1]  # the shallower lighter
+    assert abs(hsv["residual_bn_d16"][0] - hsv["plain_d8"][0]) > 0.1  # another kind, another hue
+    assert all(line.get_color() == every.lines[i].get_color() for i, line in enumerate(gap.lines))  # every panel alike
+
+    config.cells = ("plain:8", "residual_bn:32", "plain_ln:32")  # part of the lecture's depth-32 figure, one added
+    degradation.plot(_fake_curves(["plain_d8", "residual_bn_d32", "plain_ln_d32"]), config, "x.png")
+    depth, depth_32, _ = figures.pop().axes
+    assert depth_32.get_title() == ("Training at depth 32 (lecture fig. 'Training at depth 32'; without plain_d32 and "
+                                    "residual_d32)\nand the cells added by --cells, means over seeds")
+    assert _legend(depth_32) == ["plain_d8", "residual_bn_d32", "plain_ln_d32"]
+
+    config = degradation.get_config("default")  # the lecture's cells and the ablations: the lecture's figures named
+    names = [*degradation.CONFIGS, *degradation.ABLATIONS, *degradation.ABLATION_LEARNING_RATES]
+    degradation.plot(_fake_curves(names), config, "x.png")
+    depth, depth_32, gap, ablations = figures.pop().axes
+    assert depth.get_title().startswith("Training error against depth (lecture fig. 'Training error against depth')\n"
+                                        "plain MLPs of depth 2, 8 and 32")
+    assert depth_32.get_title() == "Training at depth 32 (lecture fig. 'Training at depth 32'), means over seeds"
+    assert _legend(depth_32) == list(degradation.LECTURE_DEPTH_32)
+    assert ablations.get_title() == "Beyond the lecture: ablations at depth 32, means over seeds"
+    assert _legend(ablations) == [*degradation.ABLATIONS, *degradation.ABLATION_LEARNING_RATES, "residual_bn_d32"]
+    styles = {line.get_label(): line.get_linestyle() for line in ablations.lines}
+    assert styles["residual_d32_lr5e-4"] != styles["residual_d32_lr1e-3"] != styles["plain_bn_d32"]
+
+
 def test_shattered_and_tau_stability_figures_name_the_settings_that_ran(monkeypatch, tmp_path):
     config = shattered_gradients.get_config("quick")
     config.plain_hidden_layers, config.residual_blocks = 4, 4

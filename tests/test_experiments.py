@@ -44,6 +44,55 @@ def test_report_lists_every_claim(quick_report):
     assert "degradation/degradation.png" in text
 
 
+def _verdicts(report: str, name: str) -> list[str]:
+    """The 'holds' cells of the claims' table of experiment ``name`` in a report's text."""
+    section = report.split(f"\n## {name}\n")[1].split("\n## ")[0]
+    table = section.split("| claim | source | seed document | measured | holds |\n|---|---|---|---|---|\n")[1]
+    rows = table.split("\n\n")[0].splitlines()
+    return [line.replace("\\|", "").rstrip(" |").rsplit("| ", 1)[1] for line in rows]
+
+
+def test_quick_report_marks_each_no_with_the_committed_default_reports_verdict(quick_report):
+    """#53: every quick 'no' says whether the claim also fails in the committed default-size report (read here from
+    docs/report/REPORT.md's own table) or only at quick size; the note counts them."""
+    text = (quick_report / "REPORT.md").read_text()
+    quick = _verdicts(text, "degradation")
+    default = _verdicts((reproduce.REFERENCE / "REPORT.md").read_text(), "degradation")
+    assert len(quick) == len(default) == len(degradation.CLAIMS)
+    expected = {"**no**": "**no**: also no at default size (docs/report)", "yes": "**no**: only at quick size"}
+    marked = [(q, expected[d]) for q, d in zip(quick, default) if q.startswith("**no**")]
+    assert marked and all(q == e for q, e in marked), marked
+    assert all(q in ("yes", "reported") for q in quick if not q.startswith("**no**"))  # only the 'no's are marked
+    also = sum(e == expected["**no**"] for _, e in marked)
+    counts = f"Of the {len(marked)} claims marked **no**: " + ", ".join(
+        [f"{also} also no at default size (docs/report)"] * bool(also)
+        + [f"{len(marked) - also} only at quick size"] * bool(len(marked) - also)) + "."
+    assert counts in text
+
+
+def test_quick_marks_say_where_the_default_report_lacks_the_experiment_or_the_claim(tmp_path):
+    import types
+
+    claims = [common.Claim(f"claim {k}", "src", "1", lambda m, k=k: m[f"x{k}"], lambda m, k=k: m[f"x{k}"] > 1)
+              for k in range(4)]
+    module = types.SimpleNamespace(NAME="fake", CLAIMS=claims)
+    quick = {"metrics": {"x0": 0.0, "x1": 0.0, "x2": 0.0, "x3": 2.0}, "seconds": 1.0, "config": {}}
+    (tmp_path / "fake").mkdir()
+    # default size: claim 0 fails too, claim 1 holds, claim 2's metric is not in the committed results
+    (tmp_path / "fake" / "results.json").write_text(json.dumps({"metrics": {"x0": 0.5, "x1": 3.0, "x3": 0.0},
+                                                                 "config": {}, "seconds": 1.0}))
+    rows = reproduce.claim_rows(module, quick)
+    assert reproduce.quick_marks(module, rows, tmp_path) == [
+        "also no at default size (docs/report)", "only at quick size",
+        "docs/report lacks this claim (its results lack a metric the claim reads): no verdict at default size", None]
+    assert reproduce.quick_marks(module, rows, tmp_path / "elsewhere")[0] == (
+        "docs/report lacks this experiment (fake): no verdict at default size")
+    note = reproduce.front_matter(rows, 1, True, reproduce.quick_marks(module, rows, tmp_path))[2]
+    assert note.endswith("Of the 3 claims marked **no**: 1 also no at default size (docs/report), 1 only at quick "
+                         "size, 1 without a pass/fail verdict at default size (each says why).")
+    assert reproduce.front_matter(rows, 1, False, [])[2] == reproduce.LEGEND  # the default size: no marks, no note
+
+
 def test_report_names_the_machine_its_numbers_come_from(quick_report, monkeypatch):
     import jax
 

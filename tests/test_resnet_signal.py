@@ -1,6 +1,7 @@
 """Block-output norms of the CIFAR ResNets (resjax.analysis.resnet_signal) and the resnet_signal experiment."""
 
 import json
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -173,6 +174,24 @@ def test_quick_run_follows_the_contract(quick_run):
         claim.measure(m)
         assert claim.holds(m) in (True, False)
     assert "| fixup |" in resnet_signal.report_section(m)
+    # #53: depth 8 has one block per stage: its slopes and increments are null, and the report says why
+    measured = [str(claim.measure(m)) for claim in resnet_signal.CLAIMS]
+    assert m["bn.stage1_exponent.d8"] is None and m["bn.ms_increment.d8"] == [None] * 3
+    assert not any("null" in text for text in measured), measured
+    why = "8: n/a (1 block per stage: a slope or increment needs 2)"
+    assert measured[0].startswith(why + "; 14: ") and measured[1].startswith(why + "; 14: [")
+    assert measured[4].startswith(why + "; 14: ") and measured[4].endswith(
+        "first float32 overflow 8: none (finite in float32); 14: none (finite in float32)")
+
+
+def test_report_says_what_a_null_per_depth_value_is():
+    """#53: in the committed default run, float32 overflows at depth 1202 (block 227) and not at 110 (null)."""
+    m = json.loads((pathlib.Path(__file__).resolve().parents[1] / "docs" / "report" / "resnet_signal" /
+                    "results.json").read_text())["metrics"]
+    assert m["none.float32_overflow_block.d110"] is None and m["none.float32_overflow_block.d1202"] == 227
+    text = resnet_signal.CLAIMS[4].measure(m)
+    assert text.endswith("first float32 overflow 110: none (finite in float32); 1202: block 227") and "null" not in text
+    assert resnet_signal.why_missing(110) == "n/a (not finite)"  # enough blocks: a null there is not a short stage
 
 
 def test_bad_settings_are_refused(tmp_path):
