@@ -72,9 +72,9 @@ from jax.sharding import Mesh
 from resjax.train import distributed
 from resjax.train.config import SEED_AXIS_MODES, check_step_count, image_train_config, is_int, step_periods
 from resjax.train.checkpoint import closed_on_error
-from resjax.train.core import Core, check_run_config, check_targets, progress_bar, seed_handles
+from resjax.train.core import Core, check_run_config, check_targets, divergence, progress_bar, seed_handles
 from resjax.train.distributed import make_data_mesh, to_host
-from resjax.train.monitor import resolve_log
+from resjax.train.monitor import resolve_log, seed_names
 from resjax.train.objective import make_objective
 from resjax.train.optim import make_optimizer
 from resjax.train.preemption import StopSignals, stops_cleanly
@@ -274,6 +274,8 @@ class ImageTrainer(Core):
         bar = progress_bar(epochs, done, progress)
         if bar is not None and self.is_step_run:
             bar.step_period = self.steps_per_epoch  # its lines count steps
+        if bar is not None:
+            bar.run_names = seed_names(keys_or_state)  # (a run that diverges is named by its seed)
         end_epoch, lr = self._compiled("end_epoch", seeded), self._compiled("lr", seeded)
         trained = [0]  # steps of this call; before the first, a stop signal stops at once with nothing to save
 
@@ -336,7 +338,7 @@ class ImageTrainer(Core):
                     if log is not None:
                         log.write(done - 1, summary)
                     if bar is not None:
-                        bar.update(done, done - 1, summary)
+                        bar.update(done, done - 1, summary, divergence(*to_host((run.diverged_epoch, run.state.step))))
                     if callback is not None:
                         callback(done, summary)
                 if stop.agree():  # saving an epoch already saved above does nothing
