@@ -367,8 +367,8 @@ class _Stop(SignalHandlers):
         unsaved = in_cell and not s.current_saved  # a cell training without checkpoints (hooks)
         saved = in_cell and s.current_saved and _has_steps(s.current_dir)  # the cell's checkpoint (its loop ended)
         if not _FINISHED[0] and not unsaved and not saved:  # nothing trained in this process (a cell setting up)
-            return (f"{self.name}: stopped by {what} before training started: nothing was trained yet, so nothing "
-                    "was saved.")
+            before = "before training started" if not in_cell else f"before [{s.current}] started training"
+            return f"{self.name}: stopped by {what} {before}: nothing was trained yet, so nothing was saved."
         if s is not None and s.root is None:
             return (f"{self.name}: stopped by {what}; checkpoints are off (--checkpoint_dir {NONE}), so the training "
                     "of this run is lost")

@@ -240,6 +240,10 @@ def test_a_stop_outside_a_cell_names_what_is_saved(monkeypatch):
     monkeypatch.setattr(checkpoints, "_FINISHED", [0])
     assert stop.message() == "exp: stopped by SIGTERM before training started: nothing was trained yet, so nothing " \
                              "was saved."
+    with checkpoints.session(None, "exp") as s:  # a cell setting up is named (#53)
+        s.current = "B=64 plain_d8"
+        assert stop.message() == "exp: stopped by SIGTERM before [B=64 plain_d8] started training: nothing was " \
+                                 "trained yet, so nothing was saved."
     monkeypatch.setattr(checkpoints, "_FINISHED", [2])
     with checkpoints.session(pathlib.Path("/x/ckpt"), "exp") as s:
         s.current, s.current_saved = "hooked", False

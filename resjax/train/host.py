@@ -278,20 +278,21 @@ class ImageTrainer(Core):
             bar.run_names = seed_names(keys_or_state)  # (a run that diverges is named by its seed)
         end_epoch, lr = self._compiled("end_epoch", seeded), self._compiled("lr", seeded)
         trained = [0]  # steps of this call; before the first, a stop signal stops at once with nothing to save
+        label = progress if isinstance(progress, str) else None  # the call's name in a stop's line
 
         def stopping(batch: int = 0):  # save (or say what is lost) and stop, `batch` minibatches into epoch done + 1
             if not trained[0]:
                 stop.hand_on()  # the caller's own handler, if any (nothing of this call to save)
                 latest = ckpt.latest() if ckpt is not None else None
-                return stop.untrained(ckpt.directory if latest else None, latest or 0, done)
+                return stop.untrained(ckpt.directory if latest else None, latest or 0, done, label)
             where = (f"step {batch} of {self.steps_per_epoch} in epoch {done + 1}" if batch
                      else f"epoch {done} of {epochs}")
             if ckpt is None:
                 stop.hand_on()
-                return stop.lost(where, self.checkpoint_step(done, batch))
+                return stop.lost(where, self.checkpoint_step(done, batch), label)
             step = self.save(ckpt, run, done, num_seeds, batch=batch, hparams=hp,
                              partial=_pack_partial(losses, batch_metrics) if batch else None)
-            return stop.stop(ckpt.directory, step, where)
+            return stop.stop(ckpt.directory, step, where, label)
 
         try:
             if stop.agree():  # during the setup (resuming, the first programs' compilation)

@@ -307,19 +307,20 @@ class Trainer(Core):
         if bar is not None:
             bar.run_names = names  # (a run that diverges is named by its seed)
         convolutions = None  # whether the chunk program convolves on a CPU (see SlowFeederWarning)
+        label = progress if isinstance(progress, str) else None  # the call's name in a stop's line
 
         def stopping():  # after a chunk (or, before the first, a compilation): save or say what is lost, and stop
             if not trained:
                 if own:
                     stop.hand_on()  # the caller's own handler, if any (nothing of this call to save)
                 latest = ckpt.latest() if ckpt is not None else None
-                raise stop.untrained(ckpt.directory if latest else None, latest or 0, done)
+                raise stop.untrained(ckpt.directory if latest else None, latest or 0, done, label)
             if ckpt is None:
                 if own:
                     stop.hand_on()
-                raise stop.lost(f"epoch {done} of {epochs}", self.checkpoint_step(done))
+                raise stop.lost(f"epoch {done} of {epochs}", self.checkpoint_step(done), label)
             step = self.save(ckpt, run, done, num + pad, hparams=hp)  # saving an epoch already saved does nothing
-            raise stop.stop(ckpt.directory, step, f"epoch {done} of {epochs}")
+            raise stop.stop(ckpt.directory, step, f"epoch {done} of {epochs}", label)
 
         try:
             if stop.agree():  # during the setup (the initialisation's compilation, resuming)
