@@ -122,8 +122,8 @@ def test_progress_is_one_line_per_update_when_not_a_terminal(capsys):
                {"diverged_epoch": np.array([7, 9]), "diverged_step": np.array([61, 80])})
     bar.close()
     lines = capsys.readouterr().out.splitlines()
-    assert lines == [lines[0], lines[1], "[cell] diverged in epoch 7 (seed 3; 1 of 2 runs train on)", lines[3], lines[4],
-                     "[cell] diverged in epoch 9 (seed 4; every run has diverged)"], lines
+    assert lines == [lines[0], lines[1], "[cell] diverged in epoch 7 (seed 3; 1 of 2 runs train on)", lines[3],
+                     lines[4], "[cell] diverged in epoch 9 (seed 4; every run has diverged)"], lines
     assert all(LINE.match(line) for line in (lines[0], lines[1], lines[3], lines[4])), lines
     assert lines[0].startswith("[cell] epoch 5/10 (50%)") and lines[0].endswith("; train_loss 2.0000 test_error 57.6%")
     assert lines[1].endswith("; train_loss 1.5000")  # not evaluated: no test_error

@@ -298,7 +298,8 @@ def test_a_resumed_runs_seconds_are_those_of_every_session(tmp_path, monkeypatch
     monkeypatch.setattr(checkpoints, "time", fake_time)
     monkeypatch.setattr(runner, "time", fake_time)
     monkeypatch.setattr(checkpoints, "_FINISHED", [0])
-    trainer = types.SimpleNamespace(steps_per_epoch=1, config=types.SimpleNamespace(train=types.SimpleNamespace(epochs=1)))
+    trainer = types.SimpleNamespace(steps_per_epoch=1,
+                                    config=types.SimpleNamespace(train=types.SimpleNamespace(epochs=1)))
 
     class Stopped(Exception):
         pass
