@@ -26,6 +26,13 @@ config as the one that made them, recorded in ``<root>/.run-<experiment>.json``)
 drops its lines past its checkpoint's epoch and writes those its checkpoint has and the file lacks
 (``resjax.train.monitor.RunLog.start``), so every epoch is in it once. Otherwise the file starts afresh.
 
+``results.json``'s ``seconds`` is resumed too: the wall time of every session of the run, the stopped ones
+included (182 s stopped, then 8 s resumed: 190 s), not the last session's alone. The marker file keeps the
+seconds spent so far (``Session.seconds``), written as each cell begins and ends, as the session ends (a
+``Preempted`` or an error included) and when a stop signal ends the process; a session resuming the run (the
+same config) starts from them. A process killed without a signal (SIGKILL) loses the time since its last cell
+began or ended. ``--fresh``, another config or ``--checkpoint_dir none`` count this session alone.
+
 Stop signals (:func:`stop_signals`, installed by the entry points ``python -m experiments.<name>`` and
 ``python -m experiments.reproduce``): a SIGTERM or SIGINT while a cell trains with checkpoints is the
 library's (the chunk or minibatch finishes, is saved, and the process exits 143 or 130 printing the command
@@ -48,6 +55,7 @@ import re
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -116,6 +124,12 @@ class Session:
     emptied: set = dataclasses.field(default_factory=set)
     locked: pathlib.Path | None = None  # a folder the caller holds the lock of (the output folder)
     lock: Any = None  # the root's lock (resjax.train.lock.DirectoryLock) while this session holds it
+    earlier: float = 0.0  # the seconds of the earlier sessions of this run (resumed: the marker's)
+    started: float = dataclasses.field(default_factory=lambda: time.time())
+
+    def seconds(self) -> float:
+        """The wall seconds of this run so far: the earlier sessions' and this one's."""
+        return self.earlier + time.time() - self.started
 
     @property
     def marker(self) -> pathlib.Path | None:
@@ -151,17 +165,41 @@ def session(root: pathlib.Path | None, name: str = "experiment", config: Any = N
             _lock_root(s)  # another run's root is refused here, before anything of it is read or deleted (#32)
         if s.root is not None and not fresh and s.marker.is_file():
             try:
-                s.resuming = s.marked = json.loads(s.marker.read_text()).get("config") == config
+                marker = json.loads(s.marker.read_text())
+                s.resuming = s.marked = marker.get("config") == config
             except (OSError, ValueError, AttributeError):
                 s.resuming = False
+            else:
+                if s.resuming:  # the seconds of the sessions before this one (a marker without them: none)
+                    earlier = marker.get("seconds", 0.0)
+                    s.earlier = float(earlier) if isinstance(earlier, (int, float)) and earlier >= 0 else 0.0
         _SESSIONS.append(s)
         try:
             yield s
         finally:
             _SESSIONS.remove(s)
+            _save_seconds(s)  # however the session ends: the next one resuming adds its own
     finally:
         if s.lock is not None:
             s.lock.release()
+
+
+def _write_marker(s: Session) -> None:
+    """This run's marker (``<root>/.run-<experiment>.json``): its config, for the next run to recognise, and the
+    seconds spent on it so far. Process 0 writes every file of a multi-process run."""
+    if files.is_main():
+        s.root.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({"experiment": s.name, "config": s.config, "seconds": round(s.seconds(), 2)})
+        files.write_atomically(s.marker, lambda tmp: tmp.write_text(text))
+
+
+def _save_seconds(s: Session | None) -> None:
+    """The seconds so far into the marker of ``s``, once it has one (its first checkpointed cell wrote it); a marker
+    that cannot be written (a full disk) costs only the record of the time."""
+    if s is None or s.root is None or not s.marked:
+        return
+    with contextlib.suppress(Exception):
+        _write_marker(s)
 
 
 def _lock_root(s: Session | None) -> None:
@@ -185,11 +223,10 @@ def _begin_cell(s: Session | None, cell: str, directory: pathlib.Path | None) ->
         s.current, s.current_saved, s.current_dir = cell, saved, directory
         if saved and s.root is not None and not s.marked:  # this config's run, for the next one to recognise
             _lock_root(s)
-            if files.is_main():  # process 0 writes every file of a multi-process run
-                s.root.mkdir(parents=True, exist_ok=True)
-                files.write_atomically(s.marker, lambda tmp: tmp.write_text(json.dumps({"experiment": s.name,
-                                                                                   "config": s.config})))
+            _write_marker(s)
             s.marked = True
+        else:
+            _save_seconds(s)
 
 
 def _end_cell(s: Session | None) -> None:
@@ -197,6 +234,7 @@ def _end_cell(s: Session | None) -> None:
         _FINISHED[0] += 1
         if s is not None:
             s.current, s.finished = None, s.finished + 1
+            _save_seconds(s)
 
 
 def _same_folder(a, b) -> bool:
@@ -367,8 +405,8 @@ class _Stop(SignalHandlers):
         unsaved = in_cell and not s.current_saved  # a cell training without checkpoints (hooks)
         saved = in_cell and s.current_saved and _has_steps(s.current_dir)  # the cell's checkpoint (its loop ended)
         if not _FINISHED[0] and not unsaved and not saved:  # nothing trained in this process (a cell setting up)
-            return (f"{self.name}: stopped by {what} before training started: nothing was trained yet, so nothing "
-                    "was saved.")
+            before = "before training started" if not in_cell else f"before [{s.current}] started training"
+            return f"{self.name}: stopped by {what} {before}: nothing was trained yet, so nothing was saved."
         if s is not None and s.root is None:
             return (f"{self.name}: stopped by {what}; checkpoints are off (--checkpoint_dir {NONE}), so the training "
                     "of this run is lost")
@@ -386,6 +424,7 @@ class _Stop(SignalHandlers):
         try:
             print(self.message(), file=sys.stderr, flush=True)
             sys.stdout.flush()
+            _save_seconds(current())  # the run's seconds so far, for the session that resumes it
         finally:
             release_all()
             os._exit(128 + self.signum)

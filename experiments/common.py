@@ -6,7 +6,8 @@ flag, preflights the run (``preflight``: finite floats, counts, the module's ``c
 validates every cell it will run, the output folder; a refused value is an argparse error naming its flag,
 exit status 2), runs the experiment, and writes ``DIR/results.json`` =
 ``{"experiment", "config", "metrics", "seconds"}`` (``DIR``: ``--out``, else ``runs/<name>``, or
-``runs/<name>-quick`` with ``--quick``). Metrics are flat dotted names mapping to numbers
+``runs/<name>-quick`` with ``--quick``; ``seconds``: the run's wall time over every session of it, a stopped run
+and the sessions that resumed it). Metrics are flat dotted names mapping to numbers
 or (nested) lists of numbers; NaN and infinities are written as JSON ``null``. Every training cell
 checkpoints into ``--checkpoint_dir`` (default ``DIR/checkpoints``; ``none``: off) and the same command
 resumes; ``--fresh`` starts every cell over; SIGTERM/SIGINT exit 143/130 cleanly (``experiments.checkpoints``).

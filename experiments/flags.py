@@ -136,15 +136,72 @@ def size_help(module, size: str) -> str:
     return f"{what}. Changes: {'; '.join(changes)}"
 
 
-def _describe_flags(parser: argparse.ArgumentParser, argv_flag: str) -> str:
-    """The unknown ``argv_flag``'s error: the closest known flag names (``difflib``)."""
+def _abbreviates(short: str, words: list[str], every_word: bool) -> bool:
+    """Whether ``short`` is made of non-empty prefixes of ``words`` in order (``lr``: Learning_Rate, ``bs``:
+    Batch_Size, ``lrate``, ``wdecay``): of every word (``every_word``), or of some of them, the others skipped
+    (``seeds``: num_SEEDS)."""
+    if not short:
+        return not every_word or not words
+    if not words:
+        return False
+    first, rest = words[0], words[1:]
+    for k in range(min(len(first), len(short)), 0, -1):
+        if short[:k] == first[:k] and _abbreviates(short[k:], rest, every_word):
+            return True
+    return not every_word and _abbreviates(short, rest, every_word)
+
+
+def _is_subsequence(short: str, name: str) -> bool:
+    """Whether the letters of ``short`` come in ``name`` in the same order (``lerning_rate``, ``epocs``)."""
+    letters = iter(name)
+    return all(c in letters for c in short)
+
+
+def _closeness(argv_flag: str, flag: str) -> tuple[int, int, float]:
+    """How well the unknown ``argv_flag`` names the known ``flag``, larger is closer: ``(kind, same group, text
+    similarity)``. Kinds, by the last dotted part (``--train.lr``: ``lr``): 4 the same name in another group
+    (``--learning_rate``), 3 a prefix or an abbreviation by every word (``learn``, ``lr``, ``wd``, ``bs``),
+    2 an abbreviation of some of the words (``seeds``), 1 the letters in order (``lerning_rate``), 0 only a
+    similar text (``difflib``: a typo, ``learnign_rate``)."""
     import difflib
 
+    group, _, leaf = argv_flag.lstrip("-").lower().rpartition(".")
+    known_group, _, known = flag.lstrip("-").lower().rpartition(".")
+    short, words = leaf.replace("_", "").replace("-", ""), [w for w in re.split(r"[_-]", known) if w]
+    if leaf == known:
+        kind = 4
+    elif known.startswith(leaf) or _abbreviates(short, words, every_word=True):
+        kind = 3
+    elif len(short) > 1 and _abbreviates(short, words, every_word=False):
+        kind = 2
+    elif len(short) > 1 and _is_subsequence(leaf, known):
+        kind = 1
+    else:
+        kind = 0
+    similar = difflib.SequenceMatcher(None, argv_flag.lower(), flag.lower()).ratio()
+    return kind, int(group == known_group), similar
+
+
+def closest_flags(argv_flag: str, known: list[str], n: int = 3) -> list[str]:
+    """The known flags that ``argv_flag`` most likely meant, closest first (at most ``n``): those of the closest
+    kind of :func:`_closeness` (a common abbreviation, ``--train.lr`` -> ``--train.learning_rate``, before names
+    that only look alike, ``--train.loss``), text similarity deciding within a kind and alone for a typo
+    (at least 0.6, as ``difflib.get_close_matches``, and within 0.1 of the most similar); none when nothing is
+    close."""
+    scored = [(_closeness(argv_flag, flag), flag) for flag in known]
+    scored = [(score, flag) for score, flag in scored if score[0] > 0 or score[2] >= 0.6]
+    if not scored:
+        return []
+    best = max(score for score, _ in scored)
+    # of the best kind; a typo's (kind 0): only the names about as similar as the most similar one
+    near = [(score, flag) for score, flag in scored if score[0] == best[0] and (best[0] or score[2] >= best[2] - 0.1)]
+    return [flag for _, flag in sorted(near, key=lambda s: s[0], reverse=True)[:n]]
+
+
+def _describe_flags(parser: argparse.ArgumentParser, argv_flag: str) -> str:
+    """The unknown ``argv_flag``'s error: the closest known flag names (:func:`closest_flags`)."""
     known = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
-    close = difflib.get_close_matches(argv_flag, known, n=3, cutoff=0.6)
-    if not close:  # a misspelt part of a dotted name: match the last part too (--train.learn -> --train.learning_rate)
-        leaf = argv_flag.rsplit(".", 1)[-1]
-        close = [o for o in known if leaf and o.rsplit(".", 1)[-1].startswith(leaf.lstrip("-"))][:3]
+    close = closest_flags(argv_flag, known)
     hint = f"; did you mean {' or '.join(close)}?" if close else "; --help lists every flag"
     cells = [o for o in known if o.endswith("cells")]
     if cells and re.search(r"depth|blocks|layers|kind|norm|order|model\.", argv_flag):

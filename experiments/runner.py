@@ -1,7 +1,9 @@
 """Run control: ``main(module)``, the command line of every experiment, and ``run_experiment``, one run.
 
 ``main`` parses and preflights the command line (``experiments.flags``), runs the experiment and writes
-``DIR/results.json`` = ``{"experiment", "config", "metrics", "seconds"}``, then its figures (``experiments.figures``).
+``DIR/results.json`` = ``{"experiment", "config", "metrics", "seconds"}``, then its figures (``experiments.figures``);
+``seconds`` is the run's wall time over every session of it, a stopped run and the sessions that resumed it
+(``experiments.checkpoints``).
 Checkpoints and stop signals are ``experiments.checkpoints``'; a folder another run holds, unusable checkpoints
 and stop signals end the process with one message and a status (1, 1, 143/130), never a traceback. ``start`` is
 what an entry point does before JAX's first computation, ``release_memory`` what ``reproduce`` does between
@@ -66,21 +68,29 @@ def _run_experiment(module, config: ml_collections.ConfigDict, out_dir: pathlib.
     with log_to(out_dir, name=module.NAME, progress=True, fresh=not resuming,
                 tensorboard=os.environ.get("RESJAX_TENSORBOARD", "0") not in ("", "0")), deferred_figures() as figures:
         metrics = module.run(config, out_dir)
+    earlier = cells.earlier if cells is not None else 0.0  # the seconds of the earlier sessions of a resumed run
     with checkpoints.signals_deferred():  # a stop signal now waits for the results and figures to be written
-        return _write_results(module, config, out_dir, metrics, start, figures)
+        return _write_results(module, config, out_dir, metrics, start, figures, earlier)
 
 
-def _write_results(module, config, out_dir: pathlib.Path, metrics: dict, start: float, figures: list) -> dict:
+def _write_results(module, config, out_dir: pathlib.Path, metrics: dict, start: float, figures: list,
+                   earlier: float = 0.0) -> dict:
+    """``results.json`` and the figures; ``seconds``: the wall time of the run, this session's (since ``start``)
+    and that of the ``earlier`` sessions it resumed (``experiments.checkpoints``)."""
     main = is_main()
     path = out_dir / "results.json"
+    session = time.time() - start
     results = {
         "experiment": module.NAME,
         "config": to_jsonable(config),
         "metrics": to_jsonable(metrics),
-        "seconds": round(time.time() - start, 2),
+        "seconds": round(earlier + session, 2),
     }
     if not main:
         return results
+    if earlier:
+        print(f"{module.NAME}: {session:.1f} s in this session and {earlier:.1f} s in the earlier ones it resumed: "
+              f"results.json's seconds are the {results['seconds']:.1f} s of the whole run", flush=True)
     if path.exists():
         print(f"{module.NAME}: replacing {describe_results(path, module)}", flush=True)
     files.write_atomically(path, lambda tmp: tmp.write_text(json.dumps(results, indent=1)))

@@ -45,6 +45,15 @@ def test_abbreviated_and_unknown_flags_are_refused_with_the_closest_names(capsys
         assert exit.value.code == 2
         err = capsys.readouterr().err
         assert f"unrecognized argument {argv[0]}" in err and expected in err, err
+    # common abbreviations and typos name the one flag meant, not the names that merely look alike (--train.lr once
+    # suggested --train.loss, --train.seed and --train.shuffle)
+    for argv_flag, meant in (("--train.lr", "--train.learning_rate"), ("--train.wd", "--train.weight_decay"),
+                             ("--train.bs", "--train.batch_size"), ("--lr", "--train.learning_rate"),
+                             ("--seeds", "--num_seeds"), ("--train.learnign_rate", "--train.learning_rate"),
+                             ("--train.mom", "--train.momentum")):
+        with pytest.raises(SystemExit):
+            common.parse_args(degradation, [argv_flag, "1"])
+        assert f"unrecognized argument {argv_flag}; did you mean {meant}?" in capsys.readouterr().err, argv_flag
     with pytest.raises(SystemExit) as exit:
         reproduce.main(["--qu"])
     assert exit.value.code == 2 and "--quick" in capsys.readouterr().err

@@ -44,7 +44,8 @@ def test_cifar_tau_quick_cells_metrics_and_resume(tmp_path):
     for key, value in m.items():
         if not key.startswith("seconds"):
             assert again["metrics"][key] == value, key
-    assert again["seconds"] < first["seconds"]
+    # results.json's seconds are the run's over its sessions (#53): the rerun adds less than the first run took
+    assert first["seconds"] <= again["seconds"] < 2 * first["seconds"]
 
 
 def test_taki_cifar_quick_records_first_epoch_statistics(tmp_path):

@@ -114,6 +114,8 @@ def test_a_stopped_experiment_resumes_from_its_checkpoints_and_ends_as_an_unbrok
     assert "resjax: stopped by SIGTERM after epoch" in output and "Traceback" not in output, output[-3000:]
     assert _resume_command(DEGRADATION, out).search(output), output[-3000:]
     assert not (out / "results.json").exists() and not (out / LOCK_FILE).exists()
+    stopped_seconds = json.loads((out / "checkpoints" / ".run-degradation.json").read_text())["seconds"]
+    assert stopped_seconds > 0  # the stopped session's time, kept for the session that resumes it (#53)
     cells = sorted(p.name for p in (out / "checkpoints").iterdir() if p.is_dir())
     # with two devices (one per core) the two cells train side by side: both were in progress, both saved
     side_by_side = (os.cpu_count() or 1) > 1
@@ -126,6 +128,7 @@ def test_a_stopped_experiment_resumes_from_its_checkpoints_and_ends_as_an_unbrok
     assert f"degradation: resuming the run of this config from its checkpoints in {out / 'checkpoints'}" in said, said
     assert ("degradation: [B=64 plain_d2] resuming from its checkpoint at epoch" in said
             or "degradation: [B=64 plain_d2] finished in an earlier run" in said), said
+    assert json.loads((out / "results.json").read_text())["seconds"] > stopped_seconds  # every session's time
     resumed = json.loads((out / "results.json").read_text())["metrics"]
     unbroken = json.loads((tmp_path / "unbroken" / "results.json").read_text())["metrics"]
     assert resumed.keys() == unbroken.keys()
@@ -240,6 +243,10 @@ def test_a_stop_outside_a_cell_names_what_is_saved(monkeypatch):
     monkeypatch.setattr(checkpoints, "_FINISHED", [0])
     assert stop.message() == "exp: stopped by SIGTERM before training started: nothing was trained yet, so nothing " \
                              "was saved."
+    with checkpoints.session(None, "exp") as s:  # a cell setting up is named (#53)
+        s.current = "B=64 plain_d8"
+        assert stop.message() == "exp: stopped by SIGTERM before [B=64 plain_d8] started training: nothing was " \
+                                 "trained yet, so nothing was saved."
     monkeypatch.setattr(checkpoints, "_FINISHED", [2])
     with checkpoints.session(pathlib.Path("/x/ckpt"), "exp") as s:
         s.current, s.current_saved = "hooked", False
@@ -276,6 +283,59 @@ def test_results_being_written_are_finished_before_a_stop(tmp_path, monkeypatch)
     assert exits == [signal.SIGTERM]
 
 
+# Mutations caught: experiments/checkpoints.py `session` not reading the marker's seconds back (s.earlier stays 0):
+# the resumed run's results.json says 8 s, as in #53, not 195 s; `_Stop.exit` not saving them (a session ended by a
+# signal between cells counts for nothing: 190 s); `session` not saving them as it ends (a session ended by a
+# Preempted or an error counts for nothing).
+def test_a_resumed_runs_seconds_are_those_of_every_session(tmp_path, monkeypatch):
+    """Three sessions of one run on a clock of the test's: stopped by an exception (a ``Preempted``) after 182 s,
+    by a stop signal between cells after 5 s, then resumed to its end in 8 s: results.json says 195 s. A session
+    with ``--fresh`` counts alone. No training: the cells are ``fit_dir``'s bookkeeping alone."""
+    from experiments import runner
+
+    clock = types.SimpleNamespace(now=1000.0)
+    fake_time = types.SimpleNamespace(time=lambda: clock.now)
+    monkeypatch.setattr(checkpoints, "time", fake_time)
+    monkeypatch.setattr(runner, "time", fake_time)
+    monkeypatch.setattr(checkpoints, "_FINISHED", [0])
+    trainer = types.SimpleNamespace(steps_per_epoch=1,
+                                    config=types.SimpleNamespace(train=types.SimpleNamespace(epochs=1)))
+
+    class Stopped(Exception):
+        pass
+
+    def session(seconds, end):
+        def run(config, out_dir):
+            checkpoints.fit_dir("c", "c", trainer)  # a checkpointed cell begins (the marker is written)
+            clock.now += seconds
+            if end == "signal":
+                stop = checkpoints._Stop("fake")
+                stop.signum = signal.SIGTERM
+                stop.exit()  # (os._exit raises Stopped here)
+            if end == "error":
+                raise Stopped
+            checkpoints.cell_done()
+            return {"x": 1}
+
+        module = types.SimpleNamespace(NAME="fake", run=run, get_config=lambda size="default": None)
+        return common.run_experiment(module, {"a": 1}, tmp_path, fresh=end == "fresh")
+
+    at_exit = []
+
+    def exit_(status):  # os._exit: what the marker holds as the process would end (no finally block runs after it)
+        at_exit.append(json.loads((tmp_path / "checkpoints" / ".run-fake.json").read_text())["seconds"])
+        raise Stopped
+
+    monkeypatch.setattr(checkpoints.os, "_exit", exit_)
+    for end in ("error", "signal"):
+        with pytest.raises(Stopped):
+            session({"error": 182, "signal": 5}[end], end)
+    assert at_exit == [187.0]
+    assert session(8, "done")["seconds"] == 195.0
+    assert json.loads((tmp_path / "results.json").read_text())["seconds"] == 195.0
+    assert session(3, "fresh")["seconds"] == 3.0  # --fresh: a run of its own
+
+
 # Mutation caught: experiments/checkpoints.py `sweep`: `checkpoint_dir=directory` -> `checkpoint_dir=None` (an
 # experiment's cells were not checkpointed, and --train.checkpoint_every did nothing, as before #22).
 def test_checkpoint_every_saves_an_experiment_cell_that_often(tmp_path):
@@ -291,7 +351,8 @@ def test_checkpoint_every_saves_an_experiment_cell_that_often(tmp_path):
     assert folder.name.startswith("every_epoch-")
     assert sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) == [
         trainer.checkpoint_step(e) for e in (1, 2, 3)]
-    assert json.loads((tmp_path / ".run-fake.json").read_text()) == {"experiment": "fake", "config": {}}
+    marker = json.loads((tmp_path / ".run-fake.json").read_text())
+    assert marker.pop("seconds") > 0 and marker == {"experiment": "fake", "config": {}}
 
 
 # Mutation caught: experiments/runner.py: `unusable_checkpoints_end_the_run(module.NAME)` dropped from `main` (the

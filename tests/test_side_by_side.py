@@ -2,6 +2,7 @@
 
 import functools
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -66,8 +67,8 @@ SCRIPT = textwrap.dedent("""
     config = tiny_config(kind="plain_mlp", width=8, depth=2)
     config.train.epochs, config.train.checkpoint_every = 200, 100  # long enough to be running when the signal comes
     long = [make_train(config, DATA) for _ in range(3)]
-    jobs = [functools.partial(t.sweep, keys, chunk_epochs=1, checkpoint_dir=os.path.join(root, str(i)))
-            for i, t in enumerate(long)]
+    jobs = [functools.partial(t.sweep, keys, chunk_epochs=1, checkpoint_dir=os.path.join(root, str(i)),
+                              progress=f"cell {i}") for i, t in enumerate(long)]
     threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
     from resjax.train import Preempted
     try:
@@ -92,3 +93,10 @@ def test_side_by_side_jobs_equal_each_alone_and_stop_cleanly():
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=root, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+    # each running job's stop is a line of its own naming its cell (#53: none to be taken for another's), whether the
+    # signal came before its training started (a loaded machine: still compiling) or after a chunk
+    for i in (0, 1):
+        before = rf"before \[cell {i}\] started training: nothing of it was trained yet, so nothing of it was saved\."
+        after = (rf"after epoch \d+ of 200 of \[cell {i}\]; the run is saved in \S+{os.sep}{i} \(step \d+\)\. Run the "
+                 "same command again to resume from it:")
+        assert re.search(rf"^resjax: stopped by SIGTERM ({before}|{after})$", proc.stderr, re.M), proc.stderr[-3000:]

@@ -133,14 +133,20 @@ def handlers():
 # the check after compiling a program removed: [on-device-first program] fails (likewise ImageTrainer._fit's).
 @pytest.mark.parametrize("feeder", ["on-device", "host"])
 @pytest.mark.parametrize("skip", [0, 1], ids=["init", "first program"])
+# Broken on purpose: the feeders' stopping() not passing their progress label to StopSignals.untrained: the line of
+# a labelled call names no call (issue #53: it read as if about the next line's cell, saved); [.. first program] fails.
 def test_a_signal_while_fit_builds_its_programs_stops_before_any_step(feeder, skip, handlers, capsys):
     make = make_train if feeder == "on-device" else make_image_train
     trainer = make(_config(), _data(), model=KillOnTrace())
     KillOnTrace.ARMED.append([signal.SIGTERM, skip])
+    label = f"{feeder} cell" if skip else None  # a call with a progress label (an experiment's cell) is named
     with pytest.raises(Preempted) as stopped:
-        trainer.fit(0)
+        trainer.fit(0, progress=label)
     assert stopped.value.code == 143 and stopped.value.checkpoint_dir is None
-    assert capsys.readouterr().err.splitlines()[-1] == f"resjax: stopped by SIGTERM {NOTHING}"
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"resjax: stopped by SIGTERM {NOTHING}" if label is None else
+        f"resjax: stopped by SIGTERM before [{label}] started training: nothing of it was trained yet, so nothing of "
+        "it was saved.")
     if feeder == "on-device" and skip == 0:  # stopped before building (and compiling) its first training program
         assert [kind for kind, *_ in trainer._programs] == ["init"]  # the initialiser's alone
 
@@ -190,12 +196,13 @@ def mlps():
 def test_a_signal_after_training_without_a_checkpoint_dir_says_the_training_is_lost(feeder, handlers, capsys, mlps):
     trainer = mlps[feeder]
     kwargs = {"chunk_epochs": 1} if feeder == "on-device" else {}
+    label = "host cell" if feeder == "host" else None  # a labelled call is named (sweeps side by side each say theirs)
     with pytest.raises(Preempted) as stopped:
-        trainer.fit(0, callback=lambda done, summary: os.kill(os.getpid(), signal.SIGINT), **kwargs)
+        trainer.fit(0, callback=lambda done, summary: os.kill(os.getpid(), signal.SIGINT), progress=label, **kwargs)
     assert stopped.value.code == 130 and stopped.value.checkpoint_dir is None
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "resjax: stopped by SIGINT after epoch 1 of 3; nothing was saved (no checkpoint_dir), so the training of "
-        "this call is lost (pass checkpoint_dir= to keep it).")
+        f"resjax: stopped by SIGINT after epoch 1 of 3{'' if label is None else f' of [{label}]'}; nothing was saved "
+        "(no checkpoint_dir), so the training of this call is lost (pass checkpoint_dir= to keep it).")
 
 
 # ---- the on-device feeder's default chunks ----------------------------------------------------------------

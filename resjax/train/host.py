@@ -72,9 +72,9 @@ from jax.sharding import Mesh
 from resjax.train import distributed
 from resjax.train.config import SEED_AXIS_MODES, check_step_count, image_train_config, is_int, step_periods
 from resjax.train.checkpoint import closed_on_error
-from resjax.train.core import Core, check_run_config, check_targets, progress_bar, seed_handles
+from resjax.train.core import Core, check_run_config, check_targets, divergence, progress_bar, seed_handles
 from resjax.train.distributed import make_data_mesh, to_host
-from resjax.train.monitor import resolve_log
+from resjax.train.monitor import resolve_log, seed_names
 from resjax.train.objective import make_objective
 from resjax.train.optim import make_optimizer
 from resjax.train.preemption import StopSignals, stops_cleanly
@@ -274,22 +274,25 @@ class ImageTrainer(Core):
         bar = progress_bar(epochs, done, progress)
         if bar is not None and self.is_step_run:
             bar.step_period = self.steps_per_epoch  # its lines count steps
+        if bar is not None:
+            bar.run_names = seed_names(keys_or_state)  # (a run that diverges is named by its seed)
         end_epoch, lr = self._compiled("end_epoch", seeded), self._compiled("lr", seeded)
         trained = [0]  # steps of this call; before the first, a stop signal stops at once with nothing to save
+        label = progress if isinstance(progress, str) else None  # the call's name in a stop's line
 
         def stopping(batch: int = 0):  # save (or say what is lost) and stop, `batch` minibatches into epoch done + 1
             if not trained[0]:
                 stop.hand_on()  # the caller's own handler, if any (nothing of this call to save)
                 latest = ckpt.latest() if ckpt is not None else None
-                return stop.untrained(ckpt.directory if latest else None, latest or 0, done)
+                return stop.untrained(ckpt.directory if latest else None, latest or 0, done, label)
             where = (f"step {batch} of {self.steps_per_epoch} in epoch {done + 1}" if batch
                      else f"epoch {done} of {epochs}")
             if ckpt is None:
                 stop.hand_on()
-                return stop.lost(where, self.checkpoint_step(done, batch))
+                return stop.lost(where, self.checkpoint_step(done, batch), label)
             step = self.save(ckpt, run, done, num_seeds, batch=batch, hparams=hp,
                              partial=_pack_partial(losses, batch_metrics) if batch else None)
-            return stop.stop(ckpt.directory, step, where)
+            return stop.stop(ckpt.directory, step, where, label)
 
         try:
             if stop.agree():  # during the setup (resuming, the first programs' compilation)
@@ -336,7 +339,7 @@ class ImageTrainer(Core):
                     if log is not None:
                         log.write(done - 1, summary)
                     if bar is not None:
-                        bar.update(done, done - 1, summary)
+                        bar.update(done, done - 1, summary, divergence(*to_host((run.diverged_epoch, run.state.step))))
                     if callback is not None:
                         callback(done, summary)
                 if stop.agree():  # saving an epoch already saved above does nothing

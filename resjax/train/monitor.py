@@ -21,9 +21,11 @@ block (the experiments wrap each run in it, so ``--out DIR`` gets ``DIR/metrics.
 cell, named by its ``progress`` label (made unique by a ``#2``, ``#3``, ... suffix in call order).
 
 Progress (``progress=True`` or a label): a tqdm bar on a terminal; when stderr is not a terminal (a log
-file, a cluster job), one plain line per epoch or chunk on stdout instead, with elapsed and estimated time::
+file, a cluster job), one plain line per epoch or chunk on stdout instead, with elapsed and estimated time and
+the metrics the run has, errors in percent as results give them (``Progress``)::
 
-    [B=16 plain_d32] epoch 30/300 (10%) 0:00:12 elapsed, ~0:01:48 left; train_loss 0.7100 test_error 0.3100
+    [B=16 plain_d32] epoch 30/300 (10%) 0:00:12 elapsed, ~0:01:48 left; train_loss 0.7100 test_error 31.0%
+    [B=16 plain_d56] diverged in epoch 31 (runs 0, 2; 2 of 4 runs train on)
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ import numpy as np
 
 from resjax.paths import as_path, is_url, write_atomically
 
-__all__ = ["METRICS_FILE", "Progress", "RunLog", "current_log", "format_seconds", "log_to", "progress_bar",
-           "resolve_log"]
+__all__ = ["METRICS_FILE", "Progress", "RunLog", "current_log", "format_metric", "format_seconds", "log_to",
+           "progress_bar", "resolve_log", "seed_names"]
 
 #: The metrics file's name inside a log directory.
 METRICS_FILE = "metrics.jsonl"
@@ -278,13 +280,44 @@ def resolve_log(log: RunLog | str | os.PathLike | None, progress: Any) -> tuple[
     return cell, (cell.name if progress is None and log.progress else progress)
 
 
+def seed_names(keys: Any) -> list[str] | None:
+    """The names of a call's runs for its progress lines: the seeds of a seed integer or a list of distinct ones
+    (``[3, 4]``: ``['3', '4']``); None for PRNG keys, a run state or repeated seeds (a grid), whose runs are named
+    by their index."""
+    if isinstance(keys, (int, np.integer)) and not isinstance(keys, bool):
+        return [str(int(keys))]
+    if isinstance(keys, (list, tuple)) or (isinstance(keys, np.ndarray) and keys.dtype.kind in "iu"):
+        flat = np.asarray(keys).reshape(-1)
+        if flat.dtype.kind in "iu" and len(flat) and len(set(flat.tolist())) == len(flat):
+            return [str(int(k)) for k in flat]
+    return None
+
+
+def format_metric(name: str, value: float) -> str:
+    """A metric as the progress lines show it: an error (a name ending in ``error``: a fraction in the history)
+    in percent, ``57.6%``, as results and figures give it; anything else with 4 decimals, or 4 significant
+    digits when very large or small."""
+    if name.endswith("error"):
+        return f"{100 * value:.1f}%"
+    return f"{value:.4f}" if value == 0 or 1e-3 <= abs(value) < 1e4 else f"{value:.3e}"
+
+
 class Progress:
     """One progress display for both feeders: a tqdm bar (``progress`` True or a label) on a terminal, plain
     lines when stderr is not one (see the module docstring), or ``progress(epochs_done, summary)`` called with
     the last epoch's metrics (numpy, per seed). ``step_period`` (a step run's, set by its feeder): the lines count
-    steps, ``step 500/6000``, where an epoch run's count epochs (the callback still gets the periods done)."""
+    steps, ``step 500/6000``, where an epoch run's count epochs (the callback still gets the periods done).
+
+    What a line shows: the mean over the runs that have not diverged of ``train_loss`` and of the test metrics
+    the run has (``test_error`` and the other metrics of its objective; ``test_loss`` for an objective without
+    metrics, such as ``'mse'``), each only where it has a value: an epoch that was not evaluated
+    (``train.eval_every``) shows no test metric. Errors are in percent. A run that diverges is said once,
+    ``[cell] diverged in epoch 3 (seed 0; 1 of 2 runs train on)``, and left out of the means; once every run
+    has diverged, no more lines (the bar still counts)."""
 
     step_period: int | None = None
+    #: The runs' names (``seed_names``: their seeds), set by the feeder; None names them by their index.
+    run_names: list[str] | None = None
 
     def __init__(self, total: int, done: int, progress: bool | str | Callable[[int, dict], None],
                  stream: Any = None) -> None:
@@ -292,6 +325,7 @@ class Progress:
         self.bar = None
         self.label = progress if isinstance(progress, str) else "epochs"
         self.total, self.first, self.start = total, done, time.time()
+        self.reported: set[int] = set()  # the runs whose divergence has been said
         if self.callback is None:
             err = sys.stderr if stream is None else stream
             if hasattr(err, "isatty") and err.isatty():  # a terminal: a bar; otherwise update prints lines
@@ -299,30 +333,77 @@ class Progress:
 
                 self.bar = tqdm(total=total, initial=done, desc=self.label, unit="epoch", leave=False, file=err)
 
-    def update(self, done: int, last: int, summary: dict) -> None:
+    def shown(self, summary: dict, alive: np.ndarray | None = None) -> dict[str, str]:
+        """``{name: text}`` of what a line shows of ``summary`` (see the class docstring); ``alive``: a mask of
+        the runs that have not diverged (None: all)."""
+        tests = [k for k in summary if k.startswith("test_") and k != "test_loss"]
+        shown = {}
+        for name in ("train_loss", *(tests or ["test_loss"])):
+            if name not in summary:
+                continue
+            v = np.asarray(summary[name], np.float64).reshape(-1)
+            if alive is not None and alive.shape == v.shape:
+                v = v[alive]
+            v = v[np.isfinite(v)]
+            if v.size:
+                shown[name] = format_metric(name, float(v.mean()))
+        return shown
+
+    def divergences(self, diverged: dict | None) -> list[str]:
+        """The lines saying which runs diverged since the last update (each run once), from ``diverged``
+        (``resjax.train.core.divergence``'s ``diverged_epoch`` and ``diverged_step``, per run; 1-based, -1
+        for none)."""
+        if diverged is None:
+            return []
+        epoch = np.atleast_1d(np.asarray(diverged["diverged_epoch"])).reshape(-1)
+        step = np.atleast_1d(np.asarray(diverged.get("diverged_step", epoch))).reshape(-1)
+        new = [i for i in np.flatnonzero(epoch >= 0).tolist() if i not in self.reported]
+        names = self.run_names if self.run_names is not None and len(self.run_names) == len(epoch) else None
+        lines, n = [], len(epoch)
+        when = {i: (f"at step {int(step[i])}" if self.step_period else f"in epoch {int(epoch[i])}") for i in new}
+        for moment in dict.fromkeys(when[i] for i in new):
+            runs = [i for i in new if when[i] == moment]
+            what = ("seed" if names else "run") + ("s" if len(runs) > 1 else "")
+            which = ", ".join(names[i] if names else str(i) for i in runs)
+            self.reported.update(runs)
+            left = n - len(self.reported)
+            going = "" if n == 1 else "; every run has diverged" if not left else f"; {left} of {n} runs train on"
+            lines.append(f"[{self.label}] diverged {moment} ({what} {which}{going})")
+        return lines
+
+    def update(self, done: int, last: int, summary: dict, diverged: dict | None = None) -> None:
         """Report ``done`` epochs complete (``last`` at the previous report): the callback gets ``(done,
-        summary)``; the bar advances by ``done - last`` (or a line is printed) and shows the mean over seeds
-        of ``summary``'s ``train_loss`` and ``test_error``."""
+        summary)``; the bar advances by ``done - last`` (or a line is printed) and shows ``summary`` as the class
+        docstring says, after a line for each run that ``diverged`` (see ``divergences``) since the last
+        report."""
         if self.callback is not None:
             self.callback(done, summary)
             return
-        post = {}
-        for name in ("train_loss", "test_error"):
-            v = np.asarray(summary.get(name, np.nan), np.float64)
-            post[name] = f"{np.nanmean(v) if np.isfinite(v).any() else np.nan:.4f}"
+        said = self.divergences(diverged)
+        alive = None
+        if diverged is not None:
+            alive = np.atleast_1d(np.asarray(diverged["diverged_epoch"])).reshape(-1) < 0
+        post = self.shown(summary, alive)
         if self.bar is not None:
+            for line in said:
+                self.bar.write(line, file=self.bar.fp)
             self.bar.update(done - last)
-            self.bar.set_postfix(**post)
+            self.bar.set_postfix(post)
             return
-        if _is_main():
-            elapsed = time.time() - self.start
-            rate = elapsed / (done - self.first) if done > self.first else math.nan
-            left = rate * (self.total - done)
-            k, unit = (self.step_period, "step") if self.step_period else (1, "epoch")
-            print(f"[{self.label}] {unit} {k * done}/{k * self.total} ({100 * done / self.total:.0f}%) "
-                  f"{format_seconds(elapsed)} "
-                  f"elapsed, ~{format_seconds(left)} left; " + " ".join(f"{k} {v}" for k, v in post.items()),
-                  flush=True)
+        if not _is_main():
+            return
+        for line in said:
+            print(line, flush=True)
+        if alive is not None and not alive.any():  # every run has diverged: said once, nothing more to show
+            return
+        elapsed = time.time() - self.start
+        rate = elapsed / (done - self.first) if done > self.first else math.nan
+        left = rate * (self.total - done)
+        k, unit = (self.step_period, "step") if self.step_period else (1, "epoch")
+        metrics = " ".join(f"{name} {text}" for name, text in post.items())
+        print(f"[{self.label}] {unit} {k * done}/{k * self.total} ({100 * done / self.total:.0f}%) "
+              f"{format_seconds(elapsed)} elapsed, ~{format_seconds(left)} left" + (f"; {metrics}" if metrics else ""),
+              flush=True)
 
     def close(self) -> None:
         """Close the bar (nothing to do for a callback or lines)."""

@@ -67,7 +67,7 @@ from resjax.train.config import check_step_count, is_int, step_periods
 from resjax.train.core import (Core, asks_for_seed_axis, check_run_config, check_targets, divergence, progress_bar,
                                seed_handles)
 from resjax.train.distributed import to_host
-from resjax.train.monitor import resolve_log
+from resjax.train.monitor import resolve_log, seed_names
 from resjax.train.objective import make_objective
 from resjax.train.optim import make_optimizer
 from resjax.train.preemption import StopSignals, stops_cleanly
@@ -271,6 +271,7 @@ class Trainer(Core):
     def _sweep(self, keys, hparams, chunk_epochs, progress, callback, checkpoint_dir, resume, epochs, log, devices,
                stop: StopSignals, own: bool) -> tuple[RunState, dict]:
         """``sweep``'s body, under the stop signals ``stop`` (``own``: opened by this sweep)."""
+        names = seed_names(keys)
         keys, _, seeded = seed_handles(keys, None)
         if not seeded:
             keys = keys[None]
@@ -303,20 +304,23 @@ class Trainer(Core):
         records, bar, trained, ready = [], progress_bar(epochs, done, progress), False, set()
         if bar is not None and self.is_step_run:
             bar.step_period = self.steps_per_epoch  # its lines count steps
+        if bar is not None:
+            bar.run_names = names  # (a run that diverges is named by its seed)
         convolutions = None  # whether the chunk program convolves on a CPU (see SlowFeederWarning)
+        label = progress if isinstance(progress, str) else None  # the call's name in a stop's line
 
         def stopping():  # after a chunk (or, before the first, a compilation): save or say what is lost, and stop
             if not trained:
                 if own:
                     stop.hand_on()  # the caller's own handler, if any (nothing of this call to save)
                 latest = ckpt.latest() if ckpt is not None else None
-                raise stop.untrained(ckpt.directory if latest else None, latest or 0, done)
+                raise stop.untrained(ckpt.directory if latest else None, latest or 0, done, label)
             if ckpt is None:
                 if own:
                     stop.hand_on()
-                raise stop.lost(f"epoch {done} of {epochs}", self.checkpoint_step(done))
+                raise stop.lost(f"epoch {done} of {epochs}", self.checkpoint_step(done), label)
             step = self.save(ckpt, run, done, num + pad, hparams=hp)  # saving an epoch already saved does nothing
-            raise stop.stop(ckpt.directory, step, f"epoch {done} of {epochs}")
+            raise stop.stop(ckpt.directory, step, f"epoch {done} of {epochs}", label)
 
         try:
             if stop.agree():  # during the setup (the initialisation's compilation, resuming)
@@ -350,12 +354,13 @@ class Trainer(Core):
                 if ckpt is not None and (done == epochs or (every and done % every == 0)):
                     self.save(ckpt, run, done, num + pad, hparams=hp)
                 if bar is not None or callback is not None or log is not None:
-                    history = {k: v[:num] for k, v in self.history(run).items() if k in run.history}
+                    full = self.history(run)
+                    history = {k: v[:num] for k, v in full.items() if k in run.history}
                     summary = {k: v[:, done - 1] for k, v in history.items()}
                     if log is not None:
                         log.write(last, {k: v[:, last:done] for k, v in history.items()})
                     if bar is not None:
-                        bar.update(done, last, summary)
+                        bar.update(done, last, summary, {k: full[k][:num] for k in ("diverged_epoch", "diverged_step")})
                     if callback is not None:
                         callback(done, summary)
                 else:

@@ -25,7 +25,9 @@ compiled before they run, so a signal during the first compilation stops before 
 step (host feeder) or chunk (on-device feeder). Before the first step of the call it raises ``Preempted``
 at once with one line, ``resjax: stopped by SIGINT before training started: nothing was trained yet, so
 nothing was saved.`` (or, resumed, that the checkpoint stays as it was); after, with a ``checkpoint_dir``,
-it saves and says how to resume; without one it says that the epochs trained are lost. Either way the
+it saves and says how to resume; without one it says that the epochs trained are lost. A call with a
+``progress`` label (an experiment's cell) is named in its line, ``before [B=64 plain_d8] started training``,
+``after epoch 3 of 12 of [B=64 plain_d2]``: sweeps side by side each say their own. Either way the
 exit status is 130 (SIGINT) or 143 (SIGTERM), never a traceback. A caller that installed handlers of its
 own (the experiments' entry points) gets the signal handed on wherever the call has nothing to save.
 The previous handlers come back when the call returns.
@@ -62,9 +64,12 @@ class Preempted(SystemExit):
 
 def _say(text: str) -> None:
     """``text`` as a line on stderr; from a signal handler too (a print interrupted by the handler's own print
-    raises a reentrant-call error: then the line goes to the file descriptor directly)."""
+    raises a reentrant-call error: then the line goes to the file descriptor directly). One write of the line and
+    its newline: sweeps side by side stop in threads at once, and a print (the text, then the newline) let their
+    lines run together."""
     try:
-        print(text, file=sys.stderr, flush=True)
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
     except RuntimeError:
         try:
             os.write(2, (text + "\n").encode())
@@ -169,17 +174,24 @@ class StopSignals(SignalHandlers):
         if handler is not None:
             handler(self.signum, None)
 
-    def untrained(self, checkpoint_dir: str | None = None, step: int = 0, epoch: int = 0) -> Preempted:
+    def untrained(self, checkpoint_dir: str | None = None, step: int = 0, epoch: int = 0,
+                  label: str | None = None) -> Preempted:
         """The ``Preempted`` to raise when the signal came before the first step of this call (also printed):
-        nothing was trained; a run resumed from ``checkpoint_dir`` (``step``, ``epoch`` > 0) stays saved there."""
+        nothing was trained; a run resumed from ``checkpoint_dir`` (``step``, ``epoch`` > 0) stays saved there.
+        ``label``: the call's progress label (an experiment's cell), named in the line, so that it is not taken
+        for another call's (sweeps side by side each say their own)."""
         name = signal.Signals(self.signum).name
         if checkpoint_dir is not None and step:
-            message = (f"resjax: stopped by {name} before training resumed: nothing was trained in this call; the run "
-                       f"stays saved in {checkpoint_dir} (epoch {epoch}, step {step}). Run the same command again to "
+            before = "before training resumed" if label is None else f"before [{label}] resumed training"
+            message = (f"resjax: stopped by {name} {before}: nothing was trained in this call; the run stays "
+                       f"saved in {checkpoint_dir} (epoch {epoch}, step {step}). Run the same command again to "
                        f"resume from it:\n  {resume_command()}")
-        else:
+        elif label is None:
             message = (f"resjax: stopped by {name} before training started: nothing was trained yet, so nothing was "
                        "saved.")
+        else:
+            message = (f"resjax: stopped by {name} before [{label}] started training: nothing of it was trained yet, "
+                       "so nothing of it was saved.")
         _say(message)
         self.handled = True
         return Preempted(self.signum, message, None if checkpoint_dir is None else str(checkpoint_dir), step)
@@ -194,12 +206,13 @@ class StopSignals(SignalHandlers):
         self.handled = True
         return Preempted(self.signum, message, self.saved_in, 0)
 
-    def lost(self, where: str, step: int) -> Preempted:
+    def lost(self, where: str, step: int, label: str | None = None) -> Preempted:
         """The ``Preempted`` to raise when a run without a checkpoint directory stops after ``where`` (also
-        printed): what was trained is not kept."""
+        printed): what was trained is not kept. ``label``: as ``untrained``'s."""
         name = signal.Signals(self.signum).name
-        message = (f"resjax: stopped by {name} after {where}; nothing was saved (no checkpoint_dir), so the training "
-                   "of this call is lost (pass checkpoint_dir= to keep it).")
+        of = "" if label is None else f" of [{label}]"
+        message = (f"resjax: stopped by {name} after {where}{of}; nothing was saved (no checkpoint_dir), so the "
+                   "training of this call is lost (pass checkpoint_dir= to keep it).")
         _say(message)
         self.handled = True
         return Preempted(self.signum, message, None, step)
@@ -222,10 +235,12 @@ class StopSignals(SignalHandlers):
                   "every process saves this step and stops", file=sys.stderr, flush=True)
         return self.requested
 
-    def stop(self, checkpoint_dir: str, step: int, where: str) -> Preempted:
-        """The ``Preempted`` to raise once the checkpoint ``step`` of ``where`` is written (also printed)."""
+    def stop(self, checkpoint_dir: str, step: int, where: str, label: str | None = None) -> Preempted:
+        """The ``Preempted`` to raise once the checkpoint ``step`` of ``where`` is written (also printed).
+        ``label``: as ``untrained``'s."""
         name = signal.Signals(self.signum).name
-        message = (f"resjax: stopped by {name} after {where}; the run is saved in {checkpoint_dir} (step {step}). "
+        of = "" if label is None else f" of [{label}]"
+        message = (f"resjax: stopped by {name} after {where}{of}; the run is saved in {checkpoint_dir} (step {step}). "
                    f"Run the same command again to resume from it:\n  {resume_command()}")
         _say(message)
         self.handled = True
