@@ -129,9 +129,8 @@ SMALL = [
     # analyses.md: the gradients' autocorrelation from a numpy array (a jax array's 126 slices compile one each)
     ("g = np.asarray(grads) - np.mean(grads)", "g = np.asarray(grads) - np.mean(np.asarray(grads))"),
     # conv_resnet_own_images.md (imports no jax): the trained ResNet-8's forward pass as one program
-    ("logits = trainer.model.apply(variables, np.zeros((4, 12, 12, 1), np.float32), train=False)",
-     "logits = __jit__(lambda v, x: trainer.model.apply(v, x, train=False))(variables, np.zeros((4, 12, 12, 1), "
-     "np.float32))"),
+    ("logits = trainer.model.apply(variables, data.x_test[first], train=False)",
+     "logits = __jit__(lambda v, x: trainer.model.apply(v, x, train=False))(variables, data.x_test[first])"),
     # pytorch_weights.md (imports no jax): ResNet-50's forward pass as one program (~1 s to compile; ~5 s eagerly)
     ("logits = model.apply(variables, images.transpose(0, 2, 3, 1), train=False)",
      "logits = __jit__(lambda v, x: model.apply(v, x, train=False))(variables, images.transpose(0, 2, 3, 1))"),
