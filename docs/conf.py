@@ -38,7 +38,8 @@ release = "0.1.0"
 extensions = [
     "myst_nb",
     "sphinx.ext.autodoc",
-        "sphinx.ext.napoleon",  # the docstrings are Google style (Args:, Returns:)
+    "sphinx.ext.autosummary",  # the API pages' tables of each package's exported names (no generated stubs)
+    "sphinx.ext.napoleon",  # the docstrings are Google style (Args:, Returns:)
     "resjax_report",
 ]
 
