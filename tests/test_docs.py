@@ -11,7 +11,9 @@
   of the checkout.
 - The built front page and one tutorial, opened in headless Chromium, render: screenshots (saved in the built site,
   ``_screenshots/``) are not blank and show the degradation figure's colours and a code block's.
-- The public API has docstrings and type hints (issue #15; the reference is generated from them).
+- The public API has docstrings and type hints (issue #15; the reference is generated from them), and every name of
+  the ``__all__`` of ``resjax`` and of each public module under it has an entry in the API reference: checked from
+  the API pages' directives without a build (by autodoc's rules), and in the built site's ``objects.inv``.
 
 Chromium is Debian's package (``apt-get install -y chromium``; ``.ci/run`` installs it); outside CI the screenshot
 test is skipped, saying so, when it is absent.
