@@ -251,6 +251,22 @@ def test_constants_docs_read_as_written():
         assert [line for line in lines if line.strip()] == written, lines
 
 
+def test_front_page_is_for_users():
+    """The site's front page, as the Flax and optax sites have it: the install line, then one short example (which
+    ``tests/test_doc_examples.py`` runs, its stated results checked), then where to go next; its prose has no
+    timings and no dates (they live on the benchmarks page)."""
+    text = (DOCS / "index.md").read_text()
+    install = re.findall(r"```bash\n(.*?)```", text, re.S)
+    examples = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(install) == 1 and install[0].startswith("pip install"), install
+    assert len(examples) == 1 and 5 <= len(examples[0].splitlines()) <= 12, examples
+    assert text.index("```bash") < text.index("```python") < text.index("## Where to go next")
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    assert not re.findall(r"\b20\d\d-\d\d-\d\d\b", prose), "a date on the front page"
+    timings = re.findall(r"\b\d[\d,.]*\s*(?:s|ms|seconds?|minutes?|hours?|[GT]FLOP/?s?)\b", prose)
+    assert not timings, f"timings on the front page: {timings}"
+
+
 def test_links_and_images_resolve(site):
     pages = sorted(site.rglob("*.html"))
     assert len(pages) > 40
