@@ -66,6 +66,7 @@ autodoc_typehints_format = "short"
 autodoc_preserve_defaults = True
 autodoc_class_signature = "separated"
 autodoc_inherit_docstrings = False
+autosummary_generate = False  # the tables link to the autodoc entries of the API pages: no stub pages
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False

@@ -97,6 +97,7 @@ SMALL = [
     # Two epochs where a page trains on the on-device feeder for more (with the stated shapes that follow): its
     # first chunk is two epochs, and the later chunks' training is run time that the stated results do not need
     ("batch_size=128, epochs=4), data=", "batch_size=128, epochs=2), data="),  # README, mnist1d_seeds.md
+    ("batch_size=128,\n                     epochs=4)", "batch_size=128,\n                     epochs=2)"),  # index.md
     # mnist1d_resnet1d.md: 20 steps in place of 200 (the 1-D ResNet's convolutions run slowly inside the on-device
     # feeder's scan on a CPU), the stated shapes that follow from them
     ("steps=200, eval_every_steps=50,", "steps=20, eval_every_steps=10,"),
