@@ -38,7 +38,8 @@ release = "0.1.0"
 extensions = [
     "myst_nb",
     "sphinx.ext.autodoc",
-        "sphinx.ext.napoleon",  # the docstrings are Google style (Args:, Returns:)
+    "sphinx.ext.autosummary",  # the API pages' tables of each package's exported names (no generated stubs)
+    "sphinx.ext.napoleon",  # the docstrings are Google style (Args:, Returns:)
     "resjax_report",
 ]
 
@@ -65,6 +66,7 @@ autodoc_typehints_format = "short"
 autodoc_preserve_defaults = True
 autodoc_class_signature = "separated"
 autodoc_inherit_docstrings = False
+autosummary_generate = False  # the tables link to the autodoc entries of the API pages: no stub pages
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False

@@ -21,6 +21,9 @@ an initialiser's random draw, seconds a model). Three comment forms on a line ar
 - ``name = ...  # 25,557,032 parameters``: the model ``name`` has that many parameters (counted from
   ``jax.eval_shape`` of its ``init`` on the input shape ``INPUT_SHAPES[name]``).
 
+What an executed page shows, the value of an expression on a cell's last line and what its cells print, has no
+unrounded number (``UNROUNDED``: ``0.925000011920929``, a float32 shown as a Python float).
+
 The interoperability block starts from a torchvision ResNet-50 ``state_dict`` saved as ``resnet50.npz``
 where torch is installed; torch is not a test dependency, so the test writes that file from resjax's own
 export of random ResNet-50 weights, whose names and shapes are torchvision's (``tests/test_interop.py`` checks
@@ -35,6 +38,7 @@ import pathlib
 import re
 import sys
 import types
+from collections.abc import Collection
 
 import jax
 import jax.numpy as jnp
@@ -93,6 +97,7 @@ SMALL = [
     # Two epochs where a page trains on the on-device feeder for more (with the stated shapes that follow): its
     # first chunk is two epochs, and the later chunks' training is run time that the stated results do not need
     ("batch_size=128, epochs=4), data=", "batch_size=128, epochs=2), data="),  # README, mnist1d_seeds.md
+    ("batch_size=128,\n                     epochs=4)", "batch_size=128,\n                     epochs=2)"),  # index.md
     # mnist1d_resnet1d.md: 20 steps in place of 200 (the 1-D ResNet's convolutions run slowly inside the on-device
     # feeder's scan on a CPU), the stated shapes that follow from them
     ("steps=200, eval_every_steps=50,", "steps=20, eval_every_steps=10,"),
@@ -123,9 +128,8 @@ SMALL = [
     # analyses.md: the gradients' autocorrelation from a numpy array (a jax array's 126 slices compile one each)
     ("g = np.asarray(grads) - np.mean(grads)", "g = np.asarray(grads) - np.mean(np.asarray(grads))"),
     # conv_resnet_own_images.md (imports no jax): the trained ResNet-8's forward pass as one program
-    ("logits = trainer.model.apply(variables, np.zeros((4, 12, 12, 1), np.float32), train=False)",
-     "logits = __jit__(lambda v, x: trainer.model.apply(v, x, train=False))(variables, np.zeros((4, 12, 12, 1), "
-     "np.float32))"),
+    ("logits = trainer.model.apply(variables, data.x_test[first], train=False)",
+     "logits = __jit__(lambda v, x: trainer.model.apply(v, x, train=False))(variables, data.x_test[first])"),
     # pytorch_weights.md (imports no jax): ResNet-50's forward pass as one program (~1 s to compile; ~5 s eagerly)
     ("logits = model.apply(variables, images.transpose(0, 2, 3, 1), train=False)",
      "logits = __jit__(lambda v, x: model.apply(v, x, train=False))(variables, images.transpose(0, 2, 3, 1))"),
@@ -142,21 +146,26 @@ def shrink(source: str) -> str:
     return source
 
 
-def python_blocks(text: str, name: str = "README.md") -> list[tuple[int, str]]:
-    """A page's fenced ``python`` blocks as (line number of the fence, source), each a program of its own; and the
-    code cells of an executed page (``{code-cell}``) as one program, at the line of its first cell."""
-    blocks, cells, lines, start, kind = [], [], text.splitlines(), None, None
+def _fences(text: str, name: str) -> list[tuple[str, int, int, str]]:
+    """The page's fenced ``python`` blocks and code cells as (fence, line of the opening fence, line of the
+    closing fence, source)."""
+    found, lines, start, kind = [], text.splitlines(), None, None
     for i, line in enumerate(lines, 1):
         if start is None and line.strip() in ("```python", "```{code-cell} ipython3"):
             start, kind = i, line.strip()
         elif start is not None and line.strip() == "```":
-            body = "\n".join(lines[start:i - 1])
-            if kind == "```python":
-                blocks.append((start, body))
-            else:
-                cells.append((start, body))
+            found.append((kind, start, i, "\n".join(lines[start:i - 1])))
             start = None
     assert start is None, f"{name}:{start}: a python block is not closed"
+    return found
+
+
+def python_blocks(text: str, name: str = "README.md") -> list[tuple[int, str]]:
+    """A page's fenced ``python`` blocks as (line number of the fence, source), each a program of its own; and the
+    code cells of an executed page (``{code-cell}``) as one program, at the line of its first cell."""
+    fences = _fences(text, name)
+    blocks = [(start, body) for kind, start, _, body in fences if kind == "```python"]
+    cells = [(start, body) for kind, start, _, body in fences if kind != "```python"]
     if cells:
         # one program; each cell's lines keep their place (blank lines stand for the text between cells)
         first, program = cells[0][0], []
@@ -166,8 +175,18 @@ def python_blocks(text: str, name: str = "README.md") -> list[tuple[int, str]]:
     return blocks
 
 
+def cell_ends(text: str, name: str = "README.md") -> list[int]:
+    """The line number, in the program of ``python_blocks``, of each code cell's last line: what a notebook
+    displays is the value of an expression there."""
+    cells = [(start, end) for kind, start, end, _ in _fences(text, name) if kind != "```python"]
+    return [end - 1 - cells[0][0] for start, end in cells if end - 1 > start]
+
+
 BLOCKS = [(f"{_name(path)}:{line}", source) for path in sources()
           for line, source in python_blocks(path.read_text(), _name(path))]
+# The executed pages' programs: where -> the lines whose expression's value the built page shows
+DISPLAYED = {f"{_name(path)}:{python_blocks(text)[-1][0]}": cell_ends(text, _name(path))
+             for path in sources() if "{code-cell}" in (text := path.read_text())}
 
 
 def parameter_count(model, shape) -> int:
@@ -175,8 +194,9 @@ def parameter_count(model, shape) -> int:
     return sum(math.prod(leaf.shape) for leaf in jax.tree_util.tree_leaves(shapes["params"]))
 
 
-def instrument(source: str, where: str) -> tuple[str, int]:
-    """The block with its stated results turned into checks, and how many checks it has."""
+def instrument(source: str, where: str, displayed: Collection[int] = ()) -> tuple[str, int]:
+    """The block with its stated results turned into checks, and how many checks it has; an expression alone on a
+    line of ``displayed`` (a cell's last line, whose value the executed page shows) is passed to ``__display__``."""
     out, checks = [], 0
     for number, line in enumerate(source.splitlines(), 1):
         here = f"{where}+{number}"
@@ -194,9 +214,38 @@ def instrument(source: str, where: str) -> tuple[str, int]:
             out.append(line)
             out.append(f"{indent}__params__({m['name']}, {m['name']!r}, {int(m['count'].replace(',', ''))}, {here!r})")
             checks += 1
+        elif number in displayed and not indent and (expression := _expression(body)) is not None:
+            out.append(f"__display__(({expression}), {here!r})")
         else:
             out.append(line)
     return "\n".join(out), checks
+
+
+def _expression(line: str) -> str | None:
+    """The expression that ``line`` consists of (without a comment), or None if it is not one whole expression."""
+    try:
+        tree = ast.parse(line)
+    except SyntaxError:  # a line of a statement that spans several
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Expr) or line.rstrip().endswith(";"):
+        return None
+    return ast.get_source_segment(line, tree.body[0].value)
+
+
+#: A number printed with more digits than a reader can use: a float32 shown as a Python float
+#: (``0.925000011920929``) or a sum's rounding error (``0.30000000000000004``).
+UNROUNDED = re.compile(r"(?<![\w.])\d+\.\d{8,}")
+
+
+def _rounded(text: str, where: str) -> None:
+    found = UNROUNDED.search(text)
+    assert found is None, f"{where}: the page shows {found[0]}; round it (or format it) before showing it"
+
+
+def _display(value, where):
+    """What a notebook shows of a cell's last expression: its repr, checked for unrounded numbers."""
+    if value is not None:
+        _rounded(repr(value), where)
 
 
 def _expect(value, expected, where):
@@ -256,17 +305,20 @@ def torchvision_npz(tmp_path):
 
 
 @pytest.mark.parametrize("where,source", BLOCKS, ids=[where for where, _ in BLOCKS])
-def test_example_runs_and_states_its_results(where, source, tmp_path, monkeypatch, request):
+def test_example_runs_and_states_its_results(where, source, tmp_path, monkeypatch, request, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MPLBACKEND", "Agg")  # the tutorials' figures: drawn, not shown
     if "resnet50.npz" in source:
         request.getfixturevalue("torchvision_npz")
-    code, _ = instrument(shrink(source), where)
+    code, _ = instrument(shrink(source), where, DISPLAYED.get(where, ()))
     module = types.ModuleType("doc_example")  # a real module: flax modules are dataclasses and look theirs up
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    module.__dict__.update(__expect__=_expect, __raises__=_Raises, __params__=_params, __jit__=jax.jit)
+    module.__dict__.update(__expect__=_expect, __raises__=_Raises, __params__=_params, __jit__=jax.jit,
+                           __display__=_display)
     try:
         exec(compile(code, where, "exec"), module.__dict__)
     finally:
         if "matplotlib.pyplot" in sys.modules:
             sys.modules["matplotlib.pyplot"].close("all")
+    if where in DISPLAYED:  # what an executed page prints is shown on it too
+        _rounded(capsys.readouterr().out, where)

@@ -11,7 +11,9 @@
   of the checkout.
 - The built front page and one tutorial, opened in headless Chromium, render: screenshots (saved in the built site,
   ``_screenshots/``) are not blank and show the degradation figure's colours and a code block's.
-- The public API has docstrings and type hints (issue #15; the reference is generated from them).
+- The public API has docstrings and type hints (issue #15; the reference is generated from them), and every name of
+  the ``__all__`` of ``resjax`` and of each public module under it has an entry in the API reference: checked from
+  the API pages' directives without a build (by autodoc's rules), and in the built site's ``objects.inv``.
 
 Chromium is Debian's package (``apt-get install -y chromium``; ``.ci/run`` installs it); outside CI the screenshot
 test is skipped, saying so, when it is absent.
@@ -87,7 +89,8 @@ def test_site_has_every_page(site):
     for page in ["index", "getting_started", "tutorials/mnist1d_seeds", "tutorials/conv_resnet_own_images",
                  "tutorials/grid", "tutorials/analyses", "howto/resume", "howto/watching", "howto/pytorch_weights",
                  "howto/nnx", "howto/mixed_precision", "howto/several_hosts", "howto/recipes", "benchmarks",
-                 "report/REPORT", "api/index", "api/nn", "api/train", "api/data", "api/analysis", "api/interop"]:
+                 "report/REPORT", "api/index", "api/nn", "api/train", "api/data", "api/analysis", "api/interop",
+                 "api/paths", "api/launch"]:
         assert (site / f"{page}.html").is_file(), page
     # the API reference documents every public module of the packages, with type hints in the signatures
     api = (site / "api" / "train.html").read_text()
@@ -97,6 +100,171 @@ def test_site_has_every_page(site):
     assert 'id="resjax.train.ondevice.make_train"' in api
     signature = api[api.index('id="resjax.train.ondevice.make_train"'):][:12000]
     assert "ConfigDict" in signature and "Trainer" in signature, signature[:2000]
+    # every name of every public module's __all__ has an entry (the site's inventory, objects.inv)
+    inventory = _inventory(site / "objects.inv")
+    missing = {module: names for module in _api_modules() if (names := _without_entry(module, inventory))}
+    assert not missing, f"exported names without an entry in the built API reference: {missing}"
+
+
+# The API reference: an entry for every exported name ------------------------------------------------------------------
+def _extension():
+    """``docs/_ext/resjax_report.py``, which writes the API pages."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("resjax_report", DOCS / "_ext" / "resjax_report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _api_modules() -> list[str]:
+    """``resjax`` and every public module directly under it: the names of each one's ``__all__`` are its API."""
+    return ["resjax"] + [f"resjax.{m.name}" for m in pkgutil.iter_modules(resjax.__path__)
+                         if not m.name.startswith("_")]
+
+
+def _without_entry(module_name: str, entries) -> list[str]:
+    """The names of ``module_name.__all__`` that no entry documents: ``entries`` are the documented dotted names,
+    and an entry documents a name when it ends with the name and is the same object (its home module's entry)."""
+    module = importlib.import_module(module_name)
+    by_name: dict[str, list[str]] = {}
+    for entry in entries:
+        by_name.setdefault(entry.rsplit(".", 1)[-1], []).append(entry)
+    return [name for name in module.__all__
+            if not any(_resolve(entry) is getattr(module, name) for entry in by_name.get(name, []))]
+
+
+def _resolve(dotted: str):
+    """The object a documented dotted name stands for (None if it does not import)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for part in parts[cut:]:
+                obj = getattr(obj, part)
+        except AttributeError:
+            return None
+        return obj
+    return None
+
+
+def _inventory(path: Path) -> set[str]:
+    """The Python objects' names in a built site's ``objects.inv`` (four header lines, then zlib)."""
+    import zlib
+
+    lines = zlib.decompress(path.read_bytes().split(b"\n", 4)[4]).decode().splitlines()
+    return {line.split(" ", 1)[0] for line in lines if line.split(" ")[1].startswith("py:")}
+
+
+_AUTO = re.compile(r"^\.\. auto(module|class|exception|function|data|attribute)::\s*(\S+)\s*$")
+_OPTION = re.compile(r"^\s+:([\w-]+):\s*(.*)$")
+
+
+def _has_doc(obj, attr_doc: bool) -> bool:
+    """autodoc's test of a member to document: a ``#:`` comment, or a docstring of its own (a constant's
+    ``__doc__`` is its type's)."""
+    doc = getattr(obj, "__doc__", None)
+    return attr_doc or (isinstance(doc, str) and bool(doc.strip()) and doc != getattr(type(obj), "__doc__", None))
+
+
+def documented(pages: dict[str, str]) -> set[str]:
+    """The dotted names the API pages' autodoc directives give entries, by autodoc's rules (Sphinx 9): an
+    ``automodule`` documents, unless ``:no-members:``, its ``:members:`` list, or else its ``__all__``, or else
+    its public names defined in it (a constant: assigned with a ``#:`` comment); each only if it has a docstring
+    of its own or a ``#:`` comment, and not if ``:exclude-members:`` names it."""
+    from sphinx.pycode import ModuleAnalyzer
+
+    found = set()
+    for text in pages.values():
+        lines = text.splitlines()
+        for i, line in enumerate(lines):
+            if not (m := _AUTO.match(line.strip())):
+                continue
+            options = {}
+            for following in lines[i + 1:]:
+                if not (o := _OPTION.match(following)):
+                    break
+                options[o[1]] = o[2].strip()
+            kind, target = m[1], m[2]
+            if kind != "module":
+                where, name = target.rsplit(".", 1)
+                attr_docs = ModuleAnalyzer.for_module(where).find_attr_docs()
+                if _has_doc(_resolve(target), ("", name) in attr_docs):
+                    found.add(target)
+                continue
+            if "no-members" in options:
+                continue
+            module = importlib.import_module(target)
+            attr_docs = ModuleAnalyzer.for_module(target).find_attr_docs()
+            if options.get("members"):
+                names, own_only = [n.strip() for n in options["members"].split(",")], False
+            elif getattr(module, "__all__", None) is not None and "ignore-module-all" not in options:
+                names, own_only = list(module.__all__), False
+            else:
+                names, own_only = [n for n in vars(module) if not n.startswith("_")], True
+            excluded = {n.strip() for n in options.get("exclude-members", "").split(",")}
+            for name in names:
+                if name in excluded or name.startswith("_") or not hasattr(module, name):
+                    continue
+                obj, attr_doc = getattr(module, name), ("", name) in attr_docs
+                if own_only and not attr_doc and getattr(obj, "__module__", target) != target:
+                    continue  # imported: documented where it is defined
+                if _has_doc(obj, attr_doc):
+                    found.add(f"{target}.{name}")
+    return found
+
+
+def test_api_reference_has_an_entry_for_every_exported_name():
+    """Every name of the ``__all__`` of ``resjax`` and of each public module under it has an entry in the API
+    reference: the pages ``docs/_ext/resjax_report.py`` writes are read (not built) and their directives resolved
+    by autodoc's rules. A constant needs a ``#:`` comment where it is assigned."""
+    extension = _extension()
+    pages = extension.api_pages()
+    assert {name for name, _ in extension.API_PACKAGES} | {"resjax"} == set(_api_modules()), \
+        "every public module of resjax has its page in the API reference (API_PACKAGES)"
+    entries = documented(pages)
+    missing = {module: names for module in _api_modules() if (names := _without_entry(module, entries))}
+    assert not missing, ("exported names without an entry in the API reference (a constant needs a #: comment where "
+                         f"it is assigned; a class or function a docstring): {missing}")
+    # each package's tables list every name it exports, once
+    for name, _ in extension.API_PACKAGES:
+        module = importlib.import_module(name)
+        if hasattr(module, "__path__"):
+            listed = re.findall(r"^   ~(\S+)$", pages[f"{name.split('.', 1)[1]}.md"], re.M)
+            assert sorted(entry.rsplit(".", 1)[-1] for entry in listed) == sorted(module.__all__), name
+
+
+def test_constants_docs_read_as_written():
+    """napoleon takes a constant's docstring's first line up to a colon for a type (rendered as ``Type: ...``,
+    the rest as the description); the site's docstring hook puts the text back as written."""
+    from sphinx.ext.napoleon import Config
+    from sphinx.ext.napoleon.docstring import GoogleDocstring
+
+    written = ["The values of ``train.seed_axis``: how the host feeder steps several seeds", "(``seed_axis_mode``)."]
+    for what in ("data", "attribute", "property"):
+        lines = GoogleDocstring(list(written), Config(), what=what, name="SEED_AXIS_MODES").lines()
+        assert any(line.startswith(":type:") for line in lines), lines  # napoleon's reading
+        _extension()._process_docstring(None, what, "SEED_AXIS_MODES", None, {}, lines)
+        assert [line for line in lines if line.strip()] == written, lines
+
+
+def test_front_page_is_for_users():
+    """The site's front page, as the Flax and optax sites have it: the install line, then one short example (which
+    ``tests/test_doc_examples.py`` runs, its stated results checked), then where to go next; its prose has no
+    timings and no dates (they live on the benchmarks page)."""
+    text = (DOCS / "index.md").read_text()
+    install = re.findall(r"```bash\n(.*?)```", text, re.S)
+    examples = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(install) == 1 and install[0].startswith("pip install"), install
+    assert len(examples) == 1 and 5 <= len(examples[0].splitlines()) <= 12, examples
+    assert text.index("```bash") < text.index("```python") < text.index("## Where to go next")
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    assert not re.findall(r"\b20\d\d-\d\d-\d\d\b", prose), "a date on the front page"
+    timings = re.findall(r"\b\d[\d,.]*\s*(?:s|ms|seconds?|minutes?|hours?|[GT]FLOP/?s?)\b", prose)
+    assert not timings, f"timings on the front page: {timings}"
 
 
 def test_links_and_images_resolve(site):

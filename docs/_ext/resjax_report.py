@@ -26,6 +26,7 @@ results file, a claim that cannot be evaluated or an unknown experiment is an er
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import re
 from pathlib import Path
@@ -139,22 +140,128 @@ class ExperimentReport(SphinxDirective):
         return "\n".join(lines)
 
 
-#: The API reference's packages: (module, what it holds). Their pages are written into ``docs/api/`` (git ignores
-#: it) when the build starts, from the package as it is: every public module of each package gets a section.
+#: The API reference's pages: (module, what it holds), one page each. Their text is written into ``docs/api/`` (git
+#: ignores it) when the build starts, from the modules as they are (``api_pages``). ``tests/test_docs.py`` checks
+#: that every public module of ``resjax`` is here and that every name of each one's ``__all__`` has an entry.
 API_PACKAGES = (
-    ("resjax.nn", "Modules: residual blocks, MLPs, ResNets, DenseNet, U-Net, hourglass, norms, initialisers."),
+    ("resjax.nn", "Modules: residual blocks, MLPs, ResNets, DenseNet, U-Net, hourglass, norms, initialisers; "
+                  "`build_model` builds any of them from a config."),
     ("resjax.train", "Training: run configs, the trainers, grids, optimisers, schedules, logs, checkpoints, several "
                      "devices and processes."),
     ("resjax.data", "Data: MNIST-1D, your own arrays, the host's image sources."),
     ("resjax.analysis", "Analyses: signal propagation, gradients, paths, BatchNorm, your own model."),
     ("resjax.interop", "PyTorch weights in and out."),
+    ("resjax.paths", "Where runs live: local folders and bucket URLs through one path layer."),
+    ("resjax.launch", "One program as several JAX processes on this machine (`python -m resjax.launch`)."),
 )
 
 
+def _is_data(obj) -> bool:
+    """Whether autodoc documents ``obj`` as data (a constant), not as a class, function or module."""
+    return not (inspect.isclass(obj) or inspect.isroutine(obj) or inspect.ismodule(obj))
+
+
+def _assigned_names(module) -> set[str]:
+    """The names ``module``'s source assigns at its top level (where a constant is defined, and its ``#:``
+    comment is read)."""
+    import ast
+
+    try:
+        tree = ast.parse(inspect.getsource(module))
+    except (OSError, TypeError):
+        return set()
+    names = set()
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) \
+            else []
+        names |= {target.id for target in targets if isinstance(target, ast.Name)}
+    return names
+
+
+def entry_module(package, name: str) -> str:
+    """The module whose entry documents ``package.name``: where the class or function is defined, or the module
+    that assigns the constant; the package itself if that is a private module (whose names the package's page
+    documents) or if none of its modules is found."""
+    import pkgutil
+
+    obj = getattr(package, name)
+    if not _is_data(obj):
+        where = getattr(obj, "__module__", None) or package.__name__
+    else:
+        subs = [f"{package.__name__}.{m.name}" for m in pkgutil.iter_modules(getattr(package, "__path__", []))]
+        where = next((m for m in [package.__name__, *subs]
+                      if name in _assigned_names(importlib.import_module(m))
+                      and getattr(importlib.import_module(m), name, None) is obj), package.__name__)
+    inside = where.startswith(package.__name__ + ".")
+    return where if inside and not where.rsplit(".", 1)[1].startswith("_") else package.__name__
+
+
+def export_groups(package) -> list[tuple[str, list[str]]]:
+    """``package.__all__`` in groups for the reader: the groups its source marks with a comment in ``__all__``
+    (``# functions``, ``# paths``), or else by kind (constants, classes, functions)."""
+    import ast
+    import io
+    import tokenize
+
+    names = list(package.__all__)
+    try:
+        source = inspect.getsource(package)
+    except (OSError, TypeError):
+        source = ""
+    node = next((n for n in ast.parse(source).body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                 and any(isinstance(t, ast.Name) and t.id == "__all__"
+                         for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))), None)
+    groups: list[tuple[str, list[str]]] = []
+    if node is not None:
+        text = "\n".join(source.splitlines()[node.lineno - 1:node.end_lineno])
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.COMMENT:
+                title = token.string.lstrip("#").strip()
+                groups.append((title[:1].upper() + title[1:], []))
+            elif token.type == tokenize.STRING and groups:
+                groups[-1][1].append(ast.literal_eval(token.string))
+    if groups and sorted(n for _, group in groups for n in group) == sorted(names):
+        return [(title, group) for title, group in groups if group]
+    kinds = (("Constants", lambda o: _is_data(o)), ("Classes", inspect.isclass),
+             ("Functions", lambda o: not _is_data(o) and not inspect.isclass(o)))
+    by_kind = [(title, [n for n in names if test(getattr(package, n))]) for title, test in kinds]
+    return [(title, group) for title, group in by_kind if group]
+
+
+def _summary(package) -> list[str]:
+    """Tables of the names ``package`` exports, in groups, each row linked to the name's entry."""
+    lines = []
+    for title, group in export_groups(package):
+        lines += [f"### {title}", "", "```{eval-rst}", ".. autosummary::", "   :nosignatures:", ""]
+        # relative to the package, the current module (autosummary refuses names that repeat it)
+        lines += ["   ~" + f"{entry_module(package, name)}.{name}"[len(package.__name__) + 1:] for name in group]
+        lines += ["```", ""]
+    return lines
+
+
+_DIRECTIVES = {"class": "autoclass", "exception": "autoexception", "data": "autodata", "function": "autofunction"}
+
+
+def _own_entries(package) -> list[str]:
+    """Directives documenting the exported names that are defined in the package itself."""
+    lines = []
+    for name in package.__all__:
+        if entry_module(package, name) != package.__name__:
+            continue
+        obj = getattr(package, name)
+        kind = ("exception" if inspect.isclass(obj) and issubclass(obj, BaseException) else "class"
+                if inspect.isclass(obj) else "data" if _is_data(obj) else "function")
+        lines += [f".. {_DIRECTIVES[kind]}:: {package.__name__}.{name}", ""]
+    return ["```{eval-rst}", *lines, "```", ""] if lines else []
+
+
 def api_pages() -> dict[str, str]:
-    """``{file name: MyST text}`` of the API reference: an index and one page per package of ``API_PACKAGES``,
-    each with the package's docstring, a summary of the names it exports (``__all__``, linked to where each is
-    defined) and every public module of the package (``automodule``: members, type hints in the signatures)."""
+    """``{file name: MyST text}`` of the API reference: an index and one page per module of ``API_PACKAGES``.
+
+    A package's page has its docstring; tables of the names it exports (``__all__``, in the groups of
+    ``export_groups``), each with its summary and linked to its entry; the entries of the names the package
+    defines itself; and every public module of the package (``automodule``: members, type hints in the
+    signatures), where the other exported names have their entries. A module's page is its ``automodule``."""
     import pkgutil
 
     pages = {}
@@ -162,21 +269,19 @@ def api_pages() -> dict[str, str]:
         module = importlib.import_module(name)
         short = name.split(".", 1)[1]
         lines = [f"# `{name}`", "", what, ""]
-        subs = ([m.name for m in pkgutil.iter_modules(module.__path__) if not m.name.startswith("_")]
-                if hasattr(module, "__path__") else [])
-        lines += ["```{eval-rst}", f".. automodule:: {name}", "   :no-members:" if subs else "", "```", ""]
-        exported = []
-        for attr in getattr(module, "__all__", []) if subs else []:
-            obj = getattr(module, attr)
-            where = getattr(obj, "__module__", "") or ""
-            if where.startswith(name + ".") and not where.rsplit(".", 1)[1].startswith("_") \
-                    and getattr(obj, "__qualname__", attr) == attr:
-                exported.append(f"~{where}.{attr}")
-        if exported:
-            lines += [f"`{name}` exports these names (`from {name} import ...`); each is documented below, in the "
-                      "module that defines it:", ""]
-            lines += [f"{{py:obj}}`{entry}`" + ("," if k < len(exported) - 1 else ".")
-                      for k, entry in enumerate(exported)] + [""]
+        if not hasattr(module, "__path__"):
+            lines += ["```{eval-rst}", f".. automodule:: {name}", "```", ""]
+            pages[f"{short}.md"] = "\n".join(lines)
+            continue
+        subs = [m.name for m in pkgutil.iter_modules(module.__path__) if not m.name.startswith("_")]
+        lines += ["```{eval-rst}", f".. automodule:: {name}", "   :no-members:", "```", ""]
+        if getattr(module, "__all__", None):
+            lines += ["## Exported names", "", f"Every name in these tables is importable from `{name}` (`from {name} "
+                      "import ...`) and links to its entry, below or in the section of the module that defines it.", ""]
+            lines += _summary(module)
+            own = _own_entries(module)
+            if own:
+                lines += [f"## Defined in `{name}` itself", ""] + own
         for sub in subs:
             lines += [f"## `{name}.{sub}`", "", "```{eval-rst}", f".. automodule:: {name}.{sub}", "```", ""]
         pages[f"{short}.md"] = "\n".join(lines)
@@ -184,8 +289,8 @@ def api_pages() -> dict[str, str]:
     pages["index.md"] = f"""# API reference
 
 For a researcher looking up a name: every public module, class and function of resjax with its type hints and
-docstring, generated from the code as the site builds. Each package's page lists the names the package exports
-and then documents each of its modules.
+docstring, generated from the code as the site builds. Each package's page starts with tables of the names the
+package exports, each with its one-line summary, and then documents each of its modules.
 
 ```{{toctree}}
 :maxdepth: 1
@@ -301,5 +406,21 @@ def tidy_docstring(lines: list[str]) -> list[str]:
     return "\n".join(result).split("\n")
 
 
+def untyped(lines: list[str]) -> list[str]:
+    """A constant's, attribute's or property's docstring as written, where napoleon took its first line up to a
+    colon for a type: ``The values of train.seed_axis: how ...`` became the description ``how ...`` with the field
+    ``:type: The values of train.seed_axis``. resjax's docstrings are prose; none gives a type so (a property's
+    type is its annotation, in the signature)."""
+    if len(lines) < 2 or lines[-2] != "" or not lines[-1].startswith(":type: "):
+        return lines
+    kind, body = lines[-1][len(":type: "):], lines[:-2]
+    first = next((i for i, line in enumerate(body) if line.strip()), None)
+    if first is None:
+        return [kind]
+    return [*body[:first], f"{kind}: {body[first].lstrip()}", *body[first + 1:]]
+
+
 def _process_docstring(app, what, name, obj, options, lines) -> None:
+    if what in ("data", "attribute", "property"):
+        lines[:] = untyped(lines)
     lines[:] = tidy_docstring(lines)

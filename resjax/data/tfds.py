@@ -101,6 +101,11 @@ class ImageSpec:
         return (self.train_split, self.test_split)
 
 
+#: The image data sets that ``load_image_dataset`` reads through TFDS, by name (``'mnist'``, ``'cifar10'``,
+#: ``'cifar100'``, ``'imagenet2012'``), each with its ``ImageSpec`` (TFDS name, image shape, classes, splits,
+#: normalisation, augmentation).
+#:
+#: :meta hide-value:
 IMAGE_DATASETS: dict[str, ImageSpec] = {
     "mnist": ImageSpec("mnist", (28, 28, 1), 10, "train", "test", (0.1307,), (0.3081,), "none"),
     "cifar10": ImageSpec("cifar10", (32, 32, 3), 10, "train", "test",

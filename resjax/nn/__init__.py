@@ -190,6 +190,8 @@ def _block_setting_models() -> dict[str, type]:
             "cifar_resnet": ResNet, "imagenet_resnet": ResNet, "resnet1d": ResNet1D, "small_resnet1d": ResNet1D}
 
 
+#: The ``build_model`` kinds that are classifiers (they take ``num_classes`` and return logits); the others
+#: (``residual_stack``, ``unet``, ``hourglass``) return a stream, a segmentation map or heatmaps.
 CLASSIFIERS = ("plain_mlp", "residual_mlp", "tau_resnet", "resnet", "cifar_resnet", "imagenet_resnet", "taki_resnet",
                "densenet", "densenet121", "densenet_bc_cifar", "resnet1d", "small_resnet1d", "logistic", "reference_mlp",
                "reference_cnn", "reference_gru")

@@ -68,10 +68,15 @@ from resjax.nn.precision import PrecisionRepr, layer_dtypes, resolve_dtype
 from resjax.nn.residual import (ORDERS, SCALINGS, check_choice, check_input_width, check_positive, check_tau_field,
                                 close_block, fixup_kernel_init, scalar_param_dtype, scale_branch, stack_blocks)
 
+#: The kinds of a residual block's branch (``ResidualBlock(kind=...)``), for two dense layers, a basic or
+#: bottleneck convolutional branch, or one convolution.
 BRANCH_KINDS = ("mlp", "basic", "bottleneck", "conv")
 #: The convolutional ResNets' branch kinds (``ResNet(kind=...)``).
 BLOCK_KINDS = ("basic", "bottleneck")
+#: The shortcuts of a block that changes the shape (``shortcut``); ``'A'`` subsamples and appends zero channels
+#: (no parameters), ``'B'`` is a strided 1x1 convolution.
 SHORTCUTS = ("A", "B")
+#: What option A subsamples (``option_a_input``), the block's input or what its first convolution reads.
 OPTION_A_INPUTS = ("x", "conv_input")
 CONV_KERNEL_INIT = "he_normal_fan_out"
 

@@ -62,7 +62,10 @@ _BASE = {
 }
 _ALIASES = {"he_normal": "he_normal_fan_in", "he_uniform": "he_uniform_fan_in", "lecun_normal": "fan_in"}
 
+#: The parameter-free initialisers by name (``kernel_init``, ``get_initializer``; the module's table says what each
+#: draws).
 INITIALIZERS = tuple(sorted(_BASE)) + tuple(sorted(_ALIASES))
+#: The initialisers that take parameters, as ``'taki(c=1, L=100)'`` (a bare ``'taki'`` is refused).
 PARAMETRISED_INITIALIZERS = ("taki",)
 
 _TAKI_PARAMS = {"c": "c", "L": "num_blocks", "K": "num_blocks", "num_blocks": "num_blocks"}
@@ -156,6 +159,8 @@ _BIAS = {
     # PyTorch's nn.Linear / nn.Conv2d bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
     "torch_default": lambda fan_in: _torch_bias(fan_in),
 }
+#: The bias initialisers by name (``bias_init``, ``get_bias_initializer``), which draw zeros, N(0, 1/fan_in) or
+#: PyTorch's default U(+-1/sqrt(fan_in)).
 BIAS_INITIALIZERS = tuple(_BIAS)
 
 

@@ -52,10 +52,16 @@ import jax.numpy as jnp
 
 from resjax.nn.precision import layer_dtypes
 
+#: The norms that a model's ``norm`` and ``make_norm`` take by name (none, BatchNorm, LayerNorm, GroupNorm,
+#: InstanceNorm).
 NORMS = ("none", "batch", "layer", "group", "instance")
 
+#: The defaults of resjax's ``BatchNorm``, PyTorch's (flax's ``nn.BatchNorm`` has momentum 0.99); ``momentum`` is
+#: the weight of the old running estimate.
 BATCHNORM_DEFAULTS = {"momentum": 0.9, "epsilon": 1e-5}
 
+#: The running variances a BatchNorm can keep (``running_variance``), ``'biased'`` (flax's) or ``'unbiased'``
+#: (PyTorch's, ``UnbiasedBatchNorm``).
 RUNNING_VARIANCES = ("biased", "unbiased")
 
 

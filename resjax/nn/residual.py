@@ -46,7 +46,11 @@ import numpy as np
 
 from resjax.nn.init import get_initializer
 
+#: A block's orders (``order``); in ``'pre'`` each branch layer follows its norm and activation, nothing after the
+#: sum; in ``'post'`` each layer is followed by its norm (and activation), the activation after the sum.
 ORDERS = ("pre", "post")
+#: The branch scales (``scaling``), in order none, ``tau``, the sum times 1/sqrt(2), SkipInit's learned scalar
+#: from 0 and Fixup's learned scalar from 1 (with its biases and initialisation).
 SCALINGS = ("none", "tau", "rescale", "skipinit", "fixup")
 
 

@@ -106,7 +106,9 @@ STEMS = ("cifar", "imagenet")
 DEFAULT_KERNEL_INIT = CONV_KERNEL_INIT
 HEAD_INIT = "torch_default"
 
+#: He et al.'s CIFAR ResNet depths; ``cifar_resnet`` takes any depth 6n+2 >= 8.
 CIFAR_DEPTHS = (20, 32, 44, 56, 110, 1202)
+#: The ImageNet ResNets by depth (``imagenet_resnet``), as depth -> (branch kind, blocks per stage).
 IMAGENET_STAGES = {
     18: ("basic", (2, 2, 2, 2)),
     34: ("basic", (3, 4, 6, 3)),
@@ -333,6 +335,10 @@ def cifar_resnet(depth: int = 20, num_classes: int = 10, widen_factor: int = 1, 
     return ResNet(stage_sizes=(n, n, n), stage_widths=widths, num_classes=num_classes, **kwargs)
 
 
+#: The peers' CIFAR ResNets as ``ResNet`` settings, by name (``repository_settings`` in ``resjax.interop``),
+#: ``'tau_resnet_bn'`` and ``'tau_resnet_nobn'`` (Zhang et al.'s repository) and ``'fixup'`` (Fixup's).
+#:
+#: :meta hide-value:
 REPOSITORY_MODELS = {
     # dayu11/tau-ResNet cifar/models/resnet_cifar.py: BN, fixed tau on bn2's output, AvgPool2d(1, 2) + BN shortcut
     "tau_resnet_bn": {"norm": "batch", "scaling": "tau", "option_a_norm": True},
@@ -358,6 +364,8 @@ def imagenet_resnet(depth: int = 50, num_classes: int = 1000, **kwargs: Any) -> 
                   num_classes=num_classes, kind=kind, stem="imagenet", stem_width=64, **kwargs)
 
 
+#: How ``imagenet_tau`` sets tau from the stage sizes, ``'seed'`` 1/sqrt(mean blocks per stage) (the paper's
+#: Section 4.3) or ``'official'`` 2/sqrt(largest stage) (its code).
 TAU_CONVENTIONS = ("seed", "official")
 
 

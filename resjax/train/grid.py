@@ -294,7 +294,7 @@ def _settings(parts: list) -> list[dict]:
 
 def grid(seeds: int | Sequence[int] = 1, axes: dict | Zipped | None = None, *groups: dict | Zipped,
          **more: Sequence[Any] | dict) -> Grid:
-    """The grid of every combination of ``seeds`` (seed integers, or a count: ``0 .. seeds - 1``) and the
+    """The grid of every combination of ``seeds`` (seed integers, or a count: ``range(seeds)``) and the
     values of each axis: ``axes`` (a dict, for dotted names: ``{'train.batch_size': [64, 128]}``), keywords
     (``learning_rate=[...]``, ``momentum=[...]``, ``batch_size=[...]``) and, positionally, ``zipped(...)`` axes
     (their values in lockstep: exactly the listed tuples). An axis given a dict is conditional: each of its values
