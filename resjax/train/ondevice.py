@@ -350,12 +350,12 @@ class Trainer(Core):
                     if stop.agree():
                         stopping()
                 began = time.perf_counter()
+                stop.trained = True  # from here a signal waits for this chunk and saves it (no exit at once)
                 out = program(*args)
                 run, rec = out if hooks else (out, None)
                 if rec is not None:
                     records.append(to_host(rec))
                 last, done, trained = done, done + n, True
-                stop.trained = True
                 if ckpt is not None and (done == epochs or (every and done % every == 0)):
                     self.save(ckpt, run, done, num + pad, hparams=hp)
                 if bar is not None or callback is not None or log is not None:
