@@ -382,7 +382,11 @@ def cell_done() -> None:
 
 
 class _Stop(SignalHandlers):
-    """The entry points' SIGTERM/SIGINT handling outside the library's (see the module docstring)."""
+    """The entry points' SIGTERM/SIGINT handling outside the library's (see the module docstring). Its first signal
+    ends the process (``exit``: ``os._exit``), so a trainer that has trained nothing yet hands it a signal at once,
+    even from inside a long XLA compilation (``resjax.train.preemption``): the run stops within a second."""
+
+    ends_process = True
 
     def __init__(self, name: str) -> None:
         super().__init__()

@@ -56,7 +56,8 @@ TRAIN_HELP = {
     "train.warmup_epochs": "epochs of linear learning-rate warm-up from 0 (fractions allowed); 0 = none",
     "train.batch_size": "minibatch size: training examples per SGD step (the last partial batch of an epoch is "
                         "dropped)",
-    "train.eval_batch_size": "examples per evaluation batch (host-fed image runs; does not change any result)",
+    "train.eval_batch_size": "examples per evaluation batch (host-fed image runs; does not change any result; "
+                             "on-device runs evaluate whole sets and refuse another value than 1000)",
     "train.epochs": "training epochs (passes over the training set)",
     "train.eval_every": "evaluate the training and test sets after every k-th epoch and after the last (1: every "
                         "epoch); the other epochs' evaluation entries are NaN, the training is the same",
@@ -65,15 +66,16 @@ TRAIN_HELP = {
                    "train.eval_every_steps steps)",
     "train.eval_every_steps": "a step run's evaluation period in steps (it must divide train.steps); 0 = once, "
                               "after the last step",
-    "train.augment": "true/false: random crops and flips of the training images (host-fed image runs)",
-    "train.shuffle": "true/false: a fresh order of the training set every epoch (host-fed image runs; on-device, "
-                     "false gives a step run's fixed batch order, the stored one)",
-    "train.checkpoint_every": "epochs between checkpoints (on-device runs: rounded to whole chunks); 0 = only at "
+    "train.augment": "true/false: random crops and flips of the training images (host-fed image runs; on-device "
+                     "runs refuse true)",
+    "train.shuffle": "true/false: a fresh order of the training set every epoch, or (false) the stored order every "
+                     "epoch, the same batches on both feeders",
+    "train.checkpoint_every": "epochs between checkpoints (on-device runs: chunks are cut there); 0 = only at "
                               "the end",
     "train.checkpoint_keep": "how many checkpoints to keep (the newest)",
     "train.seed": "the first training seed when seeds are counted from it (an integer in [0, 2**31))",
     "train.seed_axis": "how the host feeder steps several seeds: 'auto', 'vmap', 'unroll' or 'loop' (same results; "
-                       "on-device runs always vmap)",
+                       "on-device runs always vmap and refuse 'unroll' and 'loop')",
 }
 
 #: Help for settings that several experiments share under one name and meaning; an experiment's own ``HELP`` entry

@@ -1,6 +1,6 @@
-"""Stop signals from the first second (issue #32): ``python tests/signal_child.py PHASE TRIALS SIGNALS`` imports
+"""Stop signals from the first second (issue #32): ``python tests/signal_child.py PHASES TRIALS SIGNALS`` imports
 JAX once, then forks TRIALS children; each builds a trainer and calls ``fit``, and the parent sends it a signal
-of SIGNALS (names, comma-separated, taken in turn) at a random moment of PHASE:
+of SIGNALS (names, comma-separated, taken in turn) at a random moment of its phase (PHASES likewise):
 
 - ``compile``: the on-device ``fit`` of a deep unscanned MLP, between the model's first trace (its marker,
   ``tracing``, printed from inside ``make_train`` and ``fit``) and 0.8 s later: the tracing, lowering and XLA
@@ -8,6 +8,13 @@ of SIGNALS (names, comma-separated, taken in turn) at a random moment of PHASE:
   step). The children do not share a compilation cache, so every one compiles.
 - ``checks``: the host feeder's ``fit``, while the training source checks its first batch (its marker,
   ``checking``; a check that takes 0.5 s).
+- ``slow-host``, ``slow-on-device``: that feeder's ``fit`` inside the experiments' entry-point handlers
+  (``experiments.checkpoints.stop_signals``, whose first signal ends the process), signalled while the first
+  training program compiles (its marker, ``compiling``), a compilation made ``SLOW`` seconds long: after XLA's
+  compile, ``jax.stages.Lowered.compile`` sleeps. The signal's handler runs then as it runs inside XLA's own
+  compilation (JAX runs Python there, its garbage-collection callback); what it does decides whether the process
+  ends at once or when the compilation is done, ``SLOW`` seconds later. The result has ``exit_s``, the seconds from
+  the signal to the child's exit.
 
 Each child exits the ordinary way (an uncaught exception ends the interpreter), and the parent prints one JSON
 line per trial: its exit status (``os.waitstatus_to_exitcode``: -11 is a segmentation fault) and its output.
@@ -21,6 +28,7 @@ import sys
 import time
 
 import flax.linen as nn
+import jax
 import numpy as np
 
 from resjax.data import from_arrays
@@ -42,6 +50,27 @@ class Deep(nn.Module):
         return nn.Dense(self.num_classes)(x)
 
 
+#: How long the ``slow-*`` phases' compilation of the first training program lasts, in seconds.
+SLOW = 30.0
+
+
+def slow_compiles() -> None:
+    """Make every explicit compilation (``Lowered.compile``: the feeders' first training programs) last ``SLOW``
+    seconds longer, printing ``compiling`` as it starts and ``compiled`` as it ends."""
+    real = jax.stages.Lowered.compile
+
+    def slow(self, *args, **kwargs):
+        print("compiling", flush=True)
+        out = real(self, *args, **kwargs)
+        end = time.monotonic() + SLOW
+        while time.monotonic() < end:  # a compilation that goes on (a signal's handler runs meanwhile)
+            time.sleep(end - time.monotonic())
+        print("compiled", flush=True)
+        return out
+
+    jax.stages.Lowered.compile = slow
+
+
 def child(phase: str) -> None:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(48, 2, 2, 1)).astype(np.float32)
@@ -50,6 +79,13 @@ def child(phase: str) -> None:
     config = run_config(train=train_config(batch_size=16, epochs=2, learning_rate=0.05))
     if phase == "compile":
         make_train(config, data, model=Deep()).fit(0)
+    elif phase.startswith("slow-"):
+        from experiments.checkpoints import stop_signals
+
+        slow_compiles()
+        make = make_image_train if phase == "slow-host" else make_train
+        with stop_signals("child"):
+            make(config, data, model=Deep()).fit(0)
     else:
         source = data.source("train")
 
@@ -64,7 +100,7 @@ def child(phase: str) -> None:
 
 
 def trial(phase: str, signum: int, delay: float) -> dict:
-    marker = "tracing" if phase == "compile" else "checking"
+    marker = {"compile": "tracing", "checks": "checking"}.get(phase, "compiling")
     sys.stdout.flush()
     read, write = os.pipe()
     pid = os.fork()
@@ -74,27 +110,30 @@ def trial(phase: str, signum: int, delay: float) -> dict:
         os.dup2(write, 2)
         child(phase)
     os.close(write)
-    out = b""
+    out, sent = b"", None
     with os.fdopen(read, "rb") as pipe:
         for line in pipe:
             out += line
             if line.strip() == marker.encode():
                 time.sleep(delay)
                 os.kill(pid, signum)
+                sent = time.monotonic()
                 break
         out += pipe.read()
     _, status = os.waitpid(pid, 0)
-    return {"rc": os.waitstatus_to_exitcode(status), "delay": round(delay, 3), "out": out.decode(errors="replace")}
+    return {"rc": os.waitstatus_to_exitcode(status), "delay": round(delay, 3), "out": out.decode(errors="replace"),
+            "exit_s": None if sent is None else round(time.monotonic() - sent, 3)}
 
 
 def main() -> None:
-    phase, trials = sys.argv[1], int(sys.argv[2])
+    phases, trials = sys.argv[1].split(","), int(sys.argv[2])  # taken in turn
     signums = [getattr(signal, name) for name in sys.argv[3].split(",")]  # taken in turn
-    spread = 0.8 if phase == "compile" else 0.3
     rng = random.Random(0)
     for i in range(trials):
-        signum = signums[i % len(signums)]
-        print(json.dumps({"signum": int(signum), **trial(phase, signum, rng.uniform(0, spread))}), flush=True)
+        phase, signum = phases[i % len(phases)], signums[i % len(signums)]
+        spread = 0.8 if phase == "compile" else 0.3
+        print(json.dumps({"phase": phase, "signum": int(signum), **trial(phase, signum, rng.uniform(0, spread))}),
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -166,6 +166,20 @@ def test_a_stop_before_training_says_nothing_was_trained(tmp_path, capsys):
     assert not (out / LOCK_FILE).exists()  # the output folder's lock was given up
 
 
+# Broken on purpose: experiments/__init__.py installing no handler while an entry point starts: the SIGINT inside
+# JAX's import is a KeyboardInterrupt traceback (status -2); this test fails.
+def test_a_stop_while_an_entry_point_imports_is_one_line_and_130(tmp_path):
+    """Ctrl-C while ``python -m experiments.<name>`` is still importing (the signal sent as the first module of
+    JAX's finishes importing, ``-X importtime`` lines being the marker): status 130 and the entry point's one line,
+    no ``KeyboardInterrupt`` traceback. (A library imported into someone's own program leaves Ctrl-C to that
+    program: ``import resjax`` installs no handler, ``tests/test_import_hygiene.py``.)"""
+    rc, output = _signal_at(["-X", "importtime", *DEGRADATION], tmp_path / "run", "jax._src", signal.SIGINT)
+    assert rc == 128 + signal.SIGINT, output[-3000:]
+    lines = [line for line in output.splitlines() if not line.startswith("import time:")]
+    assert lines == ["degradation: stopped by SIGINT while starting: nothing was trained yet, so nothing was "
+                     "saved."], output[-3000:]
+
+
 def test_reproduce_skips_finished_experiments_and_resumes_the_interrupted_one(tmp_path, capsys):
     """The interrupted run is a real process; the same command again, and once more, run in this process. One
     process (``--jobs 1``), so that batch_noise has finished when tau_training trains: with --quick's default of two

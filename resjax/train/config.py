@@ -23,7 +23,8 @@ fields:
   label_smoothing    the cross-entropy's label smoothing in [0, 1) (a traced value: ``hparams`` may vary it per run)
   schedule           'constant' | 'step' | 'cosine' | 'fixup' | an optax schedule's name with ``schedule_args``;
                      ``milestones``, ``decay_factor``, ``warmup_epochs`` (see ``resjax.train.schedules``)
-  batch_size, epochs, eval_batch_size (host feeder: evaluation batches)
+  batch_size, epochs, eval_batch_size (host feeder: evaluation batches; the on-device feeder evaluates whole sets
+                     and refuses any other value than the default)
   steps              0 (default): the run is ``epochs`` epochs; > 0: the run is this many minibatch steps
                      instead (a step run; both feeders), ``epochs`` unused (see "Step runs" below)
   eval_every_steps   a step run's evaluation period: evaluate after every k-th step and after the last; 0
@@ -32,12 +33,14 @@ fields:
                      evaluation entries (train_error, test_loss, test_error) are NaN at the epochs in between. The
                      training is the same; on-device, an evaluation then runs inside a branch, compiled apart:
                      error counts equal an every-epoch run's, the loss to float32 rounding
-  augment, shuffle   host feeder: the data source's augmentation and shuffling
-  checkpoint_every   epochs between checkpoints (on-device: rounded to whole chunks); 0 = only at the end
+  augment            host feeder: the data source's augmentation (the on-device feeder refuses True)
+  shuffle            True (default): a fresh order of the training set every epoch; False: the examples in their
+                     stored order every epoch, the same batches on both feeders (the MNIST-1D reference recipe)
+  checkpoint_every   epochs between checkpoints (on-device: chunks are cut there); 0 = only at the end
   checkpoint_keep    how many checkpoints to keep
   seed               the first seed when seeds are given as a count
   seed_axis          how several seeds are stepped by the host feeder: 'auto' | 'vmap' | 'unroll' | 'loop'
-                     (on-device runs always vmap)
+                     (on-device runs always vmap: it refuses 'unroll' and 'loop')
 
 ``train_config()`` holds the lecture's MNIST-1D setup (plain SGD at 0.005, batch 100, 300 epochs, no
 weight decay); ``image_train_config()`` the CIFAR ResNet recipe of He et al. as the tau-ResNet repository
@@ -51,13 +54,22 @@ checkpoint's step number is the steps done. Minibatch ``s`` (0-based) is batch `
 data epoch ``s // (N // batch_size)``: with ``shuffle`` (default) of that epoch's permutation
 ``fold_in(key, epoch)`` (so a step run of whole epochs with ``eval_every_steps`` one epoch is the epoch run,
 bit for bit), with ``shuffle=False`` of the examples in their stored order (the fixed batch order of the MNIST-1D
-reference recipe; an epoch run on the on-device feeder always shuffles, as before). Settings that count epochs
+reference recipe, as in an epoch run with ``shuffle=False``). Settings that count epochs
 are refused in a step run (``ValueError`` naming them): ``eval_every`` other than 1, a ``'step'``/``'fixup'``
 or ``'cosine'`` schedule, ``milestones``, ``warmup_epochs``; an optax schedule by name counts steps and is
 allowed. Both feeders run step runs: the on-device feeder draws step ``s``'s batch as above; the host feeder reads
 the data epochs a period touches from its source (its own order of each ``(seed, epoch)``; ``shuffle=False``: the
 stored order) and takes the period's batches of them, so a SIGTERM inside a period saves and resumes there, as
 inside an epoch.
+
+Which feeder honours what. Every setting above means the same on both feeders (the optimiser, its schedule and
+parameter groups, the loss, the batch size, epochs or steps, the evaluation period, ``shuffle``, checkpoints and
+the seed) except three that only the host feeder has, which the on-device feeder refuses by name before anything
+is traced (``ValueError`` saying what to use instead: ``resjax.train.ondevice.check_on_device_settings``):
+``augment=True`` (it trains on the arrays as they are), ``seed_axis`` 'unroll' or 'loop' (its seeds are always one
+vmapped program) and an ``eval_batch_size`` other than the default (it evaluates the whole training and test sets
+at once). With ``shuffle=False`` both feeders take the same batches in the same order: batch ``b`` of every epoch
+is examples ``[b * batch_size, (b + 1) * batch_size)`` of the stored order, the last partial batch dropped.
 
 ``check_train_config`` refuses every float setting that is not a finite number (NaN, +-inf: ``ValueError``
 naming ``train.<setting>``) before any range check, since NaN passes every ``< 0`` test.
@@ -75,8 +87,12 @@ from resjax.train.objective import LOSSES
 from resjax.train.optim import check_optimizer
 from resjax.train.schedules import check_schedule
 
-__all__ = ["DICT_SETTINGS", "step_periods", "FLOAT_SETTINGS", "MAX_STEPS", "SEED_AXIS_MODES", "check_finite_settings",
-           "check_step_count", "check_train_config", "image_train_config", "is_int", "is_number", "train_config"]
+__all__ = ["DICT_SETTINGS", "EVAL_BATCH_SIZE", "step_periods", "FLOAT_SETTINGS", "MAX_STEPS", "SEED_AXIS_MODES",
+           "check_finite_settings", "check_step_count", "check_train_config", "image_train_config", "is_int", "is_number", "train_config"]
+
+#: The default ``train.eval_batch_size``: the host feeder's evaluation batches (the on-device feeder, which evaluates
+#: whole sets at once, takes no other value: ``resjax.train.ondevice.check_on_device_settings``).
+EVAL_BATCH_SIZE = 1000
 
 #: The values of ``train.seed_axis``: how the host feeder steps several seeds (``seed_axis_mode``).
 SEED_AXIS_MODES = ("auto", "vmap", "unroll", "loop")
@@ -106,7 +122,7 @@ def train_config(**overrides: Any) -> ml_collections.ConfigDict:
     c.decay_factor = 0.1
     c.warmup_epochs = 0.0
     c.batch_size = 100
-    c.eval_batch_size = 1000
+    c.eval_batch_size = EVAL_BATCH_SIZE
     c.epochs = 300
     c.eval_every = 1
     c.steps = 0

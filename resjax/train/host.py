@@ -310,11 +310,11 @@ class ImageTrainer(Core):
                         self._compile_step(run, images, labels, hp)
                         if stop.agree():
                             raise stopping()
+                    stop.trained = True  # from here a signal waits for this step and saves it (no exit at once)
                     run, (loss, batch) = self.step(run, images, labels, hp)
                     if len(losses) >= IN_FLIGHT:  # at most IN_FLIGHT steps queued (see IN_FLIGHT)
                         losses[-IN_FLIGHT].block_until_ready()
                     trained[0] += 1
-                    stop.trained = True
                     losses.append(loss)
                     batch_metrics.append(batch)
                     # at the last one, finish the epoch; several processes agree on stopping at epoch ends only

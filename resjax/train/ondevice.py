@@ -5,7 +5,9 @@ For data sets that fit on the device (MNIST-1D). A run is ``config.train.steps``
 entry per period; see ``resjax.train.config``), or ``config.train.epochs`` epochs of
 ``N // batch_size`` minibatch steps of the core's ``train_step`` (the last partial batch of each epoch is
 dropped, so every step has the same shape; each epoch draws a fresh permutation from
-``fold_in(run.key, epoch)``, so a run does not depend on how it is chunked). Steps and epochs are
+``fold_in(run.key, epoch)``, so a run does not depend on how it is chunked; with ``config.train.shuffle=False``
+every epoch takes the examples in their stored order, the batches the host feeder makes of the same arrays).
+Settings this feeder cannot honour are refused by name (``check_on_device_settings``). Steps and epochs are
 ``lax.scan``; the whole run is one program:
 
     trainer = make_train(config)          # config.data, config.model, config.train
@@ -63,7 +65,7 @@ import numpy as np
 from resjax.data import ArrayData, Dataset, check_finite, load_dataset
 from resjax.nn import build_model
 from resjax.train.checkpoint import closed_on_error
-from resjax.train.config import check_step_count, is_int, step_periods
+from resjax.train.config import EVAL_BATCH_SIZE, check_step_count, is_int, step_periods
 from resjax.train.core import (Core, asks_for_seed_axis, check_run_config, check_targets, divergence, progress_bar,
                                seed_handles)
 from resjax.train.distributed import to_host
@@ -76,7 +78,8 @@ from resjax.train.state import RunState, first_rows
 if TYPE_CHECKING:
     import flax.linen as nn
 
-__all__ = ["CHUNK_SECONDS", "SlowFeederWarning", "Trainer", "make_train", "shard_over_seeds"]
+__all__ = ["CHUNK_SECONDS", "SlowFeederWarning", "Trainer", "check_on_device_settings", "make_train",
+           "shard_over_seeds"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -101,18 +104,12 @@ class Trainer(Core):
 
     def train_epoch(self, run: RunState, hparams: dict | None,
                     evaluate: bool | jax.Array = True) -> tuple[RunState, dict]:
-        """One epoch: ``train_step`` (``lax.scan``) over the minibatches of a fresh permutation (``fold_in(run.key,
-        run.epoch)``; the last partial batch dropped), then, when ``evaluate`` (a bool, or a scalar that is not
-        vmapped: a real branch), the whole training and test sets in evaluation mode (else those metrics are
+        """One epoch: ``train_step`` (``lax.scan``) over the epoch's minibatches (``_epoch_batches``: of a fresh
+        permutation, or with ``shuffle=False`` of the stored order; a step run's period: ``_period_batches``), then,
+        when ``evaluate`` (a bool, or a scalar that is not vmapped: a real branch), the whole training and test sets in evaluation mode (else those metrics are
         NaN). Returns ``(run, records)``: the run with the epoch's metrics in its history and ``epoch + 1``,
         and the hooks' values (``step_records``, ``epoch_records``; empty without hooks)."""
-        n, b = len(self.data.y_train), self.config.train.batch_size
-        steps = n // b
-        if self.is_step_run:
-            batches = self._period_batches(run)
-        else:
-            perm = jax.random.permutation(jax.random.fold_in(run.key, run.epoch), n)
-            batches = perm[: steps * b].reshape(steps, b)
+        batches = self._period_batches(run) if self.is_step_run else self._epoch_batches(run)
         x_train, y_train = jnp.asarray(self.data.x_train), jnp.asarray(self.data.y_train)
         lr = self.epoch_learning_rate(run)
 
@@ -143,6 +140,18 @@ class Trainer(Core):
         if self.epoch_hook is not None:
             records["epoch_records"] = self.epoch_hook(run, hparams)
         return run, records
+
+    def _epoch_batches(self, run: RunState) -> jax.Array:
+        """An epoch run's minibatches of the epoch ``run.epoch``, ``(N // batch_size, batch_size)`` example indices:
+        of the permutation ``fold_in(run.key, epoch)`` (``config.train.shuffle``, the default) or, with
+        ``shuffle=False``, of the stored order (batch ``b`` is examples ``[b * batch_size, (b + 1) * batch_size)``
+        every epoch, as the host feeder batches the same arrays); the last partial batch dropped."""
+        n, b = len(self.data.y_train), self.config.train.batch_size
+        steps = n // b
+        if not self.config.train.get("shuffle", True):
+            return jnp.arange(steps * b, dtype=jnp.int32).reshape(steps, b)
+        perm = jax.random.permutation(jax.random.fold_in(run.key, run.epoch), n)
+        return perm[: steps * b].reshape(steps, b)
 
     def _period_batches(self, run: RunState) -> jax.Array:
         """A step run's minibatches of the period ``run.epoch`` (its ``steps_per_epoch`` steps), ``(steps, batch)``
@@ -345,12 +354,12 @@ class Trainer(Core):
                     if stop.agree():
                         stopping()
                 began = time.perf_counter()
+                stop.trained = True  # from here a signal waits for this chunk and saves it (no exit at once)
                 out = program(*args)
                 run, rec = out if hooks else (out, None)
                 if rec is not None:
                     records.append(to_host(rec))
                 last, done, trained = done, done + n, True
-                stop.trained = True
                 if ckpt is not None and (done == epochs or (every and done % every == 0)):
                     self.save(ckpt, run, done, num + pad, hparams=hp)
                 if bar is not None or callback is not None or log is not None:
@@ -535,6 +544,30 @@ def shard_over_seeds(tree: Any, devices: Sequence[jax.Device] | None = None) -> 
     return jax.tree_util.tree_map(place, tree)
 
 
+def check_on_device_settings(t: ml_collections.ConfigDict) -> None:
+    """``ValueError`` naming the first training setting this feeder cannot honour, with what to use instead (see
+    ``resjax.train.config``, "Which feeder honours what"): every other setting of ``train_config`` means the same
+    on both feeders. ``augment``: the arrays are trained on as they are (augmenting is the host data source's
+    work); ``seed_axis`` 'unroll' or 'loop': the seeds of a sweep are always one vmapped program here;
+    ``eval_batch_size`` other than its default: the whole training and test sets are evaluated at once, in no
+    batches."""
+    feeder, host = "the on-device feeder (make_train)", "the host feeder, make_image_train(config, data)"
+    if t.get("augment", False):
+        raise ValueError(f"train.augment: {t.augment!r}, but {feeder} trains on the arrays as they are and cannot "
+                         f"augment them; set train.augment=False, or train with {host} on "
+                         "resjax.data.from_arrays(..., augment='flip' or 'crop_flip')")
+    mode = t.get("seed_axis", "auto")
+    if mode not in ("auto", "vmap"):
+        raise ValueError(f"train.seed_axis: {mode!r} is how the host feeder steps several seeds; {feeder} always "
+                         f"steps them as one vmapped program: set train.seed_axis='auto' (or 'vmap'), or train with "
+                         f"{host}")
+    size = t.get("eval_batch_size", EVAL_BATCH_SIZE)
+    if size != EVAL_BATCH_SIZE:
+        raise ValueError(f"train.eval_batch_size: {size!r}, but {feeder} evaluates the whole training and test sets "
+                         f"at once, in no batches; leave train.eval_batch_size at its default ({EVAL_BATCH_SIZE}), "
+                         f"or train with {host} to evaluate in batches")
+
+
 @stops_cleanly
 def make_train(config: ml_collections.ConfigDict, data: Dataset | ArrayData | None = None, *,
                model: nn.Module | None = None, step_hook: Callable | None = None,
@@ -553,6 +586,7 @@ def make_train(config: ml_collections.ConfigDict, data: Dataset | ArrayData | No
                      schedule=schedule, param_groups=param_groups, loss=loss,
                      metrics=metrics)
     check_run_config(config)
+    check_on_device_settings(config.train)
     objective = make_objective(config.train, loss, metrics)
     if isinstance(data, ArrayData) and data.augment != "none":
         raise ValueError(f"augment: {data.augment!r} is for the host feeder (make_image_train); the on-device "
