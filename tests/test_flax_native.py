@@ -182,9 +182,18 @@ def test_param_dtype_on_every_kind(kind):
         assert {a.dtype for a in jax.tree_util.tree_leaves(v.get("batch_stats", {}))} <= {jnp.dtype(jnp.float32)}
     if kind not in LARGE:
         model, _ = _model(kind, param_dtype="bfloat16")
-        out = jax.jit(lambda key: model.apply(model.init(key, x, train=False), x, train=False))(  # one program
-            jax.random.key(0))
+        float32, _ = _model(kind)
+
+        @jax.jit
+        def run(key):  # one program
+            v = model.init(key, x, train=False)
+            return model.apply(v, x, train=False), v["params"], float32.init(key, x, train=False)["params"]
+
+        out, params, params32 = run(jax.random.key(0))
         assert all(np.isfinite(np.asarray(o, np.float32)).all() for o in jax.tree_util.tree_leaves(out))
+        # the initial draws do not depend on param_dtype: the bfloat16 parameters are the float32 draws, rounded
+        for p, q in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(params32)):
+            np.testing.assert_array_equal(np.asarray(p), np.asarray(q.astype(jnp.bfloat16)))
 
 
 # ---- each model carries only its own settings ----

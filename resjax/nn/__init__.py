@@ -34,8 +34,9 @@ Every name below is importable from ``resjax.nn`` (``__all__`` lists them):
   ``dtype`` (``DTYPES``: ``'float32'``, ``'bfloat16'``, ``'float16'``; ``None``, the default, is float32),
   the computation's dtype, with float32 parameters, BatchNorm statistics and logits; ``DTYPE_KINDS`` are the
   ``build_model`` kinds that take it; ``resolve_dtype`` checks a value, ``layer_dtypes`` gives a flax
-  layer's ``dtype``/``param_dtype``. Every model and block has ``param_dtype`` (``None``: float32, flax's), the
-  dtype of all its parameters;
+  layer's ``dtype``/``param_dtype``; the MLP classes, like their ``build_model`` kinds, refuse a half ``dtype``.
+  Every model and block has ``param_dtype`` (``None``: float32, flax's), the dtype of all its parameters, whose
+  initial values are the float32 draws rounded to it (``resjax.nn.init``), whatever the ``param_dtype``;
 - Flax's tools: ``Module.tabulate``, ``nn.tabulate``, ``jax.eval_shape`` of ``init``, ``clone`` and ``bind`` work
   on every kind (pass ``train`` as a Python bool, e.g. ``model.tabulate(key, x, train=False)``).
 
