@@ -169,6 +169,24 @@ def test_group_norm_default_groups_fit_the_channels():
     np.testing.assert_allclose(y.var(axis=(1, 2)), 1, atol=1e-3)
 
 
+def test_names_shared_with_flax_and_their_defaults_are_documented():
+    """resjax.nn exports BatchNorm and GroupNorm, flax.linen's names: a star import of both keeps the later one.
+    Every shared name is documented where a user meets it (models guide, the classes' docstrings), with the
+    defaults that differ stated as they are."""
+    shared = {name for name in rn.__all__ if hasattr(nn, name)}
+    assert shared == {"BatchNorm", "GroupNorm"}, shared  # a new shared name needs its paragraph too
+    guide = (pathlib.Path(__file__).parent.parent / "docs" / "guide" / "models.md").read_text()
+    section = guide[guide.index("**Names shared with Flax.**"):].split("\n\n")[0]
+    for name in shared:
+        assert f"`resjax.nn.{name}`" in section and "Names shared with flax" in rn.norms.__doc__, name
+        assert "star import" in getattr(rn, name).__doc__ and f"``{name}``" in rn.__doc__
+    assert (rn.BatchNorm.momentum, nn.BatchNorm.momentum) == (0.9, 0.99)  # what the docs say
+    assert "`momentum=0.9`" in section and "Flax's default is 0.99" in section
+    fields = lambda cls: {f.name: f.default for f in dataclasses.fields(cls) if f.name not in ("parent", "name")}  # noqa: E731
+    assert fields(rn.GroupNorm) == fields(nn.GroupNorm)  # "keeps Flax's defaults"
+    assert f"`num_groups={nn.GroupNorm.num_groups}`, `epsilon={nn.GroupNorm.epsilon}`" in section
+
+
 # ---- param_dtype ----
 
 @pytest.mark.parametrize("kind", list(KINDS))

@@ -27,7 +27,9 @@ Every name below is importable from ``resjax.nn`` (``__all__`` lists them):
 - normalisation: ``make_norm`` (every norm by name, ``NORMS``, or any flax normalisation class or partial:
   ``nn.BatchNorm`` is given ``train`` as ``use_running_average``), ``BatchNorm`` (PyTorch's defaults,
   ``BATCHNORM_DEFAULTS``), ``GroupNorm`` (``default_groups``: the groups fit any channel count), ``is_batch_norm``,
-  ``check_norm``;
+  ``check_norm``. ``BatchNorm`` and ``GroupNorm`` carry flax.linen's names: a star import of this package and of
+  ``flax.linen`` in one file keeps whichever came last, and ``BatchNorm``'s momentum differs (0.9 here, 0.99 in
+  flax); import the modules (``import resjax.nn as rn``) and write ``rn.BatchNorm``;
 - initialisers: ``get_initializer`` (``INITIALIZERS``, ``PARAMETRISED_INITIALIZERS``), ``taki_init``,
   ``get_bias_initializer`` (``BIAS_INITIALIZERS``); ``conv_kernel_weights`` counts conv weights;
 - mixed precision (``resjax.nn.precision``): the convolutional classifiers and their blocks have a field
