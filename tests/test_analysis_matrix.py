@@ -357,7 +357,7 @@ def _along_a_line(c, kw):
     if c.name not in LINE_NUMBERS:  # the function is built, its shapes checked (eval_shape): the suite's time
         A.scalar_function(c.module, c.variables, **line, **kw)
         return
-    _refused(r"readout: input gradients need one number", lambda: A.input_gradients(
+    _refused(r"readout: input gradients need a scalar output", lambda: A.input_gradients(
         c.module, c.variables, t, embed=line["embed"], readout=lambda y: jax.tree_util.tree_leaves(y)[0], **kw))
     _refused(r"pass readout=", lambda: A.input_gradients(c.module, c.variables, t, embed=line["embed"], **kw))
 

@@ -146,7 +146,7 @@ def scalar_function(module: nn.Module | Callable[..., Any], variables: dict, *,
     if len(leaves) != 1 or int(np.prod(leaves[0].shape)) != 1:
         shapes = [tuple(a.shape) for a in leaves]
         name = "readout" if given_readout is not None else "module"
-        raise ValueError(f"{name}: input gradients need one number from the model, got output shape(s) "
+        raise ValueError(f"{name}: input gradients need a scalar output (one number), got output shape(s) "
                          f"{shapes[0] if len(shapes) == 1 else shapes}"
                          + ("" if given_readout is not None else
                             "; pass readout=, one number from the output (e.g. readout=lambda y: y[0, 0])"))
