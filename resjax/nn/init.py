@@ -152,6 +152,7 @@ def drawn_in_float32(init: Initializer) -> Initializer:
         return init
 
     def wrapped(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
+        """The wrapped initialiser's draw in at least float32, rounded to ``dtype``."""
         dtype = jnp.dtype(dtype)
         wide = jnp.promote_types(dtype, jnp.float32)
         return init(key, shape, dtype) if wide == dtype else init(key, shape, wide).astype(dtype)
