@@ -28,7 +28,7 @@ import optax
 import pytest
 
 import resjax.analysis as A
-from resjax.analysis.shattering import make_grid
+from resjax.analysis.shattering import make_grid, scalar_function
 from resjax.nn import build_model
 from resjax.nn.norms import is_batch_norm
 
@@ -355,7 +355,7 @@ def _along_a_line(c, kw):
     if c.name in ABSTRACT:
         return
     if c.name not in LINE_NUMBERS:  # the function is built, its shapes checked (eval_shape): the suite's time
-        A.scalar_function(c.module, c.variables, **line, **kw)
+        scalar_function(c.module, c.variables, **line, **kw)
         return
     _refused(r"readout: input gradients need a scalar output", lambda: A.input_gradients(
         c.module, c.variables, t, embed=line["embed"], readout=lambda y: jax.tree_util.tree_leaves(y)[0], **kw))
