@@ -585,6 +585,22 @@ def _shown(items: Sequence[str]) -> str:
     return ", ".join(items[:SHOWN]) + (f", ... ({more} more)" if more > 0 else "")
 
 
+def _builder_hint(model, blocks: Sequence[int], convs: int) -> str:
+    """The resjax builder of the weights' depth, in the model's own family: ``imagenet_resnet(d)`` for an ImageNet
+    stem (torchvision's layout), ``cifar_resnet(d, ...)`` for a CIFAR one, when that builder makes those blocks."""
+    from resjax.nn.resnet import IMAGENET_STAGES
+
+    depth = _depth(blocks, convs)
+    if getattr(model, "stem", "cifar") == "imagenet":
+        kind = "basic" if convs == 2 else "bottleneck"
+        if IMAGENET_STAGES.get(depth) == (kind, tuple(blocks)):
+            return f" (imagenet_resnet({depth}), as torchvision's resnet{depth})"
+        return ""
+    if len(set(blocks)) == 1 and convs == 2:
+        return f" (cifar_resnet({depth}, ...) for a CIFAR ResNet)"
+    return ""
+
+
 def _raise_if(unplaced, missing, mismatched, where, model, source="torch", blocks=None):
     """One short ``WeightsMismatchError``: another depth first (``blocks``: the source's and the model's blocks
     per stage), else each kind's count and first names."""
@@ -601,7 +617,7 @@ def _raise_if(unplaced, missing, mismatched, where, model, source="torch", block
                  f"first unexpected: {unplaced[0]}" if unplaced else "nothing unexpected"]
         message = (f"{where}: the {source} weights have {given} blocks per stage (depth {_depth(given, m)}), "
                    f"this resjax {type(model).__name__} has {want} (depth {_depth(want, m)}): build the model "
-                   f"with stage_sizes={given} (cifar_resnet({_depth(given, m)}, ...) for a CIFAR ResNet); "
+                   f"with stage_sizes={given}{_builder_hint(model, given, m)}; "
                    f"{'; '.join(first)} ({len(missing)} missing, {len(unplaced)} unexpected, {len(mismatched)} "
                    "shapes differ: the error's .missing, .unplaced, .mismatched)")
         raise WeightsMismatchError(message, unplaced, missing, mismatched)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import re
+import warnings
 
 import flax.linen as nn
 import jax
@@ -27,7 +28,7 @@ import optax
 import pytest
 
 import resjax.analysis as A
-from resjax.analysis.shattering import make_grid
+from resjax.analysis.shattering import make_grid, scalar_function
 from resjax.nn import build_model
 from resjax.nn.norms import is_batch_norm
 
@@ -105,7 +106,8 @@ LOSS_SHAPES_ONLY = ABSTRACT | {"imagenet_resnet", "densenet", "densenet_bc_cifar
 NO_SOWS = r"sowed no 'block_out'"
 NOT_RESNET = r"need a resjax\.nn\.ResNet"
 NO_BLOCKS = r"has no residual blocks"
-NOT_SCALAR = r"refuses a \(1, 1\) input"
+NOT_SCALAR = r"refuses a \(1, 1\) input.*pass embed=.*and readout="  # the refusal names the arguments that fix it
+POST_ORDER = r"order='post' .* build the model with order='pre' .* pass stage="  # names both fixes
 NOT_LOG_SPACE = r"is not supported"
 NOT_STACK = r"need a resjax\.nn\.ResidualStack"
 EXPECT = {
@@ -120,12 +122,12 @@ EXPECT = {
                        log_space=True, taki=NOT_STACK),
     "resnet": dict(propagation=True, ratio=True, resnet=True, paths=True, shattering=NOT_SCALAR,
                    log_space=NOT_LOG_SPACE, taki=NOT_STACK),
-    "cifar_resnet": dict(propagation=True, ratio=r"order", resnet=True, paths=r"stage 1 .* has 1 block",
+    "cifar_resnet": dict(propagation=True, ratio=r"order", resnet=True, paths=POST_ORDER,
                          shattering=NOT_SCALAR, log_space=NOT_LOG_SPACE, taki=NOT_STACK),
-    "imagenet_resnet": dict(propagation=True, ratio=r"order", resnet=True, paths=r"order", shattering=NOT_SCALAR,
+    "imagenet_resnet": dict(propagation=True, ratio=r"order", resnet=True, paths=POST_ORDER, shattering=NOT_SCALAR,
                             log_space=NOT_LOG_SPACE, taki=NOT_STACK),
-    "taki_resnet": dict(propagation=r"sowed no 'stem_out'", ratio=r"sowed no 'stem_out'", resnet=NOT_RESNET,
-                        paths=NO_BLOCKS, shattering=NOT_SCALAR, log_space=NOT_LOG_SPACE, taki=NOT_STACK),
+    "taki_resnet": dict(propagation=True, ratio=True, resnet=NOT_RESNET, paths=True, shattering=NOT_SCALAR,
+                        log_space=NOT_LOG_SPACE, taki=NOT_STACK),
     **{kind: dict(propagation=NO_SOWS, ratio=NO_SOWS, resnet=NOT_RESNET, paths=NO_BLOCKS, shattering=NOT_SCALAR,
                   log_space=NOT_LOG_SPACE, taki=NOT_STACK)
        for kind in ("densenet", "densenet121", "densenet_bc_cifar", "unet", "hourglass")},
@@ -134,7 +136,7 @@ EXPECT = {
     # 1-D ResNets: a ResNet's analyses, stage by stage; a (1, 1) input is a signal of length 1 (its gradients work)
     "resnet1d": dict(propagation=True, ratio=True, resnet=True, paths=True, shattering=True, log_space=NOT_LOG_SPACE,
                      taki=NOT_STACK),
-    "small_resnet1d": dict(propagation=True, ratio=r"order", resnet=True, paths=r"stage 1 .* has 1 block",
+    "small_resnet1d": dict(propagation=True, ratio=r"order", resnet=True, paths=POST_ORDER,
                            shattering=True, log_space=NOT_LOG_SPACE, taki=NOT_STACK),
     # the MNIST-1D reference models: the MLP's one residual block sows its output (a stream to measure); the others
     # have no residual blocks
@@ -219,7 +221,7 @@ def test_variance_through_depth(cases, case):
         _refused(expected, lambda: A.variance_through_depth(c.module, c.variables, c.x, train=c.train))
         _refused(expected, lambda: A.stream_activations(c.module, c.variables, c.x, train=c.train))
         return
-    stages = _module(case).stage_sizes if "resnet" in case and case != "tau_resnet" else None
+    stages = getattr(_module(case), "stage_sizes", None)  # a conv ResNet's (not tau_resnet's, not Taki's)
 
     @jax.jit
     def run(variables, x):  # the case's calls in one program, not one program per eager op
@@ -256,10 +258,15 @@ def test_branch_variance_ratio(cases, case):
     if expected is not True:
         _refused(expected, lambda: A.branch_variance_ratio(c.module, c.variables, c.x, train=c.train))
         return
-    ratio, stage = map(np.asarray, jax.jit(lambda v, x: (  # one program, not one per eager op
-        A.branch_variance_ratio(c.module, v, x, train=c.train),
-        A.variance_through_depth(c.module, v, x, train=c.train)["stage"]))(c.variables, c.x))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ratio, stage = map(np.asarray, jax.jit(lambda v, x: (  # one program, not one per eager op
+            A.branch_variance_ratio(c.module, v, x, train=c.train),
+            A.variance_through_depth(c.module, v, x, train=c.train)["stage"]))(c.variables, c.x))
     changes = np.r_[False, stage[2:] != stage[1:-1]]  # block j starts a new stage after the first
+    said = [str(w.message) for w in caught if "branch_variance_ratio" in str(w.message)]
+    undefined = (np.flatnonzero(changes) + 1).tolist()  # no NaN without a warning naming the blocks, nor the reverse
+    assert (len(said) == 1 and f"block(s) {undefined} change" in said[0]) if undefined else not said, said
     assert ratio.shape == (len(stage) - 1,)
     assert np.all(np.isnan(ratio[changes])) and np.all(np.isfinite(ratio[~changes])) and np.all(ratio[~changes] > 0)
 
@@ -327,14 +334,54 @@ def _scalar_twin(case):
     return build_model({**spec, "num_classes": 1})
 
 
+def _first_number(y):
+    """One number of any output (logits, an image, a list of heatmaps): its first leaf's first entry."""
+    return jax.tree_util.tree_leaves(y)[0].reshape(-1)[0]
+
+
+#: The cases whose gradients along a line are computed and compared (an image classifier with BatchNorm, an MLP
+#: with BatchNorm, a model of several outputs); the others are traced (``jax.eval_shape``), the suite's time.
+LINE_NUMBERS = {"cifar_resnet", "residual_mlp", "hourglass"}
+
+
+def _along_a_line(c, kw):
+    """Any model on its own variables: input_gradients along a line through its input space to one of its
+    outputs (embed=, readout=) equals the forward-mode derivative of the same function; a readout of more than
+    one number is refused by name."""
+    t = jnp.linspace(-1.0, 1.0, 3)
+    x0 = c.x[:1]
+    v = jax.random.normal(jax.random.key(7), x0.shape)
+    line = dict(embed=lambda s: x0 + s * v, readout=_first_number)
+    if c.name in ABSTRACT:
+        return
+    if c.name not in LINE_NUMBERS:  # the function is built, its shapes checked (eval_shape): the suite's time
+        scalar_function(c.module, c.variables, **line, **kw)
+        return
+    _refused(r"readout: input gradients need a scalar output", lambda: A.input_gradients(
+        c.module, c.variables, t, embed=line["embed"], readout=lambda y: jax.tree_util.tree_leaves(y)[0], **kw))
+    _refused(r"pass readout=", lambda: A.input_gradients(c.module, c.variables, t, embed=line["embed"], **kw))
+
+    @jax.jit
+    def run(variables):  # one program
+        f = lambda s: _first_number(c.module.apply(variables, x0 + s * v, **kw))  # noqa: E731
+        return A.input_gradients(c.module, variables, t, **line, **kw), jax.vmap(
+            lambda s: jax.jvp(f, (s,), (jnp.ones_like(s),))[1])(t)
+
+    grads, forward = map(np.asarray, run(c.variables))
+    assert grads.shape == t.shape and np.all(np.isfinite(grads))
+    np.testing.assert_allclose(grads, forward, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("case", IDS)
 def test_input_gradients_and_shattering(cases, case):
     """dy/dx on a grid for a model of one number: finite, one network of init_many equal to input_gradients, an
-    autocorrelation of 1 at lag 0; an image model refuses a (1, 1) input by name."""
+    autocorrelation of 1 at lag 0; an image model refuses a (1, 1) input, naming embed= and readout=; every
+    model along a line through its input space with them (``_along_a_line``)."""
     c = cases(case)
     expected = EXPECT[case]["shattering"]
     grid = make_grid(16)
     kw = {} if c.train is None else {"train": False}  # one example at a time: BatchNorm's running estimates
+    _along_a_line(c, kw)
     if expected is not True:
         _refused(expected, lambda: A.input_gradients(c.module, c.variables, grid, **kw))
         return
@@ -372,6 +419,16 @@ def test_path_expansion(cases, case):
     expected = EXPECT[case]["paths"]
     stage = _stage_of(case)
     kw = {} if stage is None else {"stage": stage}
+    if stage is not None:  # a conv ResNet with the defaults (no stage): refused, naming what to pass
+        _refused(r"pass stage=1 or 2 " if expected is True else expected,
+                 lambda: A.path_expansion(c.module, c.variables, c.x))
+    if case == "cifar_resnet":  # the refusals name the stages a deeper model has, or the depth it needs
+        deeper = build_model(dict(kind="cifar_resnet", depth=20, order="pre"))
+        _refused(r"pass stage=1, 2 or 3 ", lambda: A.path_expansion(deeper, c.variables, c.x))
+        _refused(r"order='pre' .* pass stage=1, 2 or 3 ",
+                 lambda: A.path_expansion(deeper.clone(order="post"), c.variables, c.x))
+        _refused(r"no stage .*stage_sizes=\(1, 1, 1\).*cifar_resnet\(14\)",
+                 lambda: A.path_expansion(c.module.clone(order="pre"), c.variables, c.x))
     if expected is not True:
         if case != "user_mlp":
             _refused(expected, lambda: A.path_expansion(c.module, c.variables, c.x, **kw))

@@ -6,9 +6,12 @@ on 64 examples of 10 features (4 steps an epoch).
 
 What holds (the statements of ``resjax.train.distributed``'s docstring):
 
-- seeds vmapped together on one device: each seed ends bit-identical to the same seed trained alone, at both
-  settings (the vmapped program computes each seed's sums in the same order here; another CPU or an accelerator
-  may not, and then the next case applies);
+- seeds vmapped together on one device against each seed alone: another program, which agrees to float32
+  rounding (asserted: 1e-6 relative in the loss at epoch 1, 1e-4 in the parameters at the end). Here, at both
+  settings, it happens to come out bit-identical (printed, not asserted: the vmapped program sums each seed's
+  values in the same order on this CPU); issue #53 measured 8 seeds of a width-64 MLP with 8 BatchNorm blocks on
+  MNIST-1D at momentum 0.9 1e-5 apart in the loss at epoch 1 and up to 0.8 apart in the parameters after 3
+  epochs, as chaotic training amplifies the rounding;
 - one seed per device (``Trainer.sweep`` sharding the seed axis) against the seed alone (``jax.jit(trainer)``):
   not bit-identical, the two programs are compiled differently. At epoch 1 the losses agree to float32
   rounding (1.1e-7 relative measured); then the rounding is carried and, with momentum at a high rate,
@@ -95,9 +98,13 @@ def _gaps(setting: _Setting, keys, devices):
 
 
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
-def test_seeds_vmapped_on_one_device_end_bit_identical_to_each_seed_alone(settings, setting):
-    for params, loss in _gaps(settings(setting), KEYS, jax.devices()[:1]):
-        assert params == 0.0 and not loss.any(), (setting, params, loss)
+def test_seeds_vmapped_on_one_device_agree_with_each_seed_alone_to_float32_rounding(settings, setting):
+    gaps = _gaps(settings(setting), KEYS, jax.devices()[:1])
+    params = max(p for p, _ in gaps)
+    first, worst = max(float(loss[0]) for _, loss in gaps), max(float(loss.max()) for _, loss in gaps)
+    print(f"{setting}: vmapped vs alone: loss rel. gap epoch 1 {first:.2e}, max {worst:.2e}; params {params:.2e}"
+          + (" (bit-identical here)" if params == 0 and worst == 0 else ""))
+    assert first < 1e-6 and worst < 1e-4 and params < 1e-4, (setting, first, worst, params)
 
 
 def test_one_seed_per_device_agrees_to_float32_rounding_at_epoch_1_then_drifts(settings):

@@ -9,6 +9,7 @@ import ast
 import dataclasses
 import functools
 import pathlib
+import re
 import warnings
 
 import flax.linen as nn
@@ -169,6 +170,25 @@ def test_group_norm_default_groups_fit_the_channels():
     np.testing.assert_allclose(y.var(axis=(1, 2)), 1, atol=1e-3)
 
 
+def test_names_shared_with_flax_and_their_defaults_are_documented():
+    """resjax.nn exports BatchNorm and GroupNorm, flax.linen's names: a star import of both keeps the later one.
+    Every shared name is documented where a user meets it (models guide, the classes' docstrings), with the
+    defaults that differ stated as they are."""
+    shared = {name for name in rn.__all__ if hasattr(nn, name)}
+    assert shared == {"BatchNorm", "GroupNorm"}, shared  # a new shared name needs its paragraph too
+    guide = (pathlib.Path(__file__).parent.parent / "docs" / "guide" / "models.md").read_text()
+    section = guide[guide.index("**Names shared with Flax.**"):].split("\n\n")[0]
+    for name in shared:
+        assert f"`resjax.nn.{name}`" in section and "Names shared with flax" in rn.norms.__doc__, name
+        assert "star import" in getattr(rn, name).__doc__ and f"``{name}``" in rn.__doc__
+    assert (rn.BatchNorm.momentum, nn.BatchNorm.momentum) == (0.9, 0.99)  # what the docs say
+    assert "`momentum=0.9`" in section and "Flax's default is 0.99" in section
+    fields = lambda cls: {f.name: f.default for f in dataclasses.fields(cls) if f.name not in ("parent", "name")}  # noqa: E731
+    assert fields(rn.GroupNorm) == fields(nn.GroupNorm)  # "keeps Flax's defaults"
+    stated = re.search(r"keeps Flax's defaults \(`num_groups=(\d+)`, `epsilon=([0-9.e-]+)`\)", section)
+    assert (int(stated[1]), float(stated[2])) == (nn.GroupNorm.num_groups, nn.GroupNorm.epsilon), stated
+
+
 # ---- param_dtype ----
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -182,9 +202,18 @@ def test_param_dtype_on_every_kind(kind):
         assert {a.dtype for a in jax.tree_util.tree_leaves(v.get("batch_stats", {}))} <= {jnp.dtype(jnp.float32)}
     if kind not in LARGE:
         model, _ = _model(kind, param_dtype="bfloat16")
-        out = jax.jit(lambda key: model.apply(model.init(key, x, train=False), x, train=False))(  # one program
-            jax.random.key(0))
+        float32, _ = _model(kind)
+
+        @jax.jit
+        def run(key):  # one program
+            v = model.init(key, x, train=False)
+            return model.apply(v, x, train=False), v["params"], float32.init(key, x, train=False)["params"]
+
+        out, params, params32 = run(jax.random.key(0))
         assert all(np.isfinite(np.asarray(o, np.float32)).all() for o in jax.tree_util.tree_leaves(out))
+        # the initial draws do not depend on param_dtype: the bfloat16 parameters are the float32 draws, rounded
+        for p, q in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(params32)):
+            np.testing.assert_array_equal(np.asarray(p), np.asarray(q.astype(jnp.bfloat16)))
 
 
 # ---- each model carries only its own settings ----

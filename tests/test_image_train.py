@@ -312,6 +312,29 @@ SHARDED = textwrap.dedent("""
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
         for name in ("train_loss", "test_loss", "test_error"):
             np.testing.assert_allclose(h4[name], h1[name], rtol=1e-5, atol=1e-6)
+    # A loop of one's own under shard_map: BatchNorm normalises by each device's examples unless given the axis
+    import functools
+    from jax.sharding import PartitionSpec as P
+    from resjax.nn import BatchNorm, build_model
+    x = jax.numpy.asarray(TRAIN.images[:16])
+
+    def train_mode(norm, mapped):  # one training-mode call: the logits and the new running estimates
+        model = build_model(dict(kind="resnet", stage_sizes=(1,), stage_widths=(4,), stem_width=4, num_classes=4,
+                                 norm=norm))
+        v = model.init(jax.random.key(0), x[:1], train=False)
+        apply = lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"])
+        call = apply
+        if mapped:
+            call = jax.shard_map(lambda v, x: (lambda out, new: (out, jax.lax.pmean(new, "data")))(*apply(v, x)),
+                                 mesh=mesh, in_specs=(P(), P("data")), out_specs=(P("data"), P()), check_vma=False)
+        return jax.tree_util.tree_leaves(jax.jit(call)(v, x))
+
+    one = train_mode("batch", False)
+    own = train_mode("batch", True)
+    named = train_mode(functools.partial(BatchNorm, axis_name="data"), True)
+    for a, b in zip(named, one):  # the axis named: the global batch's statistics
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    assert max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(own, one)) > 1e-3  # each device's
     with pytest.raises(ValueError, match="batch_size"):
         trainer_for(tiny_config(batch_size=6), TinyCNN(), TRAIN, TEST, mesh=mesh)
     with pytest.raises(ValueError, match="eval_batch_size"):

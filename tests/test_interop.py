@@ -357,3 +357,14 @@ def test_weights_of_another_depth_get_one_short_message_naming_both_depths(direc
         else:
             first = "first missing: params/stage1_2" if given is small else "first unexpected: params/stage1_2"
             assert first in message, message
+
+
+def test_torchvision_weights_of_another_depth_name_imagenet_resnet():
+    """torchvision ResNet-34 weights offered to an imagenet_resnet(18): the hint names the builder of the weights'
+    own family and depth (imagenet_resnet(34), not cifar_resnet)."""
+    small, big = imagenet_resnet(18, scan=True), imagenet_resnet(34, scan=True)
+    with pytest.raises(interop.WeightsMismatchError) as err:
+        interop.to_torch_state_dict(_zero_variables(big), small)
+    message = str(err.value)
+    assert "stage_sizes=(3, 4, 6, 3) (imagenet_resnet(34), as torchvision's resnet34)" in message, message
+    assert "cifar_resnet" not in message

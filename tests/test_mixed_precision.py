@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from resjax.nn import DTYPES, ResNet, build_model, make_norm, resolve_dtype
+from resjax.nn import DTYPES, PlainMLP, ResidualMLP, ResidualStack, ResNet, build_model, make_norm, resolve_dtype
 from resjax.train import image_train_config, make_image_train, run_config
 
 BF16 = jnp.dtype(jnp.bfloat16)
@@ -216,6 +216,12 @@ def test_bad_dtype_settings_name_the_setting():
         _trainer(dtype="bf17")  # before anything compiles
     with pytest.raises(ValueError, match=r"^model\.dtype: 'bfloat16' is not available for model\.kind='residual_mlp'"):
         build_model(dict(kind="residual_mlp", width=8, num_blocks=2, dtype="bfloat16"), num_classes=4)
+    for cls, kw in ((ResidualMLP, dict(num_blocks=2)), (PlainMLP, dict(depth=2)), (ResidualStack, dict(num_blocks=2))):
+        for half in ("bfloat16", jnp.float16):  # the classes agree with build_model: float32 only
+            with pytest.raises(ValueError, match=rf"^dtype: .* is not available for {cls.__name__}, which computes in "
+                                                 "float32 only"):
+                cls(width=8, dtype=half, **kw)
+        cls(width=8, dtype="float32", **kw)
     # float32 means what those kinds compute in: accepted (and dropped)
     build_model(dict(kind="residual_mlp", width=8, num_blocks=2, dtype="float32"), num_classes=4)
     assert [resolve_dtype(d) for d in DTYPES] == [F32, BF16, jnp.dtype(jnp.float16)]

@@ -25,7 +25,9 @@ no resjax base class; tested in ``tests/test_analysis_protocol.py``):
   the call with a ``ValueError`` naming ``train``. ``tests/test_analysis_matrix.py`` runs every analysis
   here on every ``build_model`` kind and on a Flax-only model.
 - **Shattered gradients** (``input_gradients``, ``input_gradients_many``): a module or ``apply_fn``
-  mapping a ``(1, 1)`` input to one number; no sows.
+  mapping a ``(1, 1)`` input to one number; no sows. Any other model (every ``build_model`` kind) with
+  ``embed=`` (a line through its input space, ``lambda t: x0 + t * v``) and ``readout=`` (one number of its
+  output, ``lambda y: y[0, c]``); without them it is refused, naming both.
 - **Path expansion of your own stack**: ``branch_stack([(f_1, params_1), ..., (f_K, params_K)])``, block k
   being ``x <- x + f_k(params_k, x)`` on one example, then ``path_expansion(stack, x0)`` with the stream
   ``x0`` ``(B, D)`` before block 1; ``terms.sum(1)`` is the stack's Jacobian. (resjax's ``ResidualMLP``

@@ -61,7 +61,7 @@ import numpy as np
 from resjax.analysis.protocol import applied
 from resjax.nn.block import ResidualBlock
 from resjax.nn.residual import stack_unrolled
-from resjax.nn.resnet import ResNet
+from resjax.nn.resnet import ResNet, TakiResNet
 from resjax.nn.signal import ResNet1D
 
 __all__ = [
@@ -146,16 +146,36 @@ def _block_names(collection: dict, name: str) -> tuple[str, int]:
 
 
 def _resnet_stage(module: ResNet, stage: Any) -> int:
-    """``stage`` checked against a ``ResNet``'s stages: an integer 1..N whose stage has blocks after its first."""
+    """``stage`` checked against a ``ResNet``'s stages: an integer 1..N whose stage has blocks after its first.
+
+    Each refusal says how to get a path expansion: a post-order ResNet (the default of ``cifar_resnet`` and
+    ``imagenet_resnet``) is refused first, naming ``order='pre'`` and the ``stage=`` values that model would
+    take; a ResNet with no stage of two or more blocks names the depth it needs; a missing ``stage`` lists
+    the stages to pass."""
     num = len(module.stage_sizes)
+    usable = [s for s in range(1, num + 1) if module.stage_sizes[s - 1] >= 2]
+    stages = (f"stage={usable[0]}" if len(usable) == 1 else
+              "stage=" + ", ".join(str(s) for s in usable[:-1]) + f" or {usable[-1]}") if usable else None
+    deeper = (f"no stage of this ResNet has blocks after its first (stage_sizes={tuple(module.stage_sizes)}); "
+              "path expansion needs a stage of 2 or more blocks (stage_sizes >= 2, e.g. cifar_resnet(14) or "
+              "deeper)")
+    if module.order != "pre":
+        raise ValueError(f"path expansion: order={module.order!r} puts an activation after each block's sum, so a "
+                         f"block is not x + f(x): build the model with order='pre' (e.g. build_model(dict(kind=..., "
+                         f"order='pre')) or cifar_resnet(depth, order='pre')) and pass "
+                         + (f"{stages} (a stage's blocks after its first)" if stages else
+                            f"stage=s; also, {deeper}"))
     if stage is None:
+        if not usable:
+            raise ValueError(f"stage: {deeper}")
         raise ValueError(f"stage: a ResNet's stream changes shape from stage to stage, so its path expansion is "
-                         f"one stage's: pass stage=1..{num}")
+                         f"one stage's: pass {stages} (the stages with blocks after their first)")
     if isinstance(stage, bool) or not isinstance(stage, (int, np.integer)) or not 1 <= stage <= num:
         raise ValueError(f"stage: must be an integer in 1..{num} (the ResNet's stages), got {stage!r}")
     if module.stage_sizes[stage - 1] < 2:
         raise ValueError(f"stage: stage {stage} of the ResNet has {module.stage_sizes[stage - 1]} block, its first "
-                         "(which may change the shape); path expansion needs blocks after it (stage_sizes >= 2)")
+                         "(which may change the shape); path expansion needs blocks after it (stage_sizes >= 2)"
+                         + (f"; pass {stages}" if stages else f"; {deeper}"))
     return int(stage)
 
 
@@ -170,7 +190,8 @@ def residual_stack_of(module: nn.Module, variables: dict, *, tau: float | jax.Ar
 
     Args:
         module: a ``ResidualMLP`` or ``ResidualStack``: anything with ``block_kwargs()``, from which the
-            ``ResidualBlock`` is rebuilt. Any other module needs ``block`` (and, unless its blocks are
+            ``ResidualBlock`` is rebuilt; a ``TakiResNet`` (its ``TakiBlock``s, on the stream of images
+            ``(H, W, C)``). Any other module needs ``block`` (and, unless its blocks are
             named ``blocks``, ``name``); its ``num_blocks``, if it has one, must equal the blocks found.
         variables: the module's variables: ``'params'`` (required) and ``'batch_stats'`` (read when
             present and non-empty, in the same layout as ``'params'``).
@@ -215,6 +236,10 @@ def residual_stack_of(module: nn.Module, variables: dict, *, tau: float | jax.Ar
             block_cls, kwargs = module._block(stage - 1, 1)  # the stage's identity-shortcut block
             block = block_cls(**kwargs, parent=None)
         name, expected = f"stage{stage}", module.stage_sizes[stage - 1] - 1
+    elif isinstance(module, TakiResNet) and stage is None:  # one stack of TakiBlocks, x + conv(act(N(x)))
+        if block is None:
+            block_cls, kwargs = module._block()
+            block = block_cls(**kwargs, parent=None)
     elif stage is not None:
         raise ValueError(f"stage: only a resjax.nn.ResNet has stages, got {type(module).__name__}")
     if block is None:
@@ -431,6 +456,9 @@ def path_expansion(module: nn.Module | BranchStack | list, variables: Any, input
       the stream ``(L_s, C_s)``) and ``stage`` s (required): the expansion of
       stage s's blocks after its first, on the stream ``(H_s, W_s, C_s)`` flattened to D (``terms.sum(1)``
       is the Jacobian of that part of the stage; ``stream`` keeps the image shape: ``(B, K + 1, H_s, W_s, C_s)``);
+      a post-order ResNet (``cifar_resnet``'s and ``imagenet_resnet``'s default) is refused, naming ``order='pre'``
+      and the stages to pass. A ``TakiResNet`` (``x + conv(act(N(x)))`` blocks, one shape): images, no ``stage``,
+      the stream ``(H, W, C)`` flattened to D as above;
     - ``path_expansion(stack, x0)``: your own residual stack, a ``BranchStack`` or a list of
       ``(branch_function, params)`` pairs (``branch_stack``), and the stream before its first block for a
       batch, ``x0``: ``(B, D)`` (e.g. ``stream_input(model, variables, inputs)`` of a model that sows
@@ -454,10 +482,12 @@ def path_expansion(module: nn.Module | BranchStack | list, variables: Any, input
         inputs = jnp.asarray(inputs)
         stack = residual_stack_of(module, variables, tau=tau, stage=stage)  # the model's blocks, checked first
         # a ResNet: images (B, H, W, C) or signals (B, L, C); a ResNet1D: signals (B, L, C) or (B, L)
-        ranks = ((2, 3) if isinstance(module, ResNet1D) else (3, 4)) if isinstance(module, ResNet) else (2,)
+        ranks = (((2, 3) if isinstance(module, ResNet1D) else (3, 4)) if isinstance(module, ResNet) else
+                 (4,) if isinstance(module, TakiResNet) else (2,))
         if inputs.ndim not in ranks:
             want = ("signals (B, L) or (B, L, C)" if isinstance(module, ResNet1D) else
                     "images (B, H, W, C) or signals (B, L, C)" if isinstance(module, ResNet) else
+                    "images (B, H, W, C)" if isinstance(module, TakiResNet) else
                     "a batch (B, in_features)")
             raise ValueError(f"path_expansion: inputs must be {want}, got shape {inputs.shape}")
         x0 = stream_input(module, variables, inputs, tau=tau, stage=stage)

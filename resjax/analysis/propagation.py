@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -294,18 +295,24 @@ def branch_variance_ratio(module: nn.Module | Callable[..., Any], variables: dic
 
     Compare with ``ratio_guide(K)`` = 1/(k + 1), k = j - 1 (BatchNorm at the branch input). A block that
     changes the stream's shape (the first of a convolutional ResNet's later stages, whose shortcut is a
-    projection) adds nothing that the stream shows: its entry is NaN.
+    projection) adds nothing that the stream shows: its entry is NaN, and a ``UserWarning`` names those blocks
+    (``ratio[j - 1]`` is block j's; the warning is raised when the call is traced, once per ``jax.jit`` trace).
     """
     c = sum_scale(module)
     per_depth, stage, stacked = _stream_parts(module, variables, inputs, train=train, **apply_kwargs)
     if stacked is not None:
         return branch_ratio_of_stream(stacked, c)
-    ratios = []
-    for before, after in zip(per_depth[:-1], per_depth[1:]):
+    ratios, undefined = [], []
+    for j, (before, after) in enumerate(zip(per_depth[:-1], per_depth[1:]), start=1):
         if jnp.shape(before) != jnp.shape(after):
             ratios.append(jnp.full((1,), jnp.nan, jnp.result_type(after)))
+            undefined.append(j)
         else:
             ratios.append(branch_ratio_of_stream(jnp.stack([before, after]), c))
+    if undefined:
+        warnings.warn(f"branch_variance_ratio: block(s) {undefined} change the stream's shape (a stage's first "
+                      "block, whose shortcut is a projection), so what they add cannot be read from the stream: "
+                      "their ratios are NaN (ratio[j - 1] is block j's)", UserWarning, stacklevel=2)
     return jnp.concatenate(ratios)
 
 

@@ -9,7 +9,9 @@ pure function of ``(module, variables, inputs)`` or of arrays; nothing trains.
 - ``init_many(module, key, num_networks)``: ``num_networks`` independent parameter draws, vmapped;
   every leaf gets a leading network axis.
 - ``input_gradients(module, variables, grid)``: ``dy/dx`` at every grid point for one network, by
-  ``jax.grad`` vmapped over the grid (automatic differentiation, never finite differences);
+  ``jax.grad`` vmapped over the grid (automatic differentiation, never finite differences); a model of more
+  than one input or output goes along a line through its input space to one of its outputs with
+  ``embed=lambda t: x0 + t * v`` and ``readout=lambda y: y[0, c]`` (``scalar_function``);
   ``input_gradients_many`` does the same for stacked variables (vmapped over networks too).
 - ``autocorrelation(signal, max_lag, estimator)``: the autocorrelation of a 1-D signal (or of each row of
   ``(..., n)``) at lags ``0 .. max_lag`` (in grid steps). Estimators (``ESTIMATORS``), with ``a_i`` the
@@ -39,7 +41,8 @@ pure function of ``(module, variables, inputs)`` or of arrays; nothing trains.
   each network.
 
 Bad settings (a grid of fewer than 2 points, ``high <= low``, ``max_lag`` out of range, an unknown
-estimator, a module whose output is not a single number) raise ``ValueError`` naming the setting.
+estimator, a module whose output is not a single number) raise ``ValueError`` naming the setting (the last:
+``readout``; a model that refuses a ``(1, 1)`` input: ``embed`` and ``readout``).
 """
 
 from __future__ import annotations
@@ -102,47 +105,81 @@ def init_many(module: nn.Module, key: jax.Array, num_networks: int, input_size: 
     return jax.vmap(lambda k: module.init(k, x, **init_kwargs))(keys)
 
 
-def scalar_function(module: nn.Module | Callable[..., Any], variables: dict,
+def scalar_function(module: nn.Module | Callable[..., Any], variables: dict, *,
+                    embed: Callable[[jax.Array], Any] | None = None,
+                    readout: Callable[[Any], jax.Array] | None = None,
                     **apply_kwargs: Any) -> Callable[[ArrayLike], jax.Array]:
-    """``x -> y`` for a module mapping a ``(1, 1)`` input to a single output, as a function of a scalar.
+    """``t -> y`` for a model as a function of one number: ``readout(model(embed(t)))``.
 
     ``module``: a Linen module or an ``apply_fn(variables, x, **kwargs)`` (``resjax.analysis.protocol``);
-    NNX objects are refused with a ``TypeError`` saying what to pass. A model that refuses a ``(1, 1)`` input
-    (an image model) raises ``ValueError`` here; the returned function raises ``ValueError`` when the
-    module's output is not a single number.
+    NNX objects are refused with a ``TypeError`` saying what to pass. ``embed(t)``: the model's input for the
+    number ``t`` (default: the ``(1, 1)`` array holding ``t``, for a model of one input; for any other model a
+    line through its input space, e.g. ``lambda t: x0 + t * v`` with ``x0``, ``v`` of the input's shape).
+    ``readout(y)``: one number from the model's output (default: the output itself, which must hold one
+    number; e.g. ``lambda logits: logits[0, c]`` for class ``c``). Both are traced with the model (jnp only).
+
+    The call is checked on ``jax.eval_shape`` before anything is computed: a model that refuses the input
+    (an image model given ``(1, 1)``) or an output of more than one number raises ``ValueError`` naming
+    ``embed`` or ``readout``, the argument that fixes it.
     """
     model = applied(module, variables, "scalar_function")
-    try:  # the model's own refusal of a (1, 1) input (an image model's), before anything is computed
-        jax.eval_shape(lambda v: model.apply(v, jnp.zeros((1, 1), jnp.float32), **apply_kwargs), variables)
+    given_embed, given_readout = embed, readout
+    if embed is None:
+        def embed(t):
+            return jnp.reshape(t, (1, 1))
+    if readout is None:
+        def readout(y):
+            return y
+    t0 = jnp.zeros((), jnp.float32)
+    try:  # the model's own refusal of the input (an image model's of a (1, 1) input), before anything is computed
+        out = jax.eval_shape(lambda v: model.apply(v, embed(t0), **apply_kwargs), variables)
     except (ValueError, TypeError, flax.errors.FlaxError) as err:  # FlaxError: parameters of another input shape
-        raise ValueError(f"module: input gradients need a model of one number (a (1, 1) input to a single "
-                         f"output); {model.name} refuses a (1, 1) input: {err}") from None
+        if given_embed is None:
+            raise ValueError(f"module: input gradients need a model of one number (a (1, 1) input to a single "
+                             f"output); {model.name} refuses a (1, 1) input: {err}. For another model pass embed=, "
+                             "a line through its input space (e.g. embed=lambda t: x0 + t * v, x0 and v shaped as "
+                             "its input batch of one), and readout=, one number from its output (e.g. "
+                             "readout=lambda y: y[0, 0])") from None
+        raise ValueError(f"embed: {model.name} refuses the input that embed gives: {err}") from None
+    number = jax.eval_shape(readout, out)
+    leaves = jax.tree_util.tree_leaves(number)
+    if len(leaves) != 1 or int(np.prod(leaves[0].shape)) != 1:
+        shapes = [tuple(a.shape) for a in leaves]
+        name = "readout" if given_readout is not None else "module"
+        raise ValueError(f"{name}: input gradients need a scalar output (one number), got output shape(s) "
+                         f"{shapes[0] if len(shapes) == 1 else shapes}"
+                         + ("" if given_readout is not None else
+                            "; pass readout=, one number from the output (e.g. readout=lambda y: y[0, 0])"))
 
-    def f(x):
-        y = model.apply(variables, jnp.reshape(x, (1, 1)), **apply_kwargs)
-        if y.size != 1:
-            raise ValueError(f"module: input gradients need a scalar output, got output shape {tuple(y.shape)}")
-        return jnp.reshape(y, ())
+    def f(t):
+        return jnp.reshape(readout(model.apply(variables, embed(t), **apply_kwargs)), ())
 
     return f
 
 
-def input_gradients(module: nn.Module | Callable[..., Any], variables: dict, grid: ArrayLike,
+def input_gradients(module: nn.Module | Callable[..., Any], variables: dict, grid: ArrayLike, *,
+                    embed: Callable[[jax.Array], Any] | None = None, readout: Callable[[Any], jax.Array] | None = None,
                     **apply_kwargs: Any) -> jnp.ndarray:
-    """``dy/dx`` of a scalar-input, scalar-output module at every point of ``grid`` (shape ``(n,)``), by
-    ``jax.grad`` vmapped over the grid. ``apply_kwargs`` go to ``module.apply`` (e.g. ``tau=...``); a plain
+    """``dy/dt`` of ``y = readout(model(embed(t)))`` at every point ``t`` of ``grid`` (shape ``(n,)``), by
+    ``jax.grad`` vmapped over the grid. By default (no ``embed``, no ``readout``) the model must map a ``(1, 1)``
+    input to one number, and this is ``dy/dx``; ``embed`` and ``readout`` (see ``scalar_function``) take any
+    model along a line through its input space to one of its outputs (a model that refuses the default names
+    them). ``apply_kwargs`` go to ``module.apply`` (e.g. ``tau=...``, ``train=False``); a plain
     ``apply_fn(variables, x, **kwargs)`` may stand for the module."""
     grid = _check_grid(grid)
-    return jax.vmap(jax.grad(scalar_function(module, variables, **apply_kwargs)))(grid)
+    f = scalar_function(module, variables, embed=embed, readout=readout, **apply_kwargs)
+    return jax.vmap(jax.grad(f))(grid)
 
 
-def input_gradients_many(module: nn.Module | Callable[..., Any], variables: dict, grid: ArrayLike,
-                         **apply_kwargs: Any) -> jnp.ndarray:
+def input_gradients_many(module: nn.Module | Callable[..., Any], variables: dict, grid: ArrayLike, *,
+                         embed: Callable[[jax.Array], Any] | None = None,
+                         readout: Callable[[Any], jax.Array] | None = None, **apply_kwargs: Any) -> jnp.ndarray:
     """``input_gradients`` for stacked variables (leading network axis, e.g. from ``init_many``):
     shape ``(networks, n)``, one jitted program vmapped over networks and grid points."""
     grid = _check_grid(grid)
     applied(module, variables, "input_gradients_many")
-    fn = jax.jit(jax.vmap(lambda v, g: input_gradients(module, v, g, **apply_kwargs), in_axes=(0, None)))
+    fn = jax.jit(jax.vmap(lambda v, g: input_gradients(module, v, g, embed=embed, readout=readout, **apply_kwargs),
+                          in_axes=(0, None)))
     return fn(variables, grid)
 
 

@@ -27,15 +27,18 @@ Every name below is importable from ``resjax.nn`` (``__all__`` lists them):
 - normalisation: ``make_norm`` (every norm by name, ``NORMS``, or any flax normalisation class or partial:
   ``nn.BatchNorm`` is given ``train`` as ``use_running_average``), ``BatchNorm`` (PyTorch's defaults,
   ``BATCHNORM_DEFAULTS``), ``GroupNorm`` (``default_groups``: the groups fit any channel count), ``is_batch_norm``,
-  ``check_norm``;
+  ``check_norm``. ``BatchNorm`` and ``GroupNorm`` carry flax.linen's names: a star import of this package and of
+  ``flax.linen`` in one file keeps whichever came last, and ``BatchNorm``'s momentum differs (0.9 here, 0.99 in
+  flax); import the modules (``import resjax.nn as rn``) and write ``rn.BatchNorm``;
 - initialisers: ``get_initializer`` (``INITIALIZERS``, ``PARAMETRISED_INITIALIZERS``), ``taki_init``,
   ``get_bias_initializer`` (``BIAS_INITIALIZERS``); ``conv_kernel_weights`` counts conv weights;
 - mixed precision (``resjax.nn.precision``): the convolutional classifiers and their blocks have a field
   ``dtype`` (``DTYPES``: ``'float32'``, ``'bfloat16'``, ``'float16'``; ``None``, the default, is float32),
   the computation's dtype, with float32 parameters, BatchNorm statistics and logits; ``DTYPE_KINDS`` are the
   ``build_model`` kinds that take it; ``resolve_dtype`` checks a value, ``layer_dtypes`` gives a flax
-  layer's ``dtype``/``param_dtype``. Every model and block has ``param_dtype`` (``None``: float32, flax's), the
-  dtype of all its parameters;
+  layer's ``dtype``/``param_dtype``; the MLP classes, like their ``build_model`` kinds, refuse a half ``dtype``.
+  Every model and block has ``param_dtype`` (``None``: float32, flax's), the dtype of all its parameters, whose
+  initial values are the float32 draws rounded to it (``resjax.nn.init``), whatever the ``param_dtype``;
 - Flax's tools: ``Module.tabulate``, ``nn.tabulate``, ``jax.eval_shape`` of ``init``, ``clone`` and ``bind`` work
   on every kind (pass ``train`` as a Python bool, e.g. ``model.tabulate(key, x, train=False)``).
 

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from resjax.nn.conv_blocks import DEFAULT_KERNEL_INIT, DenseBlock, Transition, _check, norm_layer
-from resjax.nn.init import get_initializer
+from resjax.nn.init import FLAX_DEFAULT_KERNEL_INIT, get_initializer
 from resjax.nn.precision import PrecisionRepr, layer_dtypes
 from resjax.nn.residual import check_positive
 
@@ -128,7 +128,7 @@ class DenseNet(PrecisionRepr, nn.Module):
                                dtype=self.dtype, param_dtype=self.param_dtype, name=f"transition_{i}")(h, train)
         h = nn.relu(norm_layer(self, "final_norm", train)(h))
         h = jnp.mean(h, axis=(1, 2))
-        logits = nn.Dense(self.num_classes, name="classifier", **dtypes)(h)
+        logits = nn.Dense(self.num_classes, kernel_init=FLAX_DEFAULT_KERNEL_INIT, name="classifier", **dtypes)(h)
         return logits.astype(jnp.promote_types(logits.dtype, jnp.float32))  # half -> float32
 
 

@@ -28,6 +28,7 @@ import jax
 from resjax.nn.norms import check_norm
 from resjax.nn.precision import PrecisionRepr, layer_dtypes, resolve_dtype
 from resjax.nn.residual import check_positive, residual_add
+from resjax.nn.init import FLAX_DEFAULT_KERNEL_INIT
 from resjax.nn.unet import ConvBlock, check_spatial
 
 
@@ -157,10 +158,13 @@ class StackedHourglass(PrecisionRepr, nn.Module):
             h = Hourglass(self.depth, self.features, self.norm, param_dtype=self.param_dtype,
                           name=f"hourglass_{s}")(x, train)
             h = block(f"features_{s}")(h, train)
-            heat = nn.Conv(self.num_heatmaps, (1, 1), name=f"heatmap_{s}", param_dtype=pd)(h)
+            heat = nn.Conv(self.num_heatmaps, (1, 1), kernel_init=FLAX_DEFAULT_KERNEL_INIT, name=f"heatmap_{s}",
+                           param_dtype=pd)(h)
             heatmaps.append(heat)
             if s < self.num_stacks - 1:
-                back = nn.Conv(self.features, (1, 1), name=f"remap_features_{s}", param_dtype=pd)(h)
-                back = back + nn.Conv(self.features, (1, 1), name=f"remap_heatmap_{s}", param_dtype=pd)(heat)
+                back = nn.Conv(self.features, (1, 1), kernel_init=FLAX_DEFAULT_KERNEL_INIT,
+                               name=f"remap_features_{s}", param_dtype=pd)(h)
+                back = back + nn.Conv(self.features, (1, 1), kernel_init=FLAX_DEFAULT_KERNEL_INIT,
+                                      name=f"remap_heatmap_{s}", param_dtype=pd)(heat)
                 x = residual_add(x, back)
         return heatmaps

@@ -25,7 +25,9 @@ config files, ``--kernel_init`` flags). Bad parameters (c <= 0 or not finite, L 
 an unknown parameter) raise ``ValueError`` naming the setting. Taki's own CIFAR runs drew
 1/(8*8*16*100), i.e. c = 1, n = 8*8*16 (an 8x8 convolution on 16 channels), L = 100.
 
-``gain`` multiplies the draw (Fixup scales its branch layers this way). Fan-in and fan-out are
+``gain`` multiplies the draw (Fixup scales its branch layers this way). Every initialiser returned here
+draws in float32 (or float64) and rounds to a narrower dtype (``drawn_in_float32``): a model built with
+``param_dtype='bfloat16'`` starts from its float32 twin's draws, rounded, not from other random numbers. Fan-in and fan-out are
 flax's: for a Dense kernel ``(in, out)`` fan_in = in; for a conv kernel ``(h, w, in, out)`` fan_in =
 h*w*in.
 
@@ -136,12 +138,35 @@ def get_initializer(name: str | Initializer, gain: float = 1.0, **params: Any) -
                              f"{INITIALIZERS + PARAMETRISED_INITIALIZERS}")
         base = _BASE[key]()
     if gain == 1.0:
-        return base
+        return drawn_in_float32(base)
 
     def scaled(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
         return gain * base(key, shape, dtype)
 
-    return scaled
+    return drawn_in_float32(scaled)
+
+
+def drawn_in_float32(init: Initializer) -> Initializer:
+    """``init`` drawing at least float32 and rounding to a narrower ``dtype``: a bfloat16 or float16
+    parameter gets the float32 draw's rounded value, so ``param_dtype`` does not change a model's initial
+    draws (``jax.random`` draws different numbers in bfloat16). Float32 and float64 draws are ``init``'s own,
+    unchanged."""
+    if getattr(init, "_draws_in_float32", False):
+        return init
+
+    def wrapped(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
+        """The wrapped initialiser's draw in at least float32, rounded to ``dtype``."""
+        dtype = jnp.dtype(dtype)
+        wide = jnp.promote_types(dtype, jnp.float32)
+        return init(key, shape, dtype) if wide == dtype else init(key, shape, wide).astype(dtype)
+
+    wrapped._draws_in_float32 = True  # type: ignore[attr-defined]
+    return wrapped
+
+
+#: flax's own default kernel initialiser (``lecun_normal``: truncated normal, variance 1/fan_in), drawn in float32
+#: (``drawn_in_float32``): for the layers that keep flax's default (DenseNet's classifier, UNet, the hourglass).
+FLAX_DEFAULT_KERNEL_INIT = drawn_in_float32(initializers.lecun_normal())
 
 
 def _torch_bias(fan_in: int) -> Initializer:
@@ -168,9 +193,9 @@ def get_bias_initializer(name: str | Initializer, fan_in: int) -> Initializer:
     """The bias initialiser called ``name`` for a layer whose input has ``fan_in`` features (or ``name``
     itself if it is already a function, called as ``init(key, shape, dtype)``)."""
     if callable(name):
-        return name
+        return drawn_in_float32(name)
     if name not in _BIAS:
         raise ValueError(f"bias_init: unknown initialiser {name!r}; choose one of {BIAS_INITIALIZERS}")
     if not isinstance(fan_in, int) or isinstance(fan_in, bool) or fan_in < 1:
         raise ValueError(f"bias_init: fan_in must be an integer >= 1, got {fan_in!r}")
-    return _BIAS[name](fan_in)
+    return drawn_in_float32(_BIAS[name](fan_in))

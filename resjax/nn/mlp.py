@@ -22,6 +22,12 @@ rematerialises the scanned blocks in segments in the backward pass (``resjax.nn.
 the memory. ``bias_init`` also draws the stem's and head's biases (fan-in = the layer's input size);
 ``stem_init``/``head_init`` (``None``: ``kernel_init``) draw the stem and head kernels. The models sow their stem's
 output (``stem_out``) and every block's (``block_out``) into ``'intermediates'``.
+
+Precision: the MLPs compute in float32. Their ``dtype`` field (a block setting) accepts only a value that means
+float32 (``None``, ``'float32'``); a half one raises ``ValueError`` naming ``dtype``, as ``build_model`` refuses
+``model.dtype`` for the MLP kinds (mixed precision is the convolutional models', ``resjax.nn.precision``).
+``param_dtype`` stores every parameter in another dtype; the initial values are drawn in float32 and rounded
+to it (``resjax.nn.init``), so a bfloat16 MLP starts from its float32 twin's draws.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import jax
 
 from resjax.nn.block import MLPSettings, ResidualBlock, accept_moved_settings, resolve_block, setting
 from resjax.nn.init import get_bias_initializer, get_initializer
-from resjax.nn.precision import layer_dtypes, resolve_dtype
+from resjax.nn.precision import is_float32, layer_dtypes, resolve_dtype
 from resjax.nn.residual import check_call_tau, check_positive, check_remat, stack_blocks
 
 
@@ -51,6 +57,11 @@ class _Stack(MLPSettings):
         check_positive("width", self.width)
         check_remat(self.remat, self.scan)
         resolve_dtype(self.param_dtype, "param_dtype")
+        if not is_float32(self.dtype):  # as build_model's MLP kinds: mixed precision is the conv models' (DTYPE_KINDS)
+            raise ValueError(f"dtype: {self.dtype!r} is not available for {type(self).__name__}, which computes in "
+                             "float32 only (as build_model's MLP kinds); a half dtype is the convolutional models' "
+                             "setting (resjax.nn.DTYPE_KINDS), and param_dtype stores an MLP's parameters in another "
+                             "dtype")
         self.block_kwargs()  # validates every block setting before anything is traced
         super().__post_init__()
 

@@ -32,6 +32,13 @@ the channels (B, H, W); ``layer`` over the last axis only by default (flax's def
 lecture's "channels and spatial positions within each example"; on an MLP's ``(B, D)`` both agree);
 ``group`` over the spatial axes and the channels of one group; ``instance`` over the spatial axes.
 
+Names shared with flax: ``BatchNorm`` and ``GroupNorm`` here subclass ``flax.linen.BatchNorm`` and
+``flax.linen.GroupNorm`` under the same names, so a star import of ``resjax.nn`` after ``flax.linen`` (or
+before) gives the later one's class without a word. ``BatchNorm``'s ``momentum`` defaults to 0.9 here and 0.99
+in flax (and it has ``running_variance``); ``GroupNorm``'s defaults are flax's (``num_groups=32``,
+``epsilon=1e-6``; ``make_norm('group')`` chooses the groups and ``epsilon=1e-5``). Import the modules
+(``import flax.linen as nn``, ``import resjax.nn as rn``) and write ``rn.BatchNorm`` or ``nn.BatchNorm``.
+
 Settings are checked (``ValueError`` naming the setting): ``momentum`` must lie in [0, 1) (rho = 1 -
 momentum in (0, 1]); ``rho=`` may be passed instead of ``momentum`` (PyTorch's convention); ``num_groups``
 must divide the channels (checked when the layer sees its input); a BatchNorm in training mode needs
@@ -78,6 +85,10 @@ TRAIN_REQUIRED = (
 
 class BatchNorm(nn.BatchNorm):
     """``flax.linen.BatchNorm`` with PyTorch's running-estimate rate as its default and a check.
+
+    The same name as flax's class, other defaults: a star import of both (``from resjax.nn import *``,
+    ``from flax.linen import *``) leaves whichever came last as ``BatchNorm`` (momentum 0.9 here, 0.99 in flax);
+    import the modules and write ``rn.BatchNorm`` / ``nn.BatchNorm``.
 
     ``momentum`` defaults to 0.9 (rho = 0.1, PyTorch's ``momentum=0.1``: ``m <- 0.9 m + 0.1 m_batch``), not
     flax's 0.99; ``epsilon`` is 1e-5 (flax's default and PyTorch's). Refuses training-mode statistics over a
@@ -216,6 +227,9 @@ def running_variance_of(kind: str | Callable) -> str | None:
 
 class GroupNorm(nn.GroupNorm):
     """``flax.linen.GroupNorm`` whose group-count error names the setting.
+
+    The same name and defaults as flax's class (``num_groups=32``, ``epsilon=1e-6``); a star import of
+    ``resjax.nn`` shadows flax's (or is shadowed by it), which changes only that error message.
 
     The fields are ``flax.linen.GroupNorm``'s (``num_groups``: the number of channel groups, which must divide
     the channels; ``epsilon``, ...); ``make_norm('group')`` uses ``default_groups(channels)`` groups (32 where 32

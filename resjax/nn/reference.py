@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 
 from resjax.nn.block import ResidualBlock
-from resjax.nn.init import get_bias_initializer, get_initializer
+from resjax.nn.init import drawn_in_float32, get_bias_initializer, get_initializer
 from resjax.nn.precision import layer_dtypes, resolve_dtype
 from resjax.nn.residual import check_positive
 from resjax.nn.signal import as_signal
@@ -186,6 +186,7 @@ class ReferenceGRU(_Reference):
         h = as_signal(x).astype(_param_dtype(self))
         bound = 1.0 / math.sqrt(self.hidden)
 
+        @drawn_in_float32  # a half param_dtype rounds the float32 draws (resjax.nn.init)
         def uniform(key: jax.Array, shape: Any, dtype: Any = jnp.float32) -> jax.Array:
             return jax.random.uniform(key, shape, dtype, -bound, bound)
 

@@ -465,8 +465,9 @@ class TakiResNet(PrecisionRepr, nn.Module):
 
         Collections:
             ``batch_stats`` with ``norm='batch'``, as ``resjax.nn``'s docstring sets out.
-            ``intermediates``: sows every block's ``block_out`` (scanned: under ``blocks/block`` with a leading
-            axis of size ``num_blocks``; unrolled: under ``blocks_k``) when the caller makes it mutable.
+            ``intermediates``: sows ``stem_out`` (the stem's output, the stream's start) and every block's
+            ``block_out`` (scanned: under ``blocks/block`` with a leading axis of size ``num_blocks``; unrolled:
+            under ``blocks_k``) when the caller makes it mutable.
         """
         if x.ndim != 4:
             raise ValueError(f"images: expected NHWC (4 axes), got shape {tuple(x.shape)}")
@@ -475,6 +476,7 @@ class TakiResNet(PrecisionRepr, nn.Module):
             x = x.astype(dtypes["dtype"])
         h = nn.Conv(self.features, (3, 3), padding="SAME", use_bias=False,
                     kernel_init=get_initializer("he_normal_fan_in"), name="stem_conv", **dtypes)(x)
+        self.sow("intermediates", "stem_out", h)  # the stream's start (resjax.analysis: variance through depth)
         h = stack_blocks(*self._block(), self.num_blocks, h, train, scan=self.scan, remat=self.remat)
         h = jnp.mean(h, axis=(1, 2))
         logits = nn.Dense(self.num_classes, kernel_init=get_initializer(HEAD_INIT),

@@ -19,6 +19,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 
+from resjax.nn.init import FLAX_DEFAULT_KERNEL_INIT
 from resjax.nn.norms import check_norm, make_norm
 from resjax.nn.precision import PrecisionRepr, layer_dtypes, resolve_dtype
 from resjax.nn.residual import check_positive, concat_merge
@@ -65,7 +66,7 @@ class ConvBlock(PrecisionRepr, nn.Module):
         """
         for i in range(self.num_convs):
             x = nn.Conv(self.features, (3, 3), padding="SAME", use_bias=self.norm == "none", name=f"conv_{i}",
-                        param_dtype=layer_dtypes(None, self.param_dtype)["param_dtype"])(x)
+                        kernel_init=FLAX_DEFAULT_KERNEL_INIT, param_dtype=layer_dtypes(None, self.param_dtype)["param_dtype"])(x)
             x = nn.relu(make_norm(self.norm, train=train, name=f"norm_{i}", param_dtype=self.param_dtype)(x))
         return x
 
@@ -151,7 +152,8 @@ class UNet(PrecisionRepr, nn.Module):
         x = ConvBlock(self.features[-1], norm=self.norm, param_dtype=self.param_dtype, name="bottleneck")(x, train)
         for i in reversed(range(self.depth)):
             f = self.features[i]
-            x = nn.ConvTranspose(f, (2, 2), strides=(2, 2), name=f"upsample_{i}", param_dtype=pd)(x)
+            x = nn.ConvTranspose(f, (2, 2), strides=(2, 2), kernel_init=FLAX_DEFAULT_KERNEL_INIT, name=f"upsample_{i}",
+                                 param_dtype=pd)(x)
             x = concat_merge(x, skips[i])
             x = ConvBlock(f, norm=self.norm, param_dtype=self.param_dtype, name=f"up_{i}")(x, train)
-        return nn.Conv(self.out_channels, (1, 1), name="head", param_dtype=pd)(x)
+        return nn.Conv(self.out_channels, (1, 1), kernel_init=FLAX_DEFAULT_KERNEL_INIT, name="head", param_dtype=pd)(x)

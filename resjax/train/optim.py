@@ -118,7 +118,9 @@ def fixup_recipe(batch_size: int = 128) -> dict[str, Any]:
     parameter, base rate ``0.1 * batch_size / 128`` with the bias and scale parameters at 0.01
     (``fixup_param_groups``), and the ``'fixup'`` schedule: divided by 10 at epochs 100 and 150 of 200 and,
     above batch 128, the script's warm-up (epochs 0-9 from 0.1 up to the base rate, each group scaled alike).
-    Every group's rate equals the script's at every epoch (``tests/test_peer_training.py``)."""
+    Every group's rate equals the script's at every epoch (``tests/test_peer_training.py``). The epochs are those
+    of the data the trainer is given (``resjax.train.schedules``): on a subset, the warm-up and the decays come
+    after proportionally fewer steps than the script's runs on all of CIFAR-10."""
     groups = fixup_param_groups(batch_size)  # checks batch_size
     return dict(batch_size=batch_size, learning_rate=0.1 * batch_size / 128, param_groups=groups, schedule="fixup",
                 milestones=(100, 150), decay_factor=0.1, momentum=0.9, weight_decay=1e-4, weight_decay_on="all",

@@ -28,6 +28,11 @@ setting) each group's rate equals the script's at every epoch (``tests/test_peer
 script's own function, ``tools/make_parity_fixtures.py --fixup-schedule-only``). ``warmup_epochs`` must stay
 0 with it (the warm-up is Fixup's).
 
+Epochs are the trainer's: ``steps_per_epoch`` steps, the training examples it was given // ``batch_size``. Every
+epoch count here (milestones, warm-up, 'cosine''s ``epochs``, 'fixup''s 10 warm-up epochs) therefore counts
+epochs of the data given: on a subset of CIFAR-10, 'fixup' warms up and decays after proportionally fewer steps
+than Fixup's runs on all 50,000 images.
+
 Every other schedule is ``learning_rate`` times a multiplier of the step (big_vision's convention), so a
 per-seed learning rate (``hparams``) scales the whole schedule ('fixup' too, but its warm-up starts from the
 absolute rate 0.1). Beyond the built-ins:
