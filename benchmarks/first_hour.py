@@ -20,7 +20,8 @@ The default is ``quick,tests,docs``: the full reproduction takes about twenty mi
 For every step the table gives its wall seconds, the CPU seconds of the child and everything it waited for
 (``os.wait4``), and the largest resident set. The first line names the machine (the processor, its instruction-set
 extensions, the cores, JAX's devices and versions) and the float32 matmul peak measured in this process, so a
-reader can scale the numbers to their own machine. Nothing is asserted. The page ``docs/benchmarks.md`` holds this
+reader can scale the numbers to their own machine. Each step's whole output is kept in
+``runs/benchmarks/first_hour-<step>.log``. Nothing is asserted. The page ``docs/benchmarks.md`` holds this
 table as printed by one run; every timing the README and Getting started mention comes from it.
 """
 
@@ -38,6 +39,8 @@ import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+#: Where each step's whole output is kept.
+LOGS = ROOT / "runs" / "benchmarks"
 
 #: step name -> (what it does, the command's arguments after ``python``; ``{out}`` is the step's temporary folder)
 STEPS = {
@@ -68,8 +71,12 @@ def run_step(name: str) -> dict:
             process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
             _, status, usage = os.wait4(process.pid, 0)
         seconds = time.perf_counter() - start
+        kept = LOGS / f"first_hour-{name}.log"  # the whole output, for a step that failed
+        kept.parent.mkdir(parents=True, exist_ok=True)
         with open(log) as f:
-            tail = f.read()[-2000:]
+            text = f.read()
+        kept.write_text(text)
+        tail = text[-2000:]
     return {"step": name, "command": SHOWN[name], "seconds": seconds,
             "cpu_seconds": usage.ru_utime + usage.ru_stime, "peak_rss_mb": usage.ru_maxrss / 1024,
             "returncode": os.waitstatus_to_exitcode(status), "tail": tail}
@@ -84,9 +91,11 @@ def from_report(path: pathlib.Path = ROOT / "docs" / "report" / "REPORT.md") -> 
     found = re.search(r"this run took (\d+) s", text)
     if not found:
         return None
+    machine = re.search(r"^Machine: (.+?)\.?$", text, re.M)
     return {"step": "reproduce", "command": SHOWN["reproduce"], "seconds": float(found.group(1)), "cpu_seconds": None,
             "peak_rss_mb": None, "returncode": 0,
-            "source": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)}
+            "source": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path),
+            "machine": machine.group(1) if machine else None}
 
 
 def _minutes(seconds: float) -> str:
@@ -96,7 +105,10 @@ def _minutes(seconds: float) -> str:
 def table(rows: list[dict]) -> str:
     lines = ["| command | what it does | wall time | CPU seconds | peak memory | exit |", "|---|---|---|---|---|---|"]
     for row in rows:
-        what = STEPS[row["step"]][0] + (f"; from `{row['source']}`, not timed here" if row.get("source") else "")
+        what = STEPS[row["step"]][0]
+        if row.get("source"):
+            made = f"made on {row['machine']}" if row.get("machine") else "its machine is not recorded there"
+            what += f"; the time of the run of `{row['source']}` ({made}), not timed here"
         cpu = f"{row['cpu_seconds']:.0f}" if row["cpu_seconds"] is not None else "-"
         rss = f"{row['peak_rss_mb'] / 1024:.1f} GB" if row["peak_rss_mb"] is not None else "-"
         lines.append(f"| `{row['command']}` | {what} | {_minutes(row['seconds'])} | {cpu} | {rss} | "

@@ -308,7 +308,7 @@ def rebuild_report(out="runs", size_name: str = "default", names=None) -> pathli
     """Write ``DIR/REPORT.md`` again from the stored ``DIR/<name>/results.json`` without running anything
     (after a change to the claims or to the report's layout; ``--reuse`` would run again every experiment
     whose config changed since). The run line of an existing report (the size and timings of the run that
-    made the results) is kept. For a stand-in run of an experiment that needs a TFDS data set, the report
+    made the results) is kept, and so is its machine line. For a stand-in run of an experiment that needs a TFDS data set, the report
     shows the command that prepares the data set as this machine sees it (``size_name``'s config)."""
     out = as_path(out, "out")
     path = out / "REPORT.md"
@@ -325,16 +325,17 @@ def rebuild_report(out="runs", size_name: str = "default", names=None) -> pathli
         sections.append(report_section(module, results, out / name, out, missing, quick))
         rows += claim_rows(module, results)
         marks += quick_marks(module, claim_rows(module, results)) if quick else []
-    run_line = None
+    run_line = machine_line = None
     if path.exists():
-        run_line = next((p for p in path.read_text().split("\n\n") if p.startswith("Size: ")), None)
+        paragraphs = path.read_text().split("\n\n")
+        run_line = next((p for p in paragraphs if p.startswith("Size: ")), None)
+        machine_line = next((p for p in paragraphs if p.startswith("Machine: ")), None)  # the run's, kept
     if run_line is None:
         run_line = (f"Size: `{size_name}`. The experiments took {seconds:.0f} s in all. Rebuilt from their stored "
                     "results by `experiments.reproduce.rebuild_report`.")
-    common.write_atomically(path, lambda tmp: tmp.write_text("\n".join(["# resjax reproduction report", "", run_line,
-                                                                          ""] + front_matter(rows, len(sections), quick,
-                                                                                             marks)
-                                                                         + sections)))
+    head = ["# resjax reproduction report", "", run_line, ""] + ([machine_line, ""] if machine_line else [])
+    common.write_atomically(path, lambda tmp: tmp.write_text("\n".join(head + front_matter(rows, len(sections), quick,
+                                                                                          marks) + sections)))
     return path
 
 

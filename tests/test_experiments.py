@@ -183,9 +183,10 @@ def test_the_report_marks_claims_whose_threshold_was_set_after_a_probe(tmp_path)
     # the stored results rebuild the report without running anything; the old run line is kept
     for name in ("gradient_scale", "path_lengths"):
         shutil.copytree(pathlib.Path(__file__).resolve().parents[1] / "docs" / "report" / name, tmp_path / name)
-    (tmp_path / "REPORT.md").write_text("# old\n\nSize: `default`. The experiments took 1 s.\n\nold legend\n")
+    (tmp_path / "REPORT.md").write_text("# old\n\nSize: `default`. The experiments took 1 s.\n\nMachine: the old one."
+                                        "\n\nold legend\n")
     text = reproduce.rebuild_report(tmp_path, names=["gradient_scale", "path_lengths"]).read_text()
-    assert "\nSize: `default`. The experiments took 1 s.\n" in text and "old legend" not in text
+    assert "\nSize: `default`. The experiments took 1 s.\n\nMachine: the old one.\n" in text and "old legend" not in text
     for name, marked in (("gradient_scale", True), ("path_lengths", False)):
         for claim in importlib.import_module(f"experiments.{name}").CLAIMS:
             shown = reproduce.table_text(claim.text)  # '|' escaped (gradient_scale's '|g|'): one cell per column

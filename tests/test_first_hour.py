@@ -10,13 +10,19 @@ def test_report_time_is_read_from_the_committed_report(tmp_path):
     report = tmp_path / "REPORT.md"
     report.write_text("Size: `default`. The experiments took 1260 s in all; this run took 1271 s.\n")
     row = first_hour.from_report(report)
-    assert row["seconds"] == 1271 and row["step"] == "reproduce"
+    assert row["seconds"] == 1271 and row["step"] == "reproduce" and row["machine"] is None
+    assert "its machine is not recorded there" in first_hour.table([row])
+    report.write_text(report.read_text() + "\nMachine: a 2-core CPU, 2 cores; jax 0.10.2.\n")
+    row = first_hour.from_report(report)
+    assert row["machine"] == "a 2-core CPU, 2 cores; jax 0.10.2"
+    assert "made on a 2-core CPU, 2 cores; jax 0.10.2), not timed here" in first_hour.table([row])
     assert first_hour.from_report(tmp_path / "missing.md") is None
     # the committed report itself has the line the README's "about N minutes" comes from
     assert first_hour.from_report() is not None
 
 
-def test_a_step_is_timed_in_a_child_process(monkeypatch):
+def test_a_step_is_timed_in_a_child_process(monkeypatch, tmp_path):
+    monkeypatch.setattr(first_hour, "LOGS", tmp_path)
     monkeypatch.setitem(first_hour.STEPS, "spin", ("burns CPU", ["-c", "import sys, time\nt = time.process_time()\n"
                                                                  "while time.process_time() - t < 0.3: pass\n"
                                                                  "sys.exit(3)"]))
@@ -24,6 +30,7 @@ def test_a_step_is_timed_in_a_child_process(monkeypatch):
     row = first_hour.run_step("spin")
     assert row["returncode"] == 3
     assert row["cpu_seconds"] >= 0.3 and row["seconds"] >= row["cpu_seconds"] * 0.5
+    assert (tmp_path / "first_hour-spin.log").is_file()
     text = first_hour.table([row])
     assert "| `python -c ...` | burns CPU |" in text and "| 3 |" in text
 
