@@ -3,11 +3,13 @@ as a user runs them, in one table.
 
 Run from the project root, in the virtual environment the README makes::
 
-    python -m benchmarks.first_hour [--only quick,tests,docs,reproduce] [--json PATH]
+    python -m benchmarks.first_hour [--only install,quick,tests,docs,reproduce] [--json PATH] [--keep-others]
 
 Each step runs as a child process of its own, from an empty compilation cache (``RESJAX_COMPILATION_CACHE`` set to
 a new temporary folder, so nothing compiled by an earlier run is reused) and writing into a temporary folder:
 
+- ``install``: a new virtual environment and ``pip install -e '.[test]'`` into it, as the README's first line does
+  (its time is mostly the package index's downloads and pip's byte-compiling, so it depends on the network);
 - ``quick``: ``python -m experiments.reproduce --quick``, the pipeline check of every experiment at small sizes;
 - ``tests``: ``python -m pytest -q tests``, the README's test command (the suite on every core);
 - ``docs``: ``python -m sphinx -W --keep-going -b html docs OUT``, the site with its tutorials executed;
@@ -20,9 +22,11 @@ The default is ``quick,tests,docs``: the full reproduction takes about twenty mi
 For every step the table gives its wall seconds, the CPU seconds of the child and everything it waited for
 (``os.wait4``), and the largest resident set. The first line names the machine (the processor, its instruction-set
 extensions, the cores, JAX's devices and versions) and the float32 matmul peak measured in this process, so a
-reader can scale the numbers to their own machine. Each step's whole output is kept in
+reader can scale the numbers to their own machine. ``--keep-others`` adds the steps timed now to the rows
+of an earlier run on the same machine (``--json``), so that one table can hold steps timed at different
+sittings; the first line then says which rows are kept. Each step's whole output is kept in
 ``runs/benchmarks/first_hour-<step>.log``. Nothing is asserted. The page ``docs/benchmarks.md`` holds this
-table as printed by one run; every timing the README and Getting started mention comes from it.
+table as printed; every timing the README and Getting started mention comes from it.
 """
 
 from __future__ import annotations
@@ -42,8 +46,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: Where each step's whole output is kept.
 LOGS = ROOT / "runs" / "benchmarks"
 
+#: The install step: a new virtual environment in the step's folder, and the README's ``pip install -e '.[test]'``.
+INSTALL = ("import subprocess, sys, venv\n"
+           "venv.create(sys.argv[1], with_pip=True)\n"
+           "sys.exit(subprocess.call([sys.argv[1] + '/bin/python', '-m', 'pip', 'install', '-q', '-e', '.[test]']))")
+
 #: step name -> (what it does, the command's arguments after ``python``; ``{out}`` is the step's temporary folder)
 STEPS = {
+    "install": ("a new virtual environment with resjax and its test extra (downloads included)",
+                ["-c", INSTALL, "{out}"]),
     "quick": ("every experiment at small sizes (a pipeline check)",
               ["-m", "experiments.reproduce", "--quick", "--out", "{out}"]),
     "tests": ("the test suite, on every core", ["-m", "pytest", "-q", "tests", "-p", "no:cacheprovider"]),
@@ -53,7 +64,8 @@ STEPS = {
 }
 
 #: The command a user types for each step (the table's first column).
-SHOWN = {"quick": "python -m experiments.reproduce --quick", "tests": "python -m pytest -q tests",
+SHOWN = {"install": "python3.11 -m venv .venv && pip install -e '.[test]'",
+         "quick": "python -m experiments.reproduce --quick", "tests": "python -m pytest -q tests",
          "docs": "python -m sphinx -W --keep-going -b html docs docs/_build/html",
          "reproduce": "python -m experiments.reproduce"}
 
@@ -121,6 +133,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--only", default="quick,tests,docs",
                         help="comma-separated steps to time, of: " + ", ".join(STEPS))
     parser.add_argument("--json", default="runs/benchmarks/first_hour.json", help="where the rows are written")
+    parser.add_argument("--keep-others", action="store_true",
+                        help="keep the rows of the steps not timed now from --json's earlier run, when it ran on the "
+                             "same machine (processor, cores, versions): the table then has every step measured")
     args = parser.parse_args(argv)
     steps = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in steps if s not in STEPS]
@@ -130,14 +145,29 @@ def main(argv=None) -> dict:
     from benchmarks.throughput import matmul_peak
     from experiments.reproduce import machine
 
+    path = pathlib.Path(args.json)
+    earlier = {}
+    if args.keep_others:
+        try:
+            before = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            parser.error(f"--keep-others: no earlier run to keep rows of in {path} ({err})")
+        if before.get("machine_only") != machine():
+            parser.error(f"--keep-others: {path} was measured on another machine ({before.get('machine_only')}), "
+                         f"not this one ({machine()})")
+        earlier = {row["step"]: row for row in before["rows"] if not row.get("source")}
     peak = matmul_peak((512, 1024, 2048), repeats=5)["peak_gflops"]
     header = (f"Machine: {machine()}; float32 matmul peak {peak:.0f} GFLOP/s. "
               f"Measured {datetime.date.today().isoformat()} by `python -m benchmarks.first_hour"
-              f"{' --only ' + args.only if args.only != 'quick,tests,docs' else ''}`.")
+              f"{' --only ' + args.only if args.only != 'quick,tests,docs' else ''}`"
+              + (f"; the rows of {', '.join(s for s in earlier if s not in steps)} kept from an earlier run on this "
+                 "machine (`--keep-others`)" if set(earlier) - set(steps) else "") + ".")
     print(header, flush=True)
     rows = []
     for name in STEPS:
-        if name in steps:
+        if name not in steps and name in earlier:
+            rows.append(earlier[name])
+        elif name in steps:
             print(f"timing {name}: {SHOWN[name]} ...", flush=True)
             rows.append(run_step(name))
             print(f"  {_minutes(rows[-1]['seconds'])}, exit {rows[-1]['returncode']}", flush=True)
@@ -149,8 +179,7 @@ def main(argv=None) -> dict:
     print(header)
     print()
     print(table(rows))
-    result = {"machine": header, "matmul_peak_gflops": peak, "rows": rows}
-    path = pathlib.Path(args.json)
+    result = {"machine": header, "machine_only": machine(), "matmul_peak_gflops": peak, "rows": rows}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1))
     return result

@@ -39,3 +39,27 @@ def test_unknown_step_is_refused_by_name(capsys):
     with pytest.raises(SystemExit):
         first_hour.main(["--only", "quick,bogus"])
     assert "bogus" in capsys.readouterr().err
+
+
+def test_rows_of_an_earlier_run_are_kept_only_from_the_same_machine(monkeypatch, tmp_path, capsys):
+    import json
+
+    from benchmarks import throughput
+    from experiments.reproduce import machine
+
+    monkeypatch.setattr(throughput, "matmul_peak", lambda *a, **k: {"peak_gflops": 100.0})
+    monkeypatch.setattr(first_hour, "LOGS", tmp_path)
+    monkeypatch.setitem(first_hour.STEPS, "spin", ("exits", ["-c", "pass"]))
+    monkeypatch.setitem(first_hour.SHOWN, "spin", "python -c pass")
+    install = {"step": "install", "command": first_hour.SHOWN["install"], "seconds": 471.0, "cpu_seconds": 300.0,
+               "peak_rss_mb": 200.0, "returncode": 0}
+    earlier = tmp_path / "first_hour.json"
+    earlier.write_text(json.dumps({"machine_only": machine(), "rows": [install]}))
+    result = first_hour.main(["--only", "spin", "--json", str(earlier), "--keep-others"])
+    steps = {r["step"]: r for r in result["rows"]}
+    assert {"install", "spin"} <= set(steps) and "quick" not in steps and steps["install"]["seconds"] == 471.0
+    assert "the rows of install kept from an earlier run on this machine" in result["machine"]
+    earlier.write_text(json.dumps({"machine_only": "another CPU", "rows": [install]}))
+    with pytest.raises(SystemExit):
+        first_hour.main(["--only", "spin", "--json", str(earlier), "--keep-others"])
+    assert "measured on another machine (another CPU)" in capsys.readouterr().err
