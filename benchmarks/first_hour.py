@@ -152,8 +152,10 @@ def main(argv=None) -> dict:
             before = json.loads(path.read_text())
         except (OSError, ValueError) as err:
             parser.error(f"--keep-others: no earlier run to keep rows of in {path} ({err})")
-        if before.get("machine_only") != machine():
-            parser.error(f"--keep-others: {path} was measured on another machine ({before.get('machine_only')}), "
+        measured_on = before.get("machine_only") or re.sub(r"^Machine: (.*?); float32 matmul peak .*$", r"\1",
+                                                            before.get("machine", ""), flags=re.S)
+        if measured_on != machine():
+            parser.error(f"--keep-others: {path} was measured on another machine ({measured_on}), "
                          f"not this one ({machine()})")
         earlier = {row["step"]: row for row in before["rows"] if not row.get("source")}
     peak = matmul_peak((512, 1024, 2048), repeats=5)["peak_gflops"]
