@@ -54,12 +54,21 @@ def _run(args, out, *extra):
                           text=True, timeout=600)
 
 
+def _default_signals() -> None:
+    """In the child, before it runs: SIGINT and SIGTERM at their defaults. A suite started in the background by a
+    shell (``cmd &``) inherits SIGINT ignored, and a process that starts with a signal ignored rightly keeps ignoring
+    it (Python installs no KeyboardInterrupt, the experiments no handler): as a user's terminal would, the child
+    starts with both signals live."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_DFL)
+
+
 def _signal_at(args, out, marker: str, signum=signal.SIGTERM, *extra):
     """Start ``python args --out out``, send ``signum`` when a line of its output (stdout or stderr) contains
     ``marker``; ``(returncode, output)``. Both streams are read through the same file objects, in threads, so no
     line is lost (#22 item 8)."""
     child = subprocess.Popen([sys.executable, *args, "--out", str(out), *extra], cwd=ROOT, env=ENV,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_signals)
     lines, lock, sent = [], threading.Lock(), threading.Event()
 
     def read(stream):
