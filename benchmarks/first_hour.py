@@ -25,7 +25,7 @@ extensions, the cores, JAX's devices and versions) and the float32 matmul peak m
 reader can scale the numbers to their own machine. ``--keep-others`` adds the steps timed now to the rows
 of an earlier run on the same machine (``--json``), so that one table can hold steps timed at different
 sittings; the first line then says which rows are kept. Each step's whole output is kept in
-``runs/benchmarks/first_hour-<step>.log``. Nothing is asserted. The page ``docs/benchmarks.md`` holds this
+``runs/benchmarks/first_hour-<step>.log``, and a reproduction's report in ``first_hour-<step>-REPORT.md``. Nothing is asserted. The page ``docs/benchmarks.md`` holds this
 table as printed; every timing the README and Getting started mention comes from it.
 """
 
@@ -88,6 +88,8 @@ def run_step(name: str) -> dict:
         with open(log) as f:
             text = f.read()
         kept.write_text(text)
+        if os.path.isfile(os.path.join(out, "REPORT.md")):  # a reproduction's report: its verdicts, kept too
+            (LOGS / f"first_hour-{name}-REPORT.md").write_bytes(pathlib.Path(out, "REPORT.md").read_bytes())
         tail = text[-2000:]
     return {"step": name, "command": SHOWN[name], "seconds": seconds,
             "cpu_seconds": usage.ru_utime + usage.ru_stime, "peak_rss_mb": usage.ru_maxrss / 1024,

@@ -23,14 +23,17 @@ def test_report_time_is_read_from_the_committed_report(tmp_path):
 
 def test_a_step_is_timed_in_a_child_process(monkeypatch, tmp_path):
     monkeypatch.setattr(first_hour, "LOGS", tmp_path)
-    monkeypatch.setitem(first_hour.STEPS, "spin", ("burns CPU", ["-c", "import sys, time\nt = time.process_time()\n"
+    monkeypatch.setitem(first_hour.STEPS, "spin", ("burns CPU", ["-c", "import os, sys, time\nt = time.process_time()\n"
                                                                  "while time.process_time() - t < 0.3: pass\n"
-                                                                 "sys.exit(3)"]))
+                                                                 "os.makedirs(sys.argv[1])\n"
+                                                                 "open(sys.argv[1] + '/REPORT.md', 'w').write('x')\n"
+                                                                 "sys.exit(3)", "{out}"]))
     monkeypatch.setitem(first_hour.SHOWN, "spin", "python -c ...")
     row = first_hour.run_step("spin")
     assert row["returncode"] == 3
     assert row["cpu_seconds"] >= 0.3 and row["seconds"] >= row["cpu_seconds"] * 0.5
     assert (tmp_path / "first_hour-spin.log").is_file()
+    assert (tmp_path / "first_hour-spin-REPORT.md").read_text() == "x"
     text = first_hour.table([row])
     assert "| `python -c ...` | burns CPU |" in text and "| 3 |" in text
 
