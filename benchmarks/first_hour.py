@@ -15,7 +15,7 @@ a new temporary folder, so nothing compiled by an earlier run is reused) and wri
 - ``docs``: ``python -m sphinx -W --keep-going -b html docs OUT``, the site with its tutorials executed;
 - ``reproduce``: ``python -m experiments.reproduce``, every experiment at its default (lecture) size.
 
-The default is ``quick,tests,docs``: the full reproduction takes about twenty minutes on a 2-core CPU, so without
+The default is ``quick,tests,docs``: the full reproduction takes 20 to 35 minutes on a 2-core CPU, so without
 ``reproduce`` among the steps its row is read from the committed report instead (``docs/report/REPORT.md``'s
 "this run took N s", a default run of ``experiments.reproduce``), and the table says so.
 
