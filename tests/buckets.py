@@ -99,15 +99,21 @@ def gcs():
         _stop(process)
 
 
+def _moto(what: str, prefix: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """A ``moto_server`` on 127.0.0.1 and a free port, answering (its output in a temporary file, not a pipe):
+    ``(process, endpoint)``."""
+    port = _free_port()
+    log = tempfile.NamedTemporaryFile("w+", prefix=prefix, suffix=".log")
+    process = subprocess.Popen([_command("moto_server"), "-H", "127.0.0.1", "-p", str(port)], stdout=log,
+                               stderr=subprocess.STDOUT, text=True, env=env)
+    process.log = log
+    _wait_for(port, process, what)
+    return process, f"http://127.0.0.1:{port}"
+
+
 @pytest.fixture(scope="session")
 def s3():
-    port = _free_port()
-    log = tempfile.NamedTemporaryFile("w+", prefix="s3-server-", suffix=".log")
-    process = subprocess.Popen([_command("moto_server"), "-H", "127.0.0.1", "-p", str(port)], stdout=log,
-                               stderr=subprocess.STDOUT, text=True)
-    process.log = log
-    _wait_for(port, process, "S3 (moto)")
-    endpoint = f"http://127.0.0.1:{port}"
+    process, endpoint = _moto("S3 (moto)", "s3-server-")
     env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
     saved = {k: os.environ.get(k) for k in env}
@@ -137,15 +143,9 @@ def s3_reader(monkeypatch):
     import boto3
     import s3fs
 
-    port = _free_port()
-    log = tempfile.NamedTemporaryFile("w+", prefix="s3-reader-server-", suffix=".log")
-    process = subprocess.Popen([_command("moto_server"), "-H", "127.0.0.1", "-p", str(port)], stdout=log,
-                               stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(_SETUP_REQUESTS)})
-    process.log = log
+    process, endpoint = _moto("S3 (moto, credentials checked)", "s3-reader-server-",
+                              {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(_SETUP_REQUESTS)})
     try:
-        _wait_for(port, process, "S3 (moto, credentials checked)")
-        endpoint = f"http://127.0.0.1:{port}"
         settings = dict(endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="setup",
                         aws_secret_access_key="setup")
         boto3.client("s3", **settings).create_bucket(Bucket="read-only-bucket")
