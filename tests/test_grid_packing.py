@@ -121,10 +121,16 @@ def _assert_each_run_is_its_network_alone(result, g, model, sizes):
         for name in ("train_loss", "train_error", "test_loss", "test_error"):
             np.testing.assert_allclose(result.history[name][rows], alone[name], rtol=RTOL, atol=ATOL,
                                        err_msg=f"{name} {size}")
-        packed = np.asarray(result.select(seed=1, **size).state.params["head"]["kernel"])
-        own = np.asarray(run.state.params["head"]["kernel"][1])
-        np.testing.assert_allclose(packed[:own.shape[0]], own, rtol=RTOL, atol=ATOL, err_msg=str(size))
-        assert not np.any(packed[own.shape[0]:])  # the units past the run's width: zero
+        # select gives the run as its own network holds it: the config's layout, its depth and width
+        chosen, own = result.select(seed=1, **size), run.select(1)
+        assert jax.tree_util.tree_structure(chosen) == jax.tree_util.tree_structure(own), size
+        for a, b in zip(jax.tree_util.tree_leaves(chosen.state), jax.tree_util.tree_leaves(own.state)):
+            assert np.shape(a) == np.shape(b), size
+            np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL, err_msg=str(size))
+        program = result.programs[0]  # in the program: the units past the run's width are zero
+        packed = np.asarray(program.run.state.params["head"]["kernel"][program.runs.index(rows[1])])
+        width = own.state.params["head"]["kernel"].shape[0]
+        assert not np.any(packed[width:]) and np.any(packed[:width])
 
 
 def test_a_depth_x_width_grid_is_one_program_and_each_run_is_its_network_trained_alone(chunk_programs, capsys):
@@ -187,18 +193,21 @@ def test_packed_initial_draws_are_the_networks_own_and_blocks_past_a_runs_depth_
         init = jax.jit(trainer.init_run)(key, 0, hp)
         alone = make_train(_config({**model, "num_blocks": 1}), VECTORS)
         own = jax.jit(alone.init_run)(key, 0, alone.check_hparams(None))
-        block = (lambda p: p["blocks"]["block"]) if model.get("scan") else (lambda p: p["blocks_0"])
-        first = (lambda a: a[:1]) if model.get("scan") else (lambda a: a)
+        # the packed program scans its stack (an unrolled config's too: packing.scanned); the network alone is
+        # in the config's layout
+        assert trainer.config.model.scan and trainer.packed_unrolled == (not model.get("scan"))
+        own_block = (lambda p: p["blocks"]["block"]) if model.get("scan") else (
+            lambda p: jax.tree_util.tree_map(lambda a: a[None], p["blocks_0"]))
         for a, b in zip(jax.tree_util.tree_leaves((init.state.params["stem"], init.state.params["head"],
-                                                   jax.tree_util.tree_map(first, block(init.state.params)))),
+                                                   jax.tree_util.tree_map(lambda a: a[:1],
+                                                                          init.state.params["blocks"]["block"]))),
                         jax.tree_util.tree_leaves((own.state.params["stem"], own.state.params["head"],
-                                                   block(own.state.params)))):
+                                                   own_block(own.state.params)))):
             np.testing.assert_array_equal(a, b)
         step = jax.jit(lambda r: trainer.train_step(r, (jnp.asarray(VECTORS.x_train[:16]),
                                                         jnp.asarray(VECTORS.y_train[:16])), hp)[0])
         after = step(step(init))
-        past = (lambda t: jax.tree_util.tree_map(lambda a: a[1:], t["blocks"]["block"])) if model.get("scan") else (
-            lambda t: {k: t[k] for k in ("blocks_1", "blocks_2")})
+        past = lambda t: jax.tree_util.tree_map(lambda a: a[1:], t["blocks"]["block"])  # noqa: E731
         inner = lambda s: s.opt_state.inner_state  # noqa: E731
         trees = lambda r: (r.state.params, r.state.batch_stats)  # noqa: E731
         for old, new in zip(trees(init), trees(after)):

@@ -142,6 +142,8 @@ class Core:
     packed_depths: tuple = ()
     # the widths of the runs packed into this program (``with_packed_widths``; ``resjax.train.packing``)
     packed_widths: tuple = ()
+    # the packed program scans a stack that the config unrolls (``_packed``; ``resjax.train.packing.scanned``)
+    packed_unrolled: bool = False
 
     # ---- hyper-parameters ---------------------------------------------------------------------------
 
@@ -231,8 +233,11 @@ class Core:
             config.model[KINDS[config.model.kind]] = depths[-1]
         if widths:
             config.model.width = widths[-1]
+        unrolled = self.packed_unrolled or bool(depths) and not config.model.get("scan", False)
+        if unrolled:  # one scanned block in the program, not one per depth (resjax.train.packing.scanned)
+            config.model.scan = True
         t = self if config.to_dict() == self.config.to_dict() else self.with_config(config)
-        return dataclasses.replace(t, packed_depths=depths, packed_widths=widths)
+        return dataclasses.replace(t, packed_depths=depths, packed_widths=widths, packed_unrolled=unrolled)
 
     def with_config(self, config: Any) -> Core:
         """This trainer rebuilt for ``config`` from the arguments it was made with (data, model or model factory,
@@ -355,9 +360,10 @@ class Core:
         init_key, run_key = jax.random.split(key)
         x = jnp.zeros((2, *self.example_shape), jnp.float32)
         rngs = {"params": init_key, "dropout": jax.random.fold_in(init_key, 1)}
-        variables = self.model.init(rngs, x, train=False, **self.model_kwargs(hparams))
+        model = self.model.clone(scan=False) if self.packed_unrolled else self.model  # the config's own layout
+        variables = model.init(rngs, x, train=False, **self.model_kwargs(hparams))
         if self.packed_depths or self.packed_widths:  # drawn as the run's own network draws them (packing)
-            from resjax.train.packing import KINDS, embed
+            from resjax.train.packing import KINDS, embed, scanned
 
             field = KINDS[self.config.model.kind]
             top_d, top_w = max(self.packed_depths, default=None), max(self.packed_widths, default=None)
@@ -368,11 +374,11 @@ class Core:
                     if (d, w) == (top_d, top_w):
                         continue
                     sizes = {**({field: d} if d is not None else {}), **({"width": w} if w is not None else {})}
-                    alone = self.model.clone(**sizes).init(rngs, x, train=False)
+                    alone = model.clone(**sizes).init(rngs, x, train=False)
                     this = (depth == d if d is not None else True) & (width == w if w is not None else True)
                     chosen = jax.tree_util.tree_map(lambda a, c: jnp.where(this, a, c), embed(alone, variables),
                                                     chosen)
-            variables = chosen
+            variables = scanned(chosen, top_d) if self.packed_unrolled else chosen
         params = variables["params"]
         opt_state = with_hyperparams(self.tx.init(params), hparams)
         state = ModelState(step=jnp.int32(0), params=params, batch_stats=variables.get("batch_stats", {}),

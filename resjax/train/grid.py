@@ -362,10 +362,19 @@ class GridResult:
         """The ``RunState`` of one run, named by its settings (``seed=1, learning_rate=0.1``; an axis by its
         name as given or its last part: ``batch_size=32``)."""
         r = self.grid.index(**settings)
-        if self.run is not None:
+        program = next((p for p in self.programs if r in p.runs), None)
+        if program is None:  # a result made without its programs
             return self.run.select(r)
-        program = next(p for p in self.programs if r in p.runs)
-        return program.run.select(program.runs.index(r))
+        run = program.run.select(program.runs.index(r))
+        t = program.trainer
+        if getattr(t, "packed_depths", ()) or getattr(t, "packed_widths", ()):  # the run's own network's state
+            from resjax.train.packing import own_run
+
+            h = {k: np.asarray(v).reshape(-1) for k, v in (program.hparams or {}).items()}
+            i = program.runs.index(r)
+            pick = lambda name: int(h[name][i if h[name].size > 1 else 0]) if name in h else None  # noqa: E731
+            run = own_run(t, run, pick("active_depth"), pick("active_width"))
+        return run
 
     def metric_names(self) -> list[str]:
         """The history's per-epoch metrics (its entries with a run and an epoch axis), in its order."""

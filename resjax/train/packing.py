@@ -31,6 +31,7 @@ a scanned stack's inactive blocks).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import flax.traverse_util as traverse_util
@@ -38,7 +39,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["KINDS", "check_packed", "embed", "keep_inactive", "packable", "packable_width"]
+__all__ = ["KINDS", "check_packed", "embed", "keep_inactive", "own_run", "packable", "packable_width", "scanned",
+           "unrolled"]
 
 #: The ``build_model`` kinds whose depth packs, and the config field of their depth.
 KINDS = {"residual_mlp": "num_blocks", "plain_mlp": "depth", "residual_stack": "num_blocks"}
@@ -163,3 +165,61 @@ def check_packed(name: str, values: Any, packed: tuple) -> None:
     if bad:
         what = "depths" if name == "active_depth" else "widths"
         raise ValueError(f"hparams.{name}: {bad} not among the program's packed {what} {list(packed)}")
+
+
+def _convert(tree: Any, convert: Any) -> Any:
+    """``tree`` with ``convert`` applied to every dict that holds a stack of blocks (a variable collection, the
+    parameters, an optimiser-state entry shaped like them)."""
+    if not isinstance(tree, dict):
+        if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # a NamedTuple (ModelState, optax states)
+            return type(tree)(*(_convert(v, convert) for v in tree))
+        if isinstance(tree, (tuple, list)):
+            return type(tree)(_convert(v, convert) for v in tree)
+        if dataclasses.is_dataclass(tree) and hasattr(tree, "replace"):  # a flax struct dataclass
+            return tree.replace(**{f.name: _convert(getattr(tree, f.name), convert) for f in dataclasses.fields(tree)
+                                   if f.init})
+        return tree
+    if f"{_STACK}_0" in tree or (_STACK in tree and isinstance(tree[_STACK], dict) and "block" in tree[_STACK]):
+        return convert(tree)
+    return {k: _convert(v, convert) for k, v in tree.items()}
+
+
+def scanned(tree: Any, num_blocks: int) -> Any:
+    """``tree`` (variables, a ``ModelState``, a ``RunState``) with every unrolled stack of ``num_blocks`` blocks
+    (``blocks_0`` ...) in the scanned layout (``blocks/block``, a leading block axis; ``stack_unrolled``). A packed
+    program scans the stack that a config unrolls (``Core._packed``): one block in the program instead of one per
+    depth, which on the 2-core CPU compiled 3x faster and trained an epoch 4x faster than the unrolled packed stack
+    (``docs/benchmarks.md``); ``unrolled`` gives a run back in the config's layout."""
+    from resjax.nn.residual import stack_unrolled
+
+    return _convert(tree, lambda d: stack_unrolled(d, num_blocks, _STACK) if f"{_STACK}_0" in d else d)
+
+
+def unrolled(tree: Any, num_blocks: int) -> Any:
+    """The inverse of ``scanned``."""
+    from resjax.nn.residual import unstack_scanned
+
+    return _convert(tree, lambda d: unstack_scanned(d, num_blocks, _STACK) if _STACK in d else d)
+
+
+def own_run(trainer: Any, run: Any, depth: int | None, width: int | None) -> Any:
+    """One run (no seed axis) of the packed program ``trainer`` as its own network holds it: the config's layout
+    (``unrolled``), the blocks past ``depth`` and the units past ``width`` left out (each leaf the leading corner of
+    the packed one, where ``embed`` put it). What ``GridResult.select`` returns: the run's own network, built from
+    the config at that depth and width, applies to it."""
+    import ml_collections
+
+    if trainer.packed_unrolled:
+        run = unrolled(run, max(trainer.packed_depths))
+    config = ml_collections.ConfigDict(trainer.config.to_dict())
+    if depth is not None:
+        config.model[KINDS[config.model.kind]] = int(depth)
+    if width is not None:
+        config.model.width = int(width)
+    if trainer.packed_unrolled:
+        config.model.scan = False
+    own = jax.eval_shape(trainer.with_config(config).init, jax.random.key(0))
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(own)
+    big = dict(jax.tree_util.tree_flatten_with_path(run)[0])
+    return jax.tree_util.tree_unflatten(treedef, [big[path][tuple(slice(0, n) for n in np.shape(leaf))]
+                                                  for path, leaf in leaves])
