@@ -186,8 +186,12 @@ def test_packed_initial_draws_are_the_networks_own_and_blocks_past_a_runs_depth_
     Training: the blocks past the run's depth keep their parameters, BatchNorm statistics and optimiser state
     exactly (weight decay 1e-3 and momentum 0.9 would move them), while the active blocks train."""
     for model in (dict(kind="residual_mlp", width=8, num_blocks=3, scaling="fixup", num_layers=2),  # gain K^(-1/2)
-                  dict(kind="residual_mlp", width=8, num_blocks=3, norm="batch", scan=True)):
+                  dict(kind="residual_mlp", width=8, num_blocks=3, norm="batch", scan=True),
+                  dict(kind="residual_mlp", width=8, num_blocks=3, norm="batch")):
         trainer = make_train(_config(model), VECTORS).with_packed_depths([1, 3])
+        # one draw serves every depth only where a shallow network's draws are a deep one's first blocks: not
+        # under Fixup, whose initialisers depend on the number of blocks (checked by drawing, packing.draws_...)
+        assert trainer.packed_prefix == (model.get("scaling") != "fixup")
         hp = trainer.check_hparams({"active_depth": 1.0})
         key = jax.random.key(7)
         init = jax.jit(trainer.init_run)(key, 0, hp)

@@ -144,6 +144,8 @@ class Core:
     packed_widths: tuple = ()
     # the packed program scans a stack that the config unrolls (``_packed``; ``resjax.train.packing.scanned``)
     packed_unrolled: bool = False
+    # a shallower network's initial draws are the first blocks of a deeper one's (``packing.draws_are_prefixes``)
+    packed_prefix: bool = False
 
     # ---- hyper-parameters ---------------------------------------------------------------------------
 
@@ -218,7 +220,7 @@ class Core:
         return self._packed(self.packed_depths, widths)
 
     def _packed(self, depths: Sequence[int], widths: Sequence[int]) -> Core:
-        from resjax.train.packing import KINDS, packable, packable_width
+        from resjax.train.packing import KINDS, draws_are_prefixes, packable, packable_width
 
         given = self.make_args.get("model") is not None
         for name, values, check in (("active_depth", depths, packable), ("active_width", widths, packable_width)):
@@ -234,10 +236,13 @@ class Core:
         if widths:
             config.model.width = widths[-1]
         unrolled = self.packed_unrolled or bool(depths) and not config.model.get("scan", False)
+        prefix = bool(depths) and draws_are_prefixes(self.model.clone(scan=False) if unrolled else self.model,
+                                                     KINDS[config.model.kind], self.example_shape)
         if unrolled:  # one scanned block in the program, not one per depth (resjax.train.packing.scanned)
             config.model.scan = True
         t = self if config.to_dict() == self.config.to_dict() else self.with_config(config)
-        return dataclasses.replace(t, packed_depths=depths, packed_widths=widths, packed_unrolled=unrolled)
+        return dataclasses.replace(t, packed_depths=depths, packed_widths=widths, packed_unrolled=unrolled,
+                                   packed_prefix=prefix)
 
     def with_config(self, config: Any) -> Core:
         """This trainer rebuilt for ``config`` from the arguments it was made with (data, model or model factory,
@@ -369,13 +374,16 @@ class Core:
             top_d, top_w = max(self.packed_depths, default=None), max(self.packed_widths, default=None)
             depth, width = hparams.get("active_depth", top_d), hparams.get("active_width", top_w)
             chosen = variables
-            for d in self.packed_depths or (None,):
+            # where a shallower network's draws are a deeper one's first blocks, one draw per width serves every
+            # depth (the blocks past a run's depth are never used): fewer networks in the initialising program
+            for d in (top_d,) if self.packed_prefix else self.packed_depths or (None,):
                 for w in self.packed_widths or (None,):
                     if (d, w) == (top_d, top_w):
                         continue
                     sizes = {**({field: d} if d is not None else {}), **({"width": w} if w is not None else {})}
                     alone = model.clone(**sizes).init(rngs, x, train=False)
-                    this = (depth == d if d is not None else True) & (width == w if w is not None else True)
+                    this = (depth == d if d is not None and not self.packed_prefix else True) & (
+                        width == w if w is not None else True)
                     chosen = jax.tree_util.tree_map(lambda a, c: jnp.where(this, a, c), embed(alone, variables),
                                                     chosen)
             variables = scanned(chosen, top_d) if self.packed_unrolled else chosen

@@ -52,7 +52,10 @@ are its own network's): equal to that network trained alone to float rounding. W
 that mixes the units, Fixup's scalar biases) the axis splits as any other. ``fit_grid(..., pack=False)`` splits
 always; ``pack='depth'`` or ``'width'`` packs that axis only; the default, ``pack='auto'``, packs on an
 accelerator and not on CPUs (``auto_pack``: on the 2-core CPU the packed runs' extra arithmetic cost more than the
-compilations saved, ``docs/benchmarks.md``). A packed run's ``select`` state has the largest network's shapes.
+compilations saved at 10 epochs, ``docs/benchmarks.md``). The packed program scans its stack of blocks even where
+the config unrolls it (one block to compile, not one per depth; ``packing.scanned``). ``select`` gives a packed run
+as its own network holds it: the config's layout, the run's depth and width (``packing.own_run``), so the network
+built from the config at those settings applies to it.
 
 Axes that say what the researcher means. ``zipped(a=[...], b=[...])`` (positional, in ``grid(seeds, ...)``) varies
 its axes together: exactly the listed tuples. An axis given a dict is conditional, each value with the axes that

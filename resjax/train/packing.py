@@ -23,6 +23,12 @@ past the run's width is then zero in every example, its weights get zero gradien
 cotangents are zero), and weight decay, momentum and Adam keep zeros at zero: nothing inside the model changes,
 and the run computes the narrow network's numbers plus exact zeros (``packable_width`` says where this holds).
 
+The program scans its stack (``nn.scan``, one block compiled) even where the config unrolls it (``scanned``;
+``Core._packed`` sets ``scan=True`` and ``packed_unrolled``): an unrolled stack of the largest depth compiles one
+block per depth and masks each, and on the 2-core CPU took about twice the compile time and three times the epoch
+time (``docs/benchmarks.md``, section 5). The draws are the unrolled network's own (``init_run`` draws in the config's layout and stacks them),
+and ``own_run`` gives a run back as its own network holds it (``GridResult.select``).
+
 Packable (``packable``): the three MLP kinds built by name, unrolled or scanned without ``remat``, whose forward
 pass does not depend on the number of blocks (``scaling='tau'`` with a rule of K, ``'1/sqrt(K)'``, is not), with an
 optimiser whose update is elementwise per parameter (the built-in ones; a per-leaf norm, as LARS takes, would see
@@ -39,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["KINDS", "check_packed", "embed", "keep_inactive", "own_run", "packable", "packable_width", "scanned",
+__all__ = ["KINDS", "check_packed", "draws_are_prefixes", "embed", "keep_inactive", "own_run", "packable", "packable_width", "scanned",
            "unrolled"]
 
 #: The ``build_model`` kinds whose depth packs, and the config field of their depth.
@@ -94,6 +100,22 @@ def packable_width(config: Any, optim: dict | None = None) -> str | None:
     if float(built.activation(jnp.zeros((), jnp.float32))) != 0.0:
         return "its activation does not map 0 to 0"
     return None
+
+
+def draws_are_prefixes(model: Any, field: str, example_shape: tuple) -> bool:
+    """Whether ``model`` (an MLP of ``KINDS``) at depth 1 draws, from one key, exactly the variables of its depth-3
+    self's stem, head and first block (each leaf the leading corner of the deeper one's). Then a packed program
+    draws each run's network once per width, at the largest depth, instead of once per depth and width
+    (``Core.init_run``): an unrolled stack names its blocks' draws by position. Not so where an initialiser
+    depends on the number of blocks (Fixup's K^(-1/(2m-2))) or a scanned stack splits its key by the depth;
+    checked by drawing both (a small network, eagerly), not assumed."""
+    x = jnp.zeros((2, *example_shape), jnp.float32)
+    key = jax.random.key(0)
+    rngs = {"params": key, "dropout": jax.random.fold_in(key, 1)}
+    small, big = (dict(jax.tree_util.tree_flatten_with_path(model.clone(**{field: k}).init(rngs, x, train=False))[0])
+                  for k in (1, 3))
+    return all(path in big and np.array_equal(big[path][tuple(slice(0, n) for n in np.shape(leaf))], leaf)
+               for path, leaf in small.items())
 
 
 def _block_index(path: tuple) -> tuple[str, int | None]:
@@ -188,8 +210,7 @@ def scanned(tree: Any, num_blocks: int) -> Any:
     """``tree`` (variables, a ``ModelState``, a ``RunState``) with every unrolled stack of ``num_blocks`` blocks
     (``blocks_0`` ...) in the scanned layout (``blocks/block``, a leading block axis; ``stack_unrolled``). A packed
     program scans the stack that a config unrolls (``Core._packed``): one block in the program instead of one per
-    depth, which on the 2-core CPU compiled 3x faster and trained an epoch 4x faster than the unrolled packed stack
-    (``docs/benchmarks.md``); ``unrolled`` gives a run back in the config's layout."""
+    depth (see the module docstring); ``unrolled`` gives a run back in the config's layout."""
     from resjax.nn.residual import stack_unrolled
 
     return _convert(tree, lambda d: stack_unrolled(d, num_blocks, _STACK) if f"{_STACK}_0" in d else d)
