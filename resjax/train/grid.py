@@ -51,8 +51,9 @@ are its own network's): equal to that network trained alone to float rounding. W
 (``packing.packable``: a rematerialised stack, a tau rule of K, an optimiser of your own; for the width, a norm
 that mixes the units, Fixup's scalar biases) the axis splits as any other. ``fit_grid(..., pack=False)`` splits
 always; ``pack='depth'`` or ``'width'`` packs that axis only; the default, ``pack='auto'``, packs on an
-accelerator and not on CPUs (``auto_pack``: on the 2-core CPU the packed runs' extra arithmetic cost more than the
-compilations saved at 10 epochs, ``docs/benchmarks.md``). The packed program scans its stack of blocks even where
+accelerator, and on a CPU where ``packing_pays`` predicts the compilations it saves to cost more than the
+arithmetic it adds (every packed run computes as its program's largest network; on the 2-core CPU a grid of 24 runs
+was 3.2x faster packed at 2 epochs, 1.65x at 10, 0.94x at 30: ``docs/benchmarks.md``). The packed program scans its stack of blocks even where
 the config unrolls it (one block to compile, not one per depth; ``packing.scanned``). ``select`` gives a packed run
 as its own network holds it: the config's layout, the run's depth and width (``packing.own_run``), so the network
 built from the config at those settings applies to it.
@@ -111,7 +112,8 @@ import numpy as np
 from resjax.train.core import HPARAM_SETTINGS, HPARAMS
 from resjax.train.state import RunState
 
-__all__ = ["Grid", "GridResult", "Program", "Zipped", "auto_pack", "describe", "fit_grid", "grid", "programs", "zipped"]
+__all__ = ["CPU_PROGRAM_SECONDS", "CPU_UNIT_SECONDS", "Grid", "GridResult", "Program", "Zipped", "auto_pack", "describe",
+           "fit_grid", "grid", "packing_pays", "programs", "zipped"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 #: The dict-valued settings whose keys a grid may add (an optax function's arguments).
@@ -593,9 +595,9 @@ def programs(trainer: Any, g: Grid, pack: bool | str = "auto") -> list[Program]:
     effect on some runs, naming them). ``pack``: a depth or width axis of a model whose depth or width packs
     (``resjax.train.packing``) runs inside its programs (``hparams['active_depth']``, ``['active_width']``);
     ``'depth'`` or ``'width'``: that axis only; ``False``: one program per depth and width; ``'auto'``:
-    ``auto_pack()``, as ``fit_grid``."""
+    ``auto_pack(None, trainer, g)``, as ``fit_grid`` on JAX's devices."""
     if pack == "auto":
-        pack = auto_pack()
+        pack = auto_pack(None, trainer, g)
     from resjax.train.packing import KINDS, packable, packable_width
 
     paths = {a: _resolve(trainer, a) for a in g.values}
@@ -680,19 +682,28 @@ def _merge(g: Grid, trained: list[Program]) -> dict:
     return out
 
 
-def _packed_work(progs: Sequence[Program]) -> float | None:
-    """The blocks' arithmetic of the packed programs over that of their runs alone (depth x width^2 per run), or
-    None when nothing is packed."""
+def _block_work(progs: Sequence[Program]) -> tuple[float, float]:
+    """The blocks' arithmetic per example of the packed programs' runs, ``(alone, packed)``: depth x width^2 summed
+    over the runs, as their own networks and as their program's largest one (0, 0 when nothing is packed)."""
+    from resjax.train.packing import KINDS
+
     alone = packed = 0.0
     for p in progs:
         depths, widths = p.hparams.get("active_depth"), p.hparams.get("active_width")
         if depths is None and widths is None:
             continue
-        n = len(p.runs)
-        d = np.ones(n) if depths is None else np.asarray(depths, float)
-        w = np.ones(n) if widths is None else np.asarray(widths, float)
+        n, model = len(p.runs), p.trainer.config.model
+        d = np.full(n, float(model[KINDS[model.kind]])) if depths is None else np.asarray(depths, float)
+        w = np.full(n, float(model.get("width", 1))) if widths is None else np.asarray(widths, float)
         alone += float(np.sum(d * w ** 2))
         packed += n * float(d.max() * w.max() ** 2)
+    return alone, packed
+
+
+def _packed_work(progs: Sequence[Program]) -> float | None:
+    """The blocks' arithmetic of the packed programs over that of their runs alone (depth x width^2 per run), or
+    None when nothing is packed."""
+    alone, packed = _block_work(progs)
     return packed / alone if alone else None
 
 
@@ -716,16 +727,51 @@ def describe(progs: Sequence[Program], g: Grid) -> str:
     return "\n".join([head] + [f"  {p.name}: {len(p.runs)} runs" for p in progs])
 
 
-def auto_pack(devices: Sequence[Any] | None = None) -> bool:
+#: ``packing_pays``' price of one more program on the 2-core CPU, in seconds: its compilation, less what packing
+#: costs to compile (``docs/benchmarks.md``, section 5: ``python -m benchmarks.grid_packing`` at 2, 10 and 30 epochs
+#: in one sitting; the unpacked grid's 8 programs took 30 s more than the packed one, whatever the epochs).
+CPU_PROGRAM_SECONDS = 4.4
+#: ``packing_pays``' price of one unit of a block's arithmetic (depth x width^2) for one training example of an epoch
+#: on the 2-core CPU, in seconds, evaluation included (the same sitting: 1.2 s more an epoch for the packed grid's
+#: 2.25 million units more per example, 3,968 examples).
+CPU_UNIT_SECONDS = 1.3e-10
+
+
+def packing_pays(trainer: Any, g: Grid) -> bool:
+    """Whether packing ``g``'s depth and width axes on ``trainer`` is predicted faster on the CPU than a program per
+    depth and width: the compilations it saves (``CPU_PROGRAM_SECONDS`` each) against the block arithmetic its
+    packed runs add (every run computes as its program's largest network: ``CPU_UNIT_SECONDS`` per unit, example
+    and epoch). Both rates were measured on the 2-core CPU; with them the prediction put the crossover of the
+    benchmark's grid (24 runs, 3.5x the arithmetic, MNIST-1D) at 26 epochs, where the sitting measured 1.65x faster
+    packed at 10 epochs and 0.94x at 30. A larger network reaches it in fewer epochs."""
+    packed, unpacked = programs(trainer, g, True), programs(trainer, g, False)
+    saved = len(unpacked) - len(packed)
+    if saved <= 0:
+        return False
+    return _extra_seconds(packed, trainer) < saved * CPU_PROGRAM_SECONDS
+
+
+def _extra_seconds(packed: Sequence[Program], trainer: Any) -> float:
+    """The seconds the packed runs' extra block arithmetic is predicted to take on the 2-core CPU (``packing_pays``):
+    the training examples of every epoch (or period) at ``CPU_UNIT_SECONDS`` per unit."""
+    alone, work = _block_work(packed)
+    examples = trainer.steps_per_epoch * trainer.config.train.batch_size * trainer.num_epochs
+    return (work - alone) * examples * CPU_UNIT_SECONDS
+
+
+def auto_pack(devices: Sequence[Any] | None = None, trainer: Any = None, g: Grid | None = None) -> bool:
     """What ``fit_grid(..., pack='auto')`` does on ``devices`` (default: JAX's): pack on an accelerator, where a
     small MLP's program leaves the chip nearly idle and more vmapped runs cost almost nothing (the issue's H200
-    measurement: 8 seeds vmapped 8.6x faster than one after another); not on CPUs, where the packed runs' extra
-    arithmetic costs more than the compilations it saves (``docs/benchmarks.md``: a 10-epoch grid of 24 runs
-    packed took 1.8x to 2.2x as long as unpacked on the 2-core CPU)."""
+    measurement: 8 seeds vmapped 8.6x faster than one after another; not measured here). On CPUs, pack where
+    ``packing_pays(trainer, g)`` predicts it faster (without a trainer and a grid: not at all), since there every
+    packed run's extra arithmetic costs time: on the 2-core CPU the benchmark's grid was 3.2x faster packed at 2
+    epochs, 1.65x at 10 and 0.94x at 30 (``docs/benchmarks.md``)."""
     import jax
 
     first = (list(devices) if devices else jax.devices())[0]
-    return first.platform != "cpu"
+    if first.platform != "cpu":
+        return True
+    return trainer is not None and g is not None and packing_pays(trainer, g)
 
 
 def fit_grid(trainer: Any, grid: Grid, *, pack: bool | str = "auto", **fit_kwargs: Any) -> GridResult:
@@ -741,21 +787,22 @@ def fit_grid(trainer: Any, grid: Grid, *, pack: bool | str = "auto", **fit_kwarg
 
     ``pack``: ``True``: the depth and width axes of an MLP run inside one program (``resjax.train.packing``);
     ``'depth'`` or ``'width'``: that axis only; ``False``: a program per depth and width; ``'auto'`` (default):
-    ``True`` on an accelerator, ``False`` on CPUs (``auto_pack``). A packed run computes as the largest network
-    of its program: packing saves compilations and fills a device, at the cost of that extra arithmetic
-    (``describe`` says how much; measured in ``docs/benchmarks.md``). Before anything trains the grid says how
+    ``True`` on an accelerator, and on a CPU where ``packing_pays`` predicts it faster (``auto_pack``). A packed
+    run computes as the largest network of its program: packing saves compilations and fills a device, at the cost
+    of that extra arithmetic (``describe`` says how much; measured in ``docs/benchmarks.md``). Before anything trains the grid says how
     many runs and programs it makes (``describe``), on standard output, unless ``progress=False``."""
     if "hparams" in fit_kwargs:
         raise ValueError("hparams: a grid sets them; vary them as axes of grid(...)")
     if not isinstance(pack, bool) and pack not in ("depth", "width", "auto"):
         raise ValueError(f"pack: must be True, False, 'depth', 'width' or 'auto', got {pack!r}")
     devices = fit_kwargs.pop("devices", None)
-    chosen = auto_pack(devices) if pack == "auto" else pack
+    chosen = auto_pack(devices, trainer, grid) if pack == "auto" else pack
     progs = programs(trainer, grid, chosen)
     if fit_kwargs.get("progress", None) is not False:
         said = describe(progs, grid)
         if pack == "auto" and not chosen and _packed_axes(trainer, {a: _resolve(trainer, a) for a in grid.values}):
-            said += "\n  (depth and width not packed on the CPU, where packing was measured slower: pack=True packs)"
+            said += ("\n  (depth and width not packed: on the CPU, the arithmetic packing adds is predicted to cost more "
+                     "than the compilations it saves, resjax.train.grid.packing_pays; pack=True packs)")
         print(said, flush=True)
     if len(progs) == 1:
         p = progs[0]
