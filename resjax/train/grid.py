@@ -53,10 +53,10 @@ that mixes the units, Fixup's scalar biases) the axis splits as any other. ``fit
 always; ``pack='depth'`` or ``'width'`` packs that axis only; the default, ``pack='auto'``, packs on an
 accelerator, and on a CPU where ``packing_pays`` predicts the compilations it saves to cost more than the
 arithmetic it adds (every packed run computes as its program's largest network; on the 2-core CPU a grid of 24 runs
-was 3.2x faster packed at 2 epochs, 1.65x at 10, 0.94x at 30: ``docs/benchmarks.md``). The packed program scans its stack of blocks even where
-the config unrolls it (one block to compile, not one per depth; ``packing.scanned``). ``select`` gives a packed run
-as its own network holds it: the config's layout, the run's depth and width (``packing.own_run``), so the network
-built from the config at those settings applies to it.
+was 3.2x faster packed at 2 epochs, 1.65x at 10, 0.94x at 30: ``docs/benchmarks.md``). The packed program scans its
+stack of blocks even where the config unrolls it (one block to compile, not one per depth; ``packing.scanned``).
+``select`` gives a packed run as its own network holds it: the config's layout, the run's depth and width
+(``packing.own_run``), so the network built from the config at those settings applies to it.
 
 Axes that say what the researcher means. ``zipped(a=[...], b=[...])`` (positional, in ``grid(seeds, ...)``) varies
 its axes together: exactly the listed tuples. An axis given a dict is conditional, each value with the axes that
@@ -112,8 +112,8 @@ import numpy as np
 from resjax.train.core import HPARAM_SETTINGS, HPARAMS
 from resjax.train.state import RunState
 
-__all__ = ["CPU_PROGRAM_SECONDS", "CPU_UNIT_SECONDS", "Grid", "GridResult", "Program", "Zipped", "auto_pack", "describe",
-           "fit_grid", "grid", "packing_pays", "programs", "zipped"]
+__all__ = ["CPU_PROGRAM_SECONDS", "CPU_UNIT_SECONDS", "Grid", "GridResult", "Program", "Zipped", "auto_pack",
+           "describe", "fit_grid", "grid", "packing_pays", "programs", "zipped"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 #: The dict-valued settings whose keys a grid may add (an optax function's arguments).
@@ -789,8 +789,9 @@ def fit_grid(trainer: Any, grid: Grid, *, pack: bool | str = "auto", **fit_kwarg
     ``'depth'`` or ``'width'``: that axis only; ``False``: a program per depth and width; ``'auto'`` (default):
     ``True`` on an accelerator, and on a CPU where ``packing_pays`` predicts it faster (``auto_pack``). A packed
     run computes as the largest network of its program: packing saves compilations and fills a device, at the cost
-    of that extra arithmetic (``describe`` says how much; measured in ``docs/benchmarks.md``). Before anything trains the grid says how
-    many runs and programs it makes (``describe``), on standard output, unless ``progress=False``."""
+    of that extra arithmetic (``describe`` says how much; measured in ``docs/benchmarks.md``). Before anything
+    trains the grid says how many runs and programs it makes (``describe``), on standard output, unless
+    ``progress=False``."""
     if "hparams" in fit_kwargs:
         raise ValueError("hparams: a grid sets them; vary them as axes of grid(...)")
     if not isinstance(pack, bool) and pack not in ("depth", "width", "auto"):
@@ -801,8 +802,8 @@ def fit_grid(trainer: Any, grid: Grid, *, pack: bool | str = "auto", **fit_kwarg
     if fit_kwargs.get("progress", None) is not False:
         said = describe(progs, grid)
         if pack == "auto" and not chosen and _packed_axes(trainer, {a: _resolve(trainer, a) for a in grid.values}):
-            said += ("\n  (depth and width not packed: on the CPU, the arithmetic packing adds is predicted to cost more "
-                     "than the compilations it saves, resjax.train.grid.packing_pays; pack=True packs)")
+            said += ("\n  (depth and width not packed: on the CPU, the arithmetic packing adds is predicted to cost "
+                     "more than the compilations it saves, resjax.train.grid.packing_pays; pack=True packs)")
         print(said, flush=True)
     if len(progs) == 1:
         p = progs[0]

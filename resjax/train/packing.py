@@ -26,8 +26,10 @@ and the run computes the narrow network's numbers plus exact zeros (``packable_w
 The program scans its stack (``nn.scan``, one block compiled) even where the config unrolls it (``scanned``;
 ``Core._packed`` sets ``scan=True`` and ``packed_unrolled``): an unrolled stack of the largest depth compiles one
 block per depth and masks each, and on the 2-core CPU took about twice the compile time and three times the epoch
-time (``docs/benchmarks.md``, section 5). The draws are the unrolled network's own (``init_run`` draws in the config's layout and stacks them),
-and ``own_run`` gives a run back as its own network holds it (``GridResult.select``).
+time (``docs/benchmarks.md``, section 5). The draws are the unrolled network's own (``init_run`` draws in the
+config's layout and stacks them), and ``own_run`` gives a run back as its own network holds it
+(``GridResult.select``). Where a shallower network's draws are a deeper one's first blocks
+(``draws_are_prefixes``), ``init_run`` draws one network per width, not one per depth and width.
 
 Packable (``packable``): the three MLP kinds built by name, unrolled or scanned without ``remat``, whose forward
 pass does not depend on the number of blocks (``scaling='tau'`` with a rule of K, ``'1/sqrt(K)'``, is not), with an
@@ -45,8 +47,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["KINDS", "check_packed", "draws_are_prefixes", "embed", "keep_inactive", "own_run", "packable", "packable_width", "scanned",
-           "unrolled"]
+__all__ = ["KINDS", "check_packed", "draws_are_prefixes", "embed", "keep_inactive", "own_run", "packable",
+           "packable_width", "scanned", "unrolled"]
 
 #: The ``build_model`` kinds whose depth packs, and the config field of their depth.
 KINDS = {"residual_mlp": "num_blocks", "plain_mlp": "depth", "residual_stack": "num_blocks"}
