@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from resjax.data import from_arrays
-from resjax.train import make_train, run_config, train_config
+from resjax.train import make_image_train, make_train, run_config, train_config
 from resjax.train.grid import fit_grid, grid, programs, zipped
 from resjax.train.ondevice import Trainer
 from tests.small_data import separable_arrays
@@ -110,13 +110,13 @@ def test_a_model_axis_works_whether_or_not_the_config_names_it(no_training):
 # ---- depth packed into one program ----------------------------------------------------------------------------------
 
 
-def _alone(model, seeds, **sizes):
-    return make_train(_config({**model, **sizes}), VECTORS).fit(seeds)
+def _alone(model, seeds, make=make_train, **sizes):
+    return make(_config({**model, **sizes}), VECTORS).fit(seeds)
 
 
-def _assert_each_run_is_its_network_alone(result, g, model, sizes):
+def _assert_each_run_is_its_network_alone(result, g, model, sizes, make=make_train):
     for size in sizes:
-        run, alone = _alone(model, [0, 1], **size)
+        run, alone = _alone(model, [0, 1], make, **size)
         rows = [g.index(seed=s, **size) for s in (0, 1)]
         for name in ("train_loss", "train_error", "test_loss", "test_error"):
             np.testing.assert_allclose(result.history[name][rows], alone[name], rtol=RTOL, atol=ATOL,
@@ -146,6 +146,16 @@ def test_a_depth_x_width_grid_is_one_program_and_each_run_is_its_network_trained
     _assert_each_run_is_its_network_alone(result, g, model, [dict(num_blocks=d, width=w) for d in (1, 3)
                                                               for w in (4, 8)])
     assert len(chunk_programs) == 5  # the four networks alone: a program each
+
+
+def test_a_packed_grid_on_the_host_feeder_is_one_program_of_the_networks_alone():
+    """The host feeder (``ImageTrainer``) packs too: its step and evaluation take each run's ``active_depth``."""
+    model = dict(kind="residual_mlp", width=8, num_blocks=1, norm="batch")
+    g = grid([0, 1], {"model.num_blocks": [1, 3], "model.width": [4, 8]})
+    result = fit_grid(make_image_train(_config(model), VECTORS), g, pack=True, progress=False)
+    assert len(result.programs) == 1
+    _assert_each_run_is_its_network_alone(result, g, model, [dict(num_blocks=d, width=w) for d in (1, 3)
+                                                              for w in (4, 8)], make_image_train)
 
 
 def test_a_scanned_plain_depth_grid_is_one_program_of_the_networks_alone(chunk_programs):

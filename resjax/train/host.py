@@ -174,9 +174,10 @@ class ImageTrainer(Core):
         return self._compiled("step", _seeded(run))(run, images, labels, self._call_hparams(hparams))
 
     def _call_hparams(self, hparams: dict | None) -> dict:
-        """The part of ``hparams`` the model's call and the loss take (``tau``, ``label_smoothing``; not the
-        optimiser's, which live in its state); ``{}`` when none."""
-        keep = ({"tau"} if self.uses_tau else set()) | {"label_smoothing"}
+        """The part of ``hparams`` the model's call and the loss take (``tau``, ``label_smoothing``, a packed
+        program's ``active_depth``; not the optimiser's, which live in its state); ``{}`` when none."""
+        keep = ({"tau"} if self.uses_tau else set()) | {"label_smoothing"} | (
+            {"active_depth"} if self.packed_depths else set())
         return {k: v for k, v in (hparams or {}).items() if k in keep}
 
     def evaluate(self, state: RunState, source: Any = None, batch_size: int | None = None,

@@ -241,7 +241,7 @@ def own_run(trainer: Any, run: Any, depth: int | None, width: int | None) -> Any
         config.model.width = int(width)
     if trainer.packed_unrolled:
         config.model.scan = False
-    own = jax.eval_shape(trainer.with_config(config).init, jax.random.key(0))
+    own = jax.eval_shape(trainer.with_config(config).init_run, jax.random.key(0))
     leaves, treedef = jax.tree_util.tree_flatten_with_path(own)
     big = dict(jax.tree_util.tree_flatten_with_path(run)[0])
     return jax.tree_util.tree_unflatten(treedef, [big[path][tuple(slice(0, n) for n in np.shape(leaf))]
