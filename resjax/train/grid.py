@@ -743,7 +743,8 @@ def packing_pays(trainer: Any, g: Grid) -> bool:
     packed runs add (every run computes as its program's largest network: ``CPU_UNIT_SECONDS`` per unit, example
     and epoch). Both rates were measured on the 2-core CPU; with them the prediction put the crossover of the
     benchmark's grid (24 runs, 3.5x the arithmetic, MNIST-1D) at 26 epochs, where the sitting measured 1.65x faster
-    packed at 10 epochs and 0.94x at 30. A larger network reaches it in fewer epochs."""
+    packed at 10 epochs and 0.94x at 30. A larger network reaches it in fewer epochs. (Measured with the on-device
+    feeder; the host feeder's packed programs use the same prediction, unmeasured.)"""
     packed, unpacked = programs(trainer, g, True), programs(trainer, g, False)
     saved = len(unpacked) - len(packed)
     if saved <= 0:
