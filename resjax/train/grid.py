@@ -745,6 +745,8 @@ def packing_pays(trainer: Any, g: Grid) -> bool:
     benchmark's grid (24 runs, 3.5x the arithmetic, MNIST-1D) at 26 epochs, where the sitting measured 1.65x faster
     packed at 10 epochs and 0.94x at 30. A larger network reaches it in fewer epochs. (Measured with the on-device
     feeder; the host feeder's packed programs use the same prediction, unmeasured.)"""
+    if not _packed_axes(trainer, {a: _resolve(trainer, a) for a in g.values}):
+        return False  # no depth or width axis: nothing to pack
     packed, unpacked = programs(trainer, g, True), programs(trainer, g, False)
     saved = len(unpacked) - len(packed)
     if saved <= 0:
