@@ -25,8 +25,9 @@ extensions, the cores, JAX's devices and versions) and the float32 matmul peak m
 reader can scale the numbers to their own machine. ``--keep-others`` adds the steps timed now to the rows
 of an earlier run on the same machine (``--json``), so that one table can hold steps timed at different
 sittings; the first line then says which rows are kept. Each step's whole output is kept in
-``runs/benchmarks/first_hour-<step>.log``, and a reproduction's report in ``first_hour-<step>-REPORT.md``. Nothing is asserted. The page ``docs/benchmarks.md`` holds this
-table as printed; every timing the README and Getting started mention comes from it.
+``runs/benchmarks/first_hour-<step>.log``, and a reproduction's report in ``first_hour-<step>-REPORT.md``.
+Nothing is asserted. The page ``docs/benchmarks.md`` holds this table as printed; every timing the README and
+Getting started mention comes from it.
 """
 
 from __future__ import annotations

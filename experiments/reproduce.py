@@ -308,8 +308,9 @@ def rebuild_report(out="runs", size_name: str = "default", names=None) -> pathli
     """Write ``DIR/REPORT.md`` again from the stored ``DIR/<name>/results.json`` without running anything
     (after a change to the claims or to the report's layout; ``--reuse`` would run again every experiment
     whose config changed since). The run line of an existing report (the size and timings of the run that
-    made the results) is kept, and so is its machine line. For a stand-in run of an experiment that needs a TFDS data set, the report
-    shows the command that prepares the data set as this machine sees it (``size_name``'s config)."""
+    made the results) is kept, and so is its machine line. For a stand-in run of an experiment that needs a TFDS
+    data set, the report shows the command that prepares the data set as this machine sees it (``size_name``'s
+    config)."""
     out = as_path(out, "out")
     path = out / "REPORT.md"
     sections, seconds, rows, marks = [], 0.0, [], []

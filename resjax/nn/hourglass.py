@@ -25,10 +25,10 @@ from typing import Any
 import flax.linen as nn
 import jax
 
+from resjax.nn.init import FLAX_DEFAULT_KERNEL_INIT
 from resjax.nn.norms import check_norm
 from resjax.nn.precision import PrecisionRepr, layer_dtypes, resolve_dtype
 from resjax.nn.residual import check_positive, residual_add
-from resjax.nn.init import FLAX_DEFAULT_KERNEL_INIT
 from resjax.nn.unet import ConvBlock, check_spatial
 
 

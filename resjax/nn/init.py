@@ -27,8 +27,8 @@ an unknown parameter) raise ``ValueError`` naming the setting. Taki's own CIFAR 
 
 ``gain`` multiplies the draw (Fixup scales its branch layers this way). Every initialiser returned here
 draws in float32 (or float64) and rounds to a narrower dtype (``drawn_in_float32``): a model built with
-``param_dtype='bfloat16'`` starts from its float32 twin's draws, rounded, not from other random numbers. Fan-in and fan-out are
-flax's: for a Dense kernel ``(in, out)`` fan_in = in; for a conv kernel ``(h, w, in, out)`` fan_in =
+``param_dtype='bfloat16'`` starts from its float32 twin's draws, rounded, not from other random numbers. Fan-in
+and fan-out are flax's: for a Dense kernel ``(in, out)`` fan_in = in; for a conv kernel ``(h, w, in, out)`` fan_in =
 h*w*in.
 
 ``get_bias_initializer(name, fan_in)`` returns a bias initialiser. A bias vector does not know its

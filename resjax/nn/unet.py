@@ -66,7 +66,8 @@ class ConvBlock(PrecisionRepr, nn.Module):
         """
         for i in range(self.num_convs):
             x = nn.Conv(self.features, (3, 3), padding="SAME", use_bias=self.norm == "none", name=f"conv_{i}",
-                        kernel_init=FLAX_DEFAULT_KERNEL_INIT, param_dtype=layer_dtypes(None, self.param_dtype)["param_dtype"])(x)
+                        kernel_init=FLAX_DEFAULT_KERNEL_INIT,
+                        param_dtype=layer_dtypes(None, self.param_dtype)["param_dtype"])(x)
             x = nn.relu(make_norm(self.norm, train=train, name=f"norm_{i}", param_dtype=self.param_dtype)(x))
         return x
 

@@ -88,7 +88,8 @@ from resjax.train.optim import check_optimizer
 from resjax.train.schedules import check_schedule
 
 __all__ = ["DICT_SETTINGS", "EVAL_BATCH_SIZE", "step_periods", "FLOAT_SETTINGS", "MAX_STEPS", "SEED_AXIS_MODES",
-           "check_finite_settings", "check_step_count", "check_train_config", "image_train_config", "is_int", "is_number", "train_config"]
+           "check_finite_settings", "check_step_count", "check_train_config", "image_train_config", "is_int",
+           "is_number", "train_config"]
 
 #: The default ``train.eval_batch_size``: the host feeder's evaluation batches (the on-device feeder, which evaluates
 #: whole sets at once, takes no other value: ``resjax.train.ondevice.check_on_device_settings``).

@@ -220,7 +220,7 @@ class Core:
         return self._packed(self.packed_depths, widths)
 
     def _packed(self, depths: Sequence[int], widths: Sequence[int]) -> Core:
-        from resjax.train.packing import KINDS, draws_are_prefixes, packable, packable_width
+        from resjax.train.packing import KINDS, draws_are_prefixes, packable, packable_width, sized
 
         given = self.make_args.get("model") is not None
         for name, values, check in (("active_depth", depths, packable), ("active_width", widths, packable_width)):
@@ -230,11 +230,7 @@ class Core:
             if values and (not all(is_int(v) for v in values) or min(values) < 1):
                 raise ValueError(f"{name}: packed {name[7:]}s must be integers >= 1, got {list(values)}")
         depths, widths = tuple(sorted({int(d) for d in depths})), tuple(sorted({int(w) for w in widths}))
-        config = ml_collections.ConfigDict(self.config.to_dict())
-        if depths:
-            config.model[KINDS[config.model.kind]] = depths[-1]
-        if widths:
-            config.model.width = widths[-1]
+        config = sized(self.config, depths[-1] if depths else None, widths[-1] if widths else None)
         unrolled = self.packed_unrolled or bool(depths) and not config.model.get("scan", False)
         prefix = bool(depths) and draws_are_prefixes(self.model.clone(scan=False) if unrolled else self.model,
                                                      KINDS[config.model.kind], self.example_shape)
@@ -374,16 +370,15 @@ class Core:
             top_d, top_w = max(self.packed_depths, default=None), max(self.packed_widths, default=None)
             depth, width = hparams.get("active_depth", top_d), hparams.get("active_width", top_w)
             chosen = variables
-            # where a shallower network's draws are a deeper one's first blocks, one draw per width serves every
-            # depth (the blocks past a run's depth are never used): fewer networks in the initialising program
-            for d in (top_d,) if self.packed_prefix else self.packed_depths or (None,):
+            # where a shallower network's draws are a deeper one's first blocks, the largest depth's draws serve
+            # every depth (the blocks past a run's depth are never used): one network per width, not per depth
+            for d in (None,) if self.packed_prefix else self.packed_depths or (None,):
                 for w in self.packed_widths or (None,):
-                    if (d, w) == (top_d, top_w):
+                    if d in (None, top_d) and w in (None, top_w):  # the largest network: drawn above
                         continue
                     sizes = {**({field: d} if d is not None else {}), **({"width": w} if w is not None else {})}
                     alone = model.clone(**sizes).init(rngs, x, train=False)
-                    this = (depth == d if d is not None and not self.packed_prefix else True) & (
-                        width == w if w is not None else True)
+                    this = (depth == d if d is not None else True) & (width == w if w is not None else True)
                     chosen = jax.tree_util.tree_map(lambda a, c: jnp.where(this, a, c), embed(alone, variables),
                                                     chosen)
             variables = scanned(chosen, top_d) if self.packed_unrolled else chosen

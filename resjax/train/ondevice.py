@@ -106,9 +106,10 @@ class Trainer(Core):
                     evaluate: bool | jax.Array = True) -> tuple[RunState, dict]:
         """One epoch: ``train_step`` (``lax.scan``) over the epoch's minibatches (``_epoch_batches``: of a fresh
         permutation, or with ``shuffle=False`` of the stored order; a step run's period: ``_period_batches``), then,
-        when ``evaluate`` (a bool, or a scalar that is not vmapped: a real branch), the whole training and test sets in evaluation mode (else those metrics are
-        NaN). Returns ``(run, records)``: the run with the epoch's metrics in its history and ``epoch + 1``,
-        and the hooks' values (``step_records``, ``epoch_records``; empty without hooks)."""
+        when ``evaluate`` (a bool, or a scalar that is not vmapped: a real branch), the whole training and test
+        sets in evaluation mode (else those metrics are NaN). Returns ``(run, records)``: the run with the epoch's
+        metrics in its history and ``epoch + 1``, and the hooks' values (``step_records``, ``epoch_records``;
+        empty without hooks)."""
         batches = self._period_batches(run) if self.is_step_run else self._epoch_batches(run)
         x_train, y_train = jnp.asarray(self.data.x_train), jnp.asarray(self.data.y_train)
         lr = self.epoch_learning_rate(run)

@@ -39,7 +39,6 @@ a scanned stack's inactive blocks).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import flax.traverse_util as traverse_util
@@ -48,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["KINDS", "check_packed", "draws_are_prefixes", "embed", "keep_inactive", "own_run", "packable",
-           "packable_width", "scanned", "unrolled"]
+           "packable_width", "scanned", "sized", "unrolled"]
 
 #: The ``build_model`` kinds whose depth packs, and the config field of their depth.
 KINDS = {"residual_mlp": "num_blocks", "plain_mlp": "depth", "residual_stack": "num_blocks"}
@@ -104,6 +103,11 @@ def packable_width(config: Any, optim: dict | None = None) -> str | None:
     return None
 
 
+def _corner(shape: tuple) -> tuple:
+    """The index of a leaf's leading corner of ``shape`` (where ``embed`` puts a smaller network's leaf)."""
+    return tuple(slice(0, n) for n in shape)
+
+
 def draws_are_prefixes(model: Any, field: str, example_shape: tuple) -> bool:
     """Whether ``model`` (an MLP of ``KINDS``) at depth 1 draws, from one key, exactly the variables of its depth-3
     self's stem, head and first block (each leaf the leading corner of the deeper one's). Then a packed program
@@ -116,7 +120,7 @@ def draws_are_prefixes(model: Any, field: str, example_shape: tuple) -> bool:
     rngs = {"params": key, "dropout": jax.random.fold_in(key, 1)}
     small, big = (dict(jax.tree_util.tree_flatten_with_path(model.clone(**{field: k}).init(rngs, x, train=False))[0])
                   for k in (1, 3))
-    return all(path in big and np.array_equal(big[path][tuple(slice(0, n) for n in np.shape(leaf))], leaf)
+    return all(path in big and np.array_equal(big[path][_corner(np.shape(leaf))], leaf)
                for path, leaf in small.items())
 
 
@@ -145,7 +149,7 @@ def embed(small: dict, big: dict) -> dict:
         elif _block_index(path)[0] == "scan" and s.shape[1:] == b.shape[1:]:  # a scanned stack: d blocks of K
             out[path] = jnp.concatenate([s, b[s.shape[0]:]])
         else:  # narrower: zeros past its width (and past its depth)
-            out[path] = jnp.zeros_like(b).at[tuple(slice(0, n) for n in s.shape)].set(s.astype(b.dtype))
+            out[path] = jnp.zeros_like(b).at[_corner(s.shape)].set(s.astype(b.dtype))
     return traverse_util.unflatten_dict(out)
 
 
@@ -191,21 +195,17 @@ def check_packed(name: str, values: Any, packed: tuple) -> None:
         raise ValueError(f"hparams.{name}: {bad} not among the program's packed {what} {list(packed)}")
 
 
+def _has_stack(node: Any) -> bool:
+    """Whether ``node`` is a dict holding a stack of blocks, unrolled (``blocks_0`` ...) or scanned
+    (``blocks/block``)."""
+    return isinstance(node, dict) and (f"{_STACK}_0" in node or (isinstance(node.get(_STACK), dict)
+                                                                 and "block" in node[_STACK]))
+
+
 def _convert(tree: Any, convert: Any) -> Any:
-    """``tree`` with ``convert`` applied to every dict that holds a stack of blocks (a variable collection, the
-    parameters, an optimiser-state entry shaped like them)."""
-    if not isinstance(tree, dict):
-        if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # a NamedTuple (ModelState, optax states)
-            return type(tree)(*(_convert(v, convert) for v in tree))
-        if isinstance(tree, (tuple, list)):
-            return type(tree)(_convert(v, convert) for v in tree)
-        if dataclasses.is_dataclass(tree) and hasattr(tree, "replace"):  # a flax struct dataclass
-            return tree.replace(**{f.name: _convert(getattr(tree, f.name), convert) for f in dataclasses.fields(tree)
-                                   if f.init})
-        return tree
-    if f"{_STACK}_0" in tree or (_STACK in tree and isinstance(tree[_STACK], dict) and "block" in tree[_STACK]):
-        return convert(tree)
-    return {k: _convert(v, convert) for k, v in tree.items()}
+    """``tree`` (any pytree) with ``convert`` applied to every dict that holds a stack of blocks (a variable
+    collection, the parameters, an optimiser-state entry shaped like them)."""
+    return jax.tree_util.tree_map(lambda n: convert(n) if _has_stack(n) else n, tree, is_leaf=_has_stack)
 
 
 def scanned(tree: Any, num_blocks: int) -> Any:
@@ -225,24 +225,31 @@ def unrolled(tree: Any, num_blocks: int) -> Any:
     return _convert(tree, lambda d: unstack_scanned(d, num_blocks, _STACK) if _STACK in d else d)
 
 
+def sized(config: Any, depth: int | None = None, width: int | None = None) -> Any:
+    """A copy of the run config ``config`` with its model at ``depth`` (``KINDS``' field) and ``width`` (``None``:
+    as it is)."""
+    import ml_collections
+
+    out = ml_collections.ConfigDict(config.to_dict())
+    if depth is not None:
+        out.model[KINDS[out.model.kind]] = int(depth)
+    if width is not None:
+        out.model.width = int(width)
+    return out
+
+
 def own_run(trainer: Any, run: Any, depth: int | None, width: int | None) -> Any:
     """One run (no seed axis) of the packed program ``trainer`` as its own network holds it: the config's layout
     (``unrolled``), the blocks past ``depth`` and the units past ``width`` left out (each leaf the leading corner of
     the packed one, where ``embed`` put it). What ``GridResult.select`` returns: the run's own network, built from
     the config at that depth and width, applies to it."""
-    import ml_collections
-
     if trainer.packed_unrolled:
         run = unrolled(run, max(trainer.packed_depths))
-    config = ml_collections.ConfigDict(trainer.config.to_dict())
-    if depth is not None:
-        config.model[KINDS[config.model.kind]] = int(depth)
-    if width is not None:
-        config.model.width = int(width)
+    config = sized(trainer.config, depth, width)
     if trainer.packed_unrolled:
         config.model.scan = False
     own = jax.eval_shape(trainer.with_config(config).init_run, jax.random.key(0))
     leaves, treedef = jax.tree_util.tree_flatten_with_path(own)
     big = dict(jax.tree_util.tree_flatten_with_path(run)[0])
-    return jax.tree_util.tree_unflatten(treedef, [big[path][tuple(slice(0, n) for n in np.shape(leaf))]
+    return jax.tree_util.tree_unflatten(treedef, [big[path][_corner(np.shape(leaf))]
                                                   for path, leaf in leaves])

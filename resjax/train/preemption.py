@@ -42,11 +42,11 @@ the directory locks given up, ``os._exit``) gets a signal that finds nothing tra
 inside the compilation, and the process exits at once (the same runs: 0.14 s and 0.18 s). Nothing is lost: no
 step of the call has run, and ``trained`` turns true as a step or chunk is dispatched, so one that has run (or
 is running) keeps the save-then-exit above. A compilation in a thread that is abandoned is no way out: Python
-then aborts while finalizing (the thread re-enters it; measured: SIGABRT). With several processes the signal waits as before (the processes agree on the stop; one
-leaving alone would strand the others in a collective). A library cannot end a process it does not own
-(``os._exit`` skips the caller's ``finally`` blocks, and would kill a Jupyter kernel or a test runner), so a
-program without such a handler keeps the behaviour above: the line at once, the stop when the compilation ends,
-and a second signal stops it at once.
+then aborts while finalizing (the thread re-enters it; measured: SIGABRT). With several processes the signal
+waits as before (the processes agree on the stop; one leaving alone would strand the others in a collective).
+A library cannot end a process it does not own (``os._exit`` skips the caller's ``finally`` blocks, and would kill
+a Jupyter kernel or a test runner), so a program without such a handler keeps the behaviour above: the line at
+once, the stop when the compilation ends, and a second signal stops it at once.
 """
 
 from __future__ import annotations
