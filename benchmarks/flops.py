@@ -268,7 +268,23 @@ class Cost:
 
 
 class Program:
-    """The dense FLOPs of one compiled program (its optimised HLO text), per device, for given arguments."""
+    """The dense FLOPs of one compiled program (its optimised HLO text), per device, for given arguments.
+
+    Subclasses count another cost over the same traversal (loops by their trip counts, a conditional's largest
+    branch): ``own(comp, ins)`` is an instruction's own cost, and the computations called by the opcodes in
+    ``DESCEND`` are counted into their caller (``benchmarks.tpu_plan``'s HBM bytes and MXU-padded FLOPs)."""
+
+    #: opcodes whose called computations are counted into the caller's cost (a fusion's instructions, a call's)
+    DESCEND = ("fusion", "call", "custom-call", "async-start")
+    DESCEND_ASYNC = True  # also every other ``*-start`` (an asynchronous op's wrapped computation)
+
+    def own(self, comp: Computation, ins: Instr) -> float:
+        """The dense FLOPs of the instruction itself (a dot's or a convolution's; 0 for anything else)."""
+        if ins.opcode == "dot":
+            return dot_flops(comp, ins)
+        if ins.opcode == "convolution":
+            return conv_flops(comp, ins)
+        return 0
 
     def __init__(self, text: str):
         self.comps = parse_module(text)
@@ -300,11 +316,9 @@ class Program:
         comp, cost = self.comps[name], Cost()
         for ins in comp.instrs.values():
             op, called = ins.opcode, ins.called()
-            if op == "dot":
-                cost.const += dot_flops(comp, ins)
-            elif op == "convolution":
-                cost.const += conv_flops(comp, ins)
-            elif op == "while":
+            if op not in ("while", "conditional"):
+                cost.const += self.own(comp, ins)
+            if op == "while":
                 body = Cost()
                 body.add(self._cost(called["body"][0]))
                 body.add(self._cost(called["condition"][0]))
@@ -324,7 +338,7 @@ class Program:
                 if any(not b.zero() for b in branches):
                     self.conditionals += 1
                     cost.choices.append(branches)
-            elif op in ("fusion", "call", "custom-call", "async-start") or op.endswith("-start"):
+            elif op in self.DESCEND or (self.DESCEND_ASYNC and op.endswith("-start")):
                 if op == "custom-call":
                     m = re.search(r'custom_call_target="([^"]*)"', ins.attrs)
                     target = m.group(1) if m else "?"

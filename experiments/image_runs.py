@@ -29,7 +29,7 @@ import numpy as np
 from experiments import checkpoints
 from resjax.data import DataNotPreparedError, load_image_dataset, synthetic_image_dataset
 from resjax.data.tfds import prepared_num_examples
-from resjax.train import make_data_mesh, make_image_train, run_config
+from resjax.train import make_data_mesh, make_image_train, planning, run_config
 
 DATA_MODES = ("real", "synthetic")
 STAND_IN = "stand_in"  # metrics key set when a run used the synthetic stand-in instead of the named data
@@ -95,7 +95,7 @@ def use_scan(config) -> bool:
     if config.scan not in SCAN_MODES:
         raise ValueError(f"scan: unknown value {config.scan!r}; choose one of {SCAN_MODES}")
     if config.scan == "auto":
-        return jax.default_backend() != "cpu"
+        return planning.backend() != "cpu"  # a TPU plan (benchmarks.tpu_plan) builds what the chip runs
     return config.scan == "yes"
 
 

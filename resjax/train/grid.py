@@ -769,10 +769,10 @@ def auto_pack(devices: Sequence[Any] | None = None, trainer: Any = None, g: Grid
     ``packing_pays(trainer, g)`` predicts it faster (without a trainer and a grid: not at all), since there every
     packed run's extra arithmetic costs time: on the 2-core CPU the benchmark's grid was 3.2x faster packed at 2
     epochs, 1.65x at 10 and 0.94x at 30 (``docs/benchmarks.md``)."""
-    import jax
+    from resjax.train import planning
 
-    first = (list(devices) if devices else jax.devices())[0]
-    if first.platform != "cpu":
+    platform = list(devices)[0].platform if devices else planning.backend()
+    if platform != "cpu":
         return True
     return trainer is not None and g is not None and packing_pays(trainer, g)
 

@@ -69,7 +69,7 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
-from resjax.train import distributed
+from resjax.train import distributed, planning
 from resjax.train.config import SEED_AXIS_MODES, check_step_count, image_train_config, is_int, step_periods
 from resjax.train.checkpoint import closed_on_error
 from resjax.train.core import Core, check_run_config, check_targets, divergence, progress_bar, seed_handles
@@ -256,6 +256,9 @@ class ImageTrainer(Core):
         run = keys_or_state if isinstance(keys_or_state, RunState) else self.init(keys_or_state, hparams=hparams)
         run = self.extend_history(run)
         hp = self.run_hparams(run, hparams)
+        planner = planning.active()
+        if planner is not None:  # compile-only (resjax.train.planning): the planner takes the programs
+            return planner.fit(self, run, hp, epochs)
         seeded = _seeded(run)
         num_seeds = int(run.epoch.shape[0]) if seeded else None
         ckpt, run, meta = self.open_checkpoints(checkpoint_dir, run, num_seeds, resume, hp)
@@ -492,7 +495,7 @@ def seed_axis_mode(config: ml_collections.ConfigDict) -> str:
     if mode not in SEED_AXIS_MODES:
         raise ValueError(f"seed_axis: unknown value {mode!r}; choose one of {SEED_AXIS_MODES}")
     if mode == "auto":
-        return "loop" if jax.default_backend() == "cpu" else "vmap"
+        return "loop" if planning.backend() == "cpu" else "vmap"
     return mode
 
 

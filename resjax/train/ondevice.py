@@ -71,6 +71,7 @@ from resjax.train.core import (Core, asks_for_seed_axis, check_run_config, check
 from resjax.train.distributed import to_host
 from resjax.train.monitor import resolve_log, seed_names
 from resjax.train.objective import make_objective
+from resjax.train import planning
 from resjax.train.optim import make_optimizer
 from resjax.train.preemption import StopSignals, stops_cleanly
 from resjax.train.state import RunState, first_rows
@@ -287,6 +288,9 @@ class Trainer(Core):
             keys = keys[None]
         num = keys.shape[0]
         hp = self.check_hparams(hparams, num)
+        planner = planning.active()
+        if planner is not None:  # compile-only (resjax.train.planning): the planner takes the programs
+            return planner.sweep(self, keys, hp, epochs)
         count = jax.device_count() if devices is None else len(devices)
         pad = (-num) % count  # repeat the last run so the seeds split evenly over the devices
         if pad:
