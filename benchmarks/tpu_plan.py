@@ -283,6 +283,7 @@ class ProgramPlan:
     layout: str = ""
     flops: float = math.nan  # one call, every chip (the program as lowered: global shapes)
     cpu_flops: float = math.nan  # the same program as the CPU runs it (with ``Plan(check_cpu=True)``)
+    chosen: bool = True  # False: a layout planned beside the one chosen (seed_axis='auto'), not in the totals
 
     @property
     def total_s(self) -> float:
@@ -351,6 +352,15 @@ def plan_program(cell: str, name: str, fn, args: tuple, chip: Chip, chips: int, 
         misses + bmisses, _as_float(cost, "flops"), _as_float(cost, "bytes accessed"), layout, dense, cpu_flops)
 
 
+def _with_seed_axis(config, mode: str):
+    """``config`` with ``train.seed_axis`` set to ``mode``."""
+    import ml_collections
+
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.train.seed_axis = mode
+    return c
+
+
 def abstract(tree: Any, sharding, rows: int | None = None) -> Any:
     """``jax.ShapeDtypeStruct`` of every leaf of ``tree`` placed by ``sharding``; with ``rows``, the leading (seed)
     axis resized to ``rows``."""
@@ -385,9 +395,9 @@ class Plan:
     def mesh(self, axis: str) -> jax.sharding.Mesh:
         return jax.sharding.Mesh(np.asarray(self.devices), (axis,))
 
-    def _name(self) -> str:
+    def _name(self, label: str | None = None) -> str:
         self._runs += 1
-        return f"{self.cell} #{self._runs}"
+        return f"{self.cell} {label}" if label else f"{self.cell} #{self._runs}"
 
     def _add(self, *args, twin=None, **kwargs) -> ProgramPlan:
         p = plan_program(*args, chip=self.chip, chips=self.chips, twin=twin if self.check_cpu else None, **kwargs)
@@ -399,7 +409,7 @@ class Plan:
         return p
 
     # the on-device feeder: Trainer.sweep
-    def sweep(self, trainer, keys, hparams: dict, epochs: int):
+    def sweep(self, trainer, keys, hparams: dict, epochs: int, label: str | None = None):
         from resjax.train.planning import untrained
 
         num = int(keys.shape[0])
@@ -407,13 +417,13 @@ class Plan:
         mesh = self.mesh("seeds")
         seeds = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("seeds"))
         rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-        run = trainer._init_fn()(keys, hparams)  # on the CPU: the stand-in's initial state
+        run = jax.eval_shape(trainer._init_fn(), keys, hparams)  # the initial state's shapes: nothing initialised
         a_keys, a_hp, a_run = abstract(keys, seeds, rows), abstract(hparams, seeds, rows), abstract(run, seeds, rows)
         scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
         hooks = trainer.step_hook is not None or trainer.epoch_hook is not None
         layout = f"{num} runs ({rows // self.chips} per chip) over {self.chips} chips"
         with self._lock:
-            cell = self._name()
+            cell = self._name(label)
             self._add(cell, "init", trainer._init_fn(seeds), (a_keys, a_hp), layout=layout, twin=trainer._init_fn())
             offset = len(jax.tree_util.tree_leaves((a_run, a_hp)))
             if hooks:
@@ -435,60 +445,90 @@ class Plan:
         return run, metrics
 
     # the host feeder: ImageTrainer.fit
-    def fit(self, trainer, run, hparams: dict, epochs: int):
+    def fit(self, trainer, keys_or_state, hparams: dict | None, epochs: int, label: str | None = None):
         from resjax.train import host
         from resjax.train.planning import untrained
+        from resjax.train.state import RunState
 
+        if isinstance(keys_or_state, RunState):  # a state to continue
+            run = trainer.extend_history(keys_or_state)
+            hparams = trainer.run_hparams(run, hparams)
+        else:  # the initial state's shapes: nothing initialised
+            from resjax.train.core import seed_handles
+
+            keys, data_seeds, seeded = seed_handles(keys_or_state, None, trainer.config.train.get("seed", 0))
+            hparams = trainer.check_hparams(hparams, keys.shape[0] if seeded else None)
+            run = jax.eval_shape(trainer._compiled("init", seeded), keys, jnp.asarray(data_seeds, jnp.int32), hparams)
         mesh = self.mesh("data")
         rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-        seeded = run.num_runs is not None
-        num = run.num_runs or 1
-        t = trainer.config.train
-        mode = host.seed_axis_mode(trainer.config) if seeded else "one seed"
-        one = seeded and mode == "loop"  # the single-seed program, called once per seed
+        seeded = np.ndim(run.epoch) > 0
+        num = int(np.shape(run.epoch)[0]) if seeded else 1
+        done = 0 if isinstance(run.epoch, jax.ShapeDtypeStruct) else int(np.max(np.asarray(run.epoch)))
         tpu = dataclasses.replace(trainer, mesh=mesh)
-        state = jax.tree_util.tree_map(lambda a: a[0], run) if one else run
-        lead = () if (one or not seeded) else (num,)
-        batch = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*([None] * len(lead)), "data"))
-        flat_batch = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
-        targets = host._source_targets(trainer.train_source)
-        label = (np.zeros((), np.int32) if targets is None else np.asarray(targets)[0])
-
-        def examples(n, sharding, leading=lead):
-            return (jax.ShapeDtypeStruct((*leading, n, *trainer.example_shape), jnp.float32, sharding=sharding),
-                    jax.ShapeDtypeStruct((*leading, n, *np.shape(label)), label.dtype, sharding=sharding))
-
-        call_hp = trainer._call_hparams(hparams)
-        a_state, a_hp = abstract(state, rep), abstract(call_hp if not one else
-                                                       jax.tree_util.tree_map(lambda a: a[0], call_hp), rep)
-        images, labels = examples(t.batch_size, batch)
-        done = int(np.max(np.asarray(run.epoch)))
-        steps = (epochs - done) * trainer.steps_per_epoch
-        evaluations = sum(1 for e in range(done + 1, epochs + 1) if trainer.evaluated(e)) \
-            if trainer.test_source is not None else 0
-        e = t.eval_batch_size
-        eval_calls = evaluations * -(-trainer.test_source.num_examples // e) if evaluations else 0
-        per = 1 if not one else num
-        layout = (f"{num} seed{'s' if num > 1 else ''} ({mode}), batch {t.batch_size} data-parallel over "
-                  f"{self.chips} chips, {self.hosts} host{'s' if self.hosts > 1 else ''}")
+        # seed_axis='auto' with several seeds: both layouts are planned and the cheaper one that fits is chosen
+        auto = seeded and trainer.config.train.get("seed_axis", "auto") == "auto"
+        modes = ("vmap", "loop") if auto else (host.seed_axis_mode(trainer.config) if seeded else "one seed",)
         with self._lock:
-            cell = self._name()
+            cell = self._name(label)
             keys = jax.ShapeDtypeStruct((num,) if seeded else (), jax.random.key(0).dtype, sharding=rep)
-            init_hp = abstract(trainer.check_hparams(None, num if seeded else None), rep)
             self._add(cell, "init", tpu._compiled("init", seeded),
-                      (keys, jax.ShapeDtypeStruct((num,) if seeded else (), jnp.int32, sharding=rep), init_hp),
-                      layout=layout, twin=trainer._compiled("init", seeded))
-            self._add(cell, f"train step (x {steps}{f' x {num} seeds' if one else ''})",
-                      tpu._compiled("step", seeded and not one), (a_state, images, labels, a_hp), calls=steps * per,
-                      layout=layout, twin=trainer._compiled("step", seeded and not one))
-            if eval_calls:
-                ex, ey = examples(e, flat_batch, ())
-                mask = jax.ShapeDtypeStruct((e,), jnp.bool_, sharding=flat_batch)
-                self._add(cell, f"eval step (x {eval_calls}{f' x {num} seeds' if one else ''})",
-                          tpu._compiled("eval", seeded and not one), (a_state, a_hp, ex, ey, mask),
-                          calls=eval_calls * per, layout=layout, twin=trainer._compiled("eval", seeded and not one))
+                      (keys, jax.ShapeDtypeStruct((num,) if seeded else (), jnp.int32, sharding=rep),
+                       abstract(hparams, rep)), layout=f"{num} seed{'s' if num > 1 else ''}",
+                      twin=trainer._compiled("init", seeded))
+            layouts = [self._host_steps(cell, trainer, tpu, run, hparams, epochs - done, m, num) for m in modes]
+            if len(layouts) > 1:  # the cheaper layout whose programs all compiled and fit; else the first
+                ok = [ps for ps in layouts if all(p.compiled and p.fits for p in ps)]
+                best = min(ok, key=lambda ps: sum(p.total_s for p in ps)) if ok else layouts[0]
+                for ps in layouts:
+                    for p in ps:
+                        p.chosen = ps is best
         run = untrained(run, epochs)
         return run, trainer.history(run)
+
+    def _host_steps(self, cell, trainer, tpu, run, hparams, epochs: int, mode: str, num: int) -> list[ProgramPlan]:
+        """The training and evaluation steps of a host-fed run of ``epochs`` more epochs, its seeds stepped as
+        ``mode`` says ('vmap' / 'unroll': one program for every seed; 'loop': the single-seed program per seed)."""
+        from resjax.train import host
+
+        mesh = tpu.mesh
+        rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        seeded = mode not in ("one seed", "loop")
+        if mode != "one seed":
+            tpu = dataclasses.replace(tpu, config=_with_seed_axis(tpu.config, mode))
+            trainer = dataclasses.replace(trainer, config=_with_seed_axis(trainer.config, mode))
+        t = trainer.config.train
+        lead = (num,) if seeded else ()
+        one = lambda a: jax.ShapeDtypeStruct(np.shape(a)[1:], jnp.result_type(a), sharding=rep)  # noqa: E731
+        state = abstract(run, rep) if seeded or mode == "one seed" else jax.tree_util.tree_map(one, run)
+        call_hp = trainer._call_hparams(hparams)
+        a_hp = abstract(call_hp, rep) if seeded or mode == "one seed" else jax.tree_util.tree_map(one, call_hp)
+        targets = host._source_targets(trainer.train_source)
+        target = np.zeros((), np.int32) if targets is None else np.asarray(targets)[0]
+
+        def examples(n, leading):
+            sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*([None] * len(leading)), "data"))
+            return (jax.ShapeDtypeStruct((*leading, n, *trainer.example_shape), jnp.float32, sharding=sharding),
+                    jax.ShapeDtypeStruct((*leading, n, *np.shape(target)), target.dtype, sharding=sharding))
+
+        steps = epochs * trainer.steps_per_epoch
+        evaluations = (sum(1 for e in range(trainer.num_epochs - epochs + 1, trainer.num_epochs + 1)
+                           if trainer.evaluated(e)) if trainer.test_source is not None else 0)
+        e = t.eval_batch_size
+        eval_calls = evaluations * -(-trainer.test_source.num_examples // e) if evaluations else 0
+        per = num if mode == "loop" else 1
+        layout = (f"{num} seed{'s' if num > 1 else ''} ({mode}), batch {t.batch_size} data-parallel over "
+                  f"{self.chips} chips, {self.hosts} host{'s' if self.hosts > 1 else ''}")
+        x, y = examples(t.batch_size, lead)
+        out = [self._add(cell, f"train step (x {steps}{f' x {num} seeds' if per > 1 else ''})",
+                         tpu._compiled("step", seeded), (state, x, y, a_hp), calls=steps * per, layout=layout,
+                         twin=trainer._compiled("step", seeded))]
+        if eval_calls:
+            ex, ey = examples(e, ())
+            mask = jax.ShapeDtypeStruct((e,), jnp.bool_, sharding=ex.sharding)
+            out.append(self._add(cell, f"eval step (x {eval_calls}{f' x {num} seeds' if per > 1 else ''})",
+                                 tpu._compiled("eval", seeded), (state, a_hp, ex, ey, mask), calls=eval_calls * per,
+                                 layout=layout, twin=trainer._compiled("eval", seeded)))
+        return out
 
     # a program of one's own
     def program(self, name: str, fn, *args, calls: int = 1, values: dict[int, int] | None = None,
@@ -504,7 +544,7 @@ class Plan:
 
     # the report
     def total_s(self, cell_prefix: str | None = None) -> float:
-        return sum(p.total_s for p in self.programs if p.compiled
+        return sum(p.total_s for p in self.programs if p.compiled and p.chosen
                    and (cell_prefix is None or p.cell.startswith(cell_prefix)))
 
     def rows(self) -> list[dict]:
@@ -559,9 +599,9 @@ def plan_experiment(name: str, size: str, plan: Plan, settings: dict | None = No
             error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
             if len(plan.programs) == first:
                 traceback.print_exc()
-    mine = plan.programs[first:]
+    mine = [p for p in plan.programs[first:] if p.chosen]  # a layout planned beside the chosen one is not run
     return {"experiment": name, "size": size, "programs": len(mine), "compiled": sum(p.compiled for p in mine),
-            "fit": all(p.fits for p in mine if p.compiled), "total_s": sum(p.total_s for p in mine if p.compiled),
+            "fit": all(p.compiled and p.fits for p in mine), "total_s": sum(p.total_s for p in mine if p.compiled),
             "roofline_total_s": sum(p.calls * p.roofline_s for p in mine if p.compiled),
             "flops": sum(p.calls * p.flops_per_chip * plan.chips for p in mine if p.compiled),
             "plan_s": time.perf_counter() - start, "error_after_programs": error}
@@ -580,7 +620,8 @@ def report(res: dict) -> None:
     chip = res["chip"]
     print(f"\nTPU plan: {res['topology']} ({res['chips']} x {chip['name']}, {res['hosts']} host(s)), size "
           f"{res['size']}: compile-time estimates, not measured times")
-    rows = [[p["cell"], p["name"], p["layout"] if not p["error"] else p["error"][:60],
+    rows = [[p["cell"], p["name"] + ("" if p["chosen"] else " [not chosen]"),
+             p["layout"] if not p["error"] else p["error"][:60],
              "yes" if p["compiled"] else "NO",
              f"{p['hbm_per_chip'] / 2**30:.2f}" if p["compiled"] else "-",
              f"{100 * p['hbm_fraction']:.0f}%" if p["compiled"] else "-",
@@ -596,6 +637,31 @@ def report(res: dict) -> None:
                 [[e["experiment"], e["programs"], e["compiled"], "yes" if e["fit"] else "NO", _fmt_s(e["total_s"]),
                   _fmt_s(e["roofline_total_s"]), _fmt_s(e["plan_s"]), (e["error_after_programs"] or "")[:60]]
                  for e in res["experiments"]])
+
+
+def markdown(res: dict) -> str:
+    """The two tables as Markdown, for the benchmarks page (written beside the JSON)."""
+    chip = res["chip"]
+    lines = [f"{res['topology']} ({res['chips']} x {chip['name']}, {res['hosts']} host(s)), size {res['size']}"
+             + (f", settings {res['settings']}" if res.get("settings") else "") + f", jax {res['jax']}:", "",
+             "| cell | program | layout | HBM a chip | GFLOP a chip | GB moved | lane fill | bound | calls | a call "
+             "| total |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for p in res["programs"]:
+        if not p["compiled"]:
+            lines.append(f"| {p['cell']} | {p['name']}{'' if p['chosen'] else ' (not chosen)'} | did not compile: "
+                         f"{p['error'][:80]} | | | | | | | | |")
+            continue
+        lines.append(f"| {p['cell']} | {p['name']}{'' if p['chosen'] else ' (not chosen)'} | {p['layout']} | "
+                     f"{p['hbm_per_chip'] / 2**30:.2f} GiB "
+                     f"({100 * p['hbm_fraction']:.0f}%) | {p['flops_per_chip'] / 1e9:.3g} | "
+                     f"{p['bytes_per_chip'] / 1e9:.3g} | {100 * p['lane_fill']:.0f}% | {p['bound']} | {p['calls']} | "
+                     f"{_fmt_s(p['padded_s'])} | {_fmt_s(p['total_s'])} |")
+    lines += ["", "| experiment | programs | all compiled | all fit | estimated time | at full lanes |",
+              "|---|---|---|---|---|---|"]
+    for e in res["experiments"]:
+        lines.append(f"| {e['experiment']} | {e['programs']} | {'yes' if e['compiled'] == e['programs'] else 'NO'} | "
+                     f"{'yes' if e['fit'] else 'NO'} | {_fmt_s(e['total_s'])} | {_fmt_s(e['roofline_total_s'])} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> dict:
@@ -632,7 +698,8 @@ def main(argv=None) -> dict:
     path = pathlib.Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(res, indent=1, default=float))
-    print(f"\nwrote {path}")
+    path.with_suffix(".md").write_text(markdown(res))
+    print(f"\nwrote {path} and {path.with_suffix('.md')}")
     return res
 
 

@@ -49,6 +49,23 @@ def test_path_expansion_compiles_for_the_tpu():
     assert row["flops"] > 0
 
 
+def test_seed_axis_auto_plans_both_layouts_and_chooses_the_cheaper_that_fits():
+    rows = programs("host_mlp")
+    for r in rows:
+        check_row(r)
+    by_mode: dict = {}
+    for r in rows:
+        if r["name"] != "init":
+            by_mode.setdefault(r["layout"].split("(")[1].split(")")[0], []).append(r)
+    assert sorted(by_mode) == ["loop", "vmap"]
+    total = {m: sum(r["calls"] * r["padded_s"] for r in rs) for m, rs in by_mode.items()}
+    chosen = {m for m, rs in by_mode.items() if all(r["chosen"] for r in rs)}
+    assert len(chosen) == 1 and not any(r["chosen"] for m, rs in by_mode.items() if m not in chosen for r in rs)
+    assert total[chosen.pop()] == min(total.values())
+    loop, vmap = (next(r for r in by_mode[m] if r["name"].startswith("train step")) for m in ("loop", "vmap"))
+    assert loop["calls"] == 3 * vmap["calls"] and vmap["flops"] == 3 * loop["flops"]  # the same work either way
+
+
 def test_lane_fill_of_a_width_64_layer_is_half():
     """A dense layer of 64 output features fills half of a 128-lane matrix unit; 256 fill it twice over."""
     def fill(width):

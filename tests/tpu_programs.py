@@ -59,13 +59,28 @@ def resnet(topology: str, seeds: tuple) -> None:
     from resjax.nn.resnet import cifar_resnet
     from resjax.train import image_train_config, make_image_train, run_config
 
-    train = image_train_config(batch_size=64, epochs=1, schedule="constant")
+    train = image_train_config(batch_size=64, epochs=1, schedule="constant", seed_axis="vmap")
     trainer = make_image_train(run_config(train=train), synthetic_image_dataset("cifar10", 128), model=cifar_resnet(8))
     plan = Plan(topology, check_cpu=True)
     with planning.installed(plan):
         for s in seeds:
             trainer.fit(s if s == 0 else list(range(s)), progress=False)
             emit(plan, f"resnet8 {s if s else 1} seed{'s' if s else ''}")
+
+
+def host_mlp() -> None:
+    """A residual MLP on the host feeder, 3 seeds under seed_axis='auto': both layouts planned, one chosen."""
+    from resjax.data import from_arrays
+    from resjax.train import image_train_config, make_image_train, run_config
+
+    rng = np.random.default_rng(0)
+    data = from_arrays(rng.normal(size=(256, 40)).astype(np.float32), rng.integers(0, 10, 256))
+    train = image_train_config(batch_size=64, epochs=2, schedule="constant")
+    trainer = make_image_train(run_config(dict(kind="residual_mlp", num_blocks=2, width=32), train), data)
+    plan = Plan("v5e:2x2", check_cpu=True)
+    with planning.installed(plan):
+        trainer.fit([0, 1, 2], progress=False)
+    emit(plan, "host mlp")
 
 
 def paths() -> None:
@@ -93,5 +108,7 @@ if __name__ == "__main__":
         resnet("v5e:4x4", (0,))
     elif which == "paths":
         paths()
+    elif which == "host_mlp":
+        host_mlp()
     else:
         raise SystemExit(f"unknown program set {which!r}")

@@ -253,12 +253,12 @@ class ImageTrainer(Core):
     def _fit(self, keys_or_state, hparams, epochs, checkpoint_dir, resume, progress, callback, log,
              stop: StopSignals) -> tuple[RunState, dict]:
         """``fit``'s body, under its open stop signals ``stop``."""
+        planner = planning.active()
+        if planner is not None:  # compile-only (resjax.train.planning): the planner takes the programs
+            return planner.fit(self, keys_or_state, hparams, epochs, progress if isinstance(progress, str) else None)
         run = keys_or_state if isinstance(keys_or_state, RunState) else self.init(keys_or_state, hparams=hparams)
         run = self.extend_history(run)
         hp = self.run_hparams(run, hparams)
-        planner = planning.active()
-        if planner is not None:  # compile-only (resjax.train.planning): the planner takes the programs
-            return planner.fit(self, run, hp, epochs)
         seeded = _seeded(run)
         num_seeds = int(run.epoch.shape[0]) if seeded else None
         ckpt, run, meta = self.open_checkpoints(checkpoint_dir, run, num_seeds, resume, hp)

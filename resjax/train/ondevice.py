@@ -290,7 +290,7 @@ class Trainer(Core):
         hp = self.check_hparams(hparams, num)
         planner = planning.active()
         if planner is not None:  # compile-only (resjax.train.planning): the planner takes the programs
-            return planner.sweep(self, keys, hp, epochs)
+            return planner.sweep(self, keys, hp, epochs, progress if isinstance(progress, str) else None)
         count = jax.device_count() if devices is None else len(devices)
         pad = (-num) % count  # repeat the last run so the seeds split evenly over the devices
         if pad:

@@ -3,9 +3,11 @@ programs instead of running them (``benchmarks.tpu_plan`` compiles them for a TP
 
 A planner is any object with two methods, called where the two feeders would start training:
 
-- ``sweep(trainer, keys, hparams, epochs) -> (run, metrics)``: an on-device sweep of the runs ``keys`` (``(S,)``
+- ``sweep(trainer, keys, hparams, epochs, label) -> (run, metrics)``: an on-device sweep of the runs ``keys`` (``(S,)``
   typed PRNG keys) with ``hparams`` (checked, one value per run) for ``epochs`` epochs;
-- ``fit(trainer, run, hparams, epochs) -> (run, history)``: a host-fed ``fit`` of the initial state ``run``.
+- ``fit(trainer, run, hparams, epochs, label) -> (run, history)``: a host-fed ``fit`` of the initial state ``run``.
+
+``label``: the call's ``progress`` label (an experiment's cell name), or None.
 
 Each returns what the call would (a stand-in: :func:`untrained`), so the code around the call (an experiment's
 cells, a grid) goes on and hands the planner its next programs. Nothing is checkpointed, logged or trained while a
@@ -17,8 +19,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from typing import Any
-
-import jax.numpy as jnp
 
 __all__ = ["active", "backend", "installed", "untrained"]
 
@@ -56,6 +56,22 @@ def backend() -> str:
 
 
 def untrained(run: Any, epochs: int) -> Any:
-    """The stand-in result of a planned run: ``run`` (its initial state) with ``epochs`` epochs counted as done, its
-    history NaN (nothing was measured) and nothing diverged, so a caller's bookkeeping sees a finished run."""
-    return run._replace(epoch=jnp.full_like(run.epoch, epochs))
+    """The stand-in result of a planned run, from its initial state ``run`` (arrays, or ``jax.ShapeDtypeStruct``
+    from ``jax.eval_shape``: nothing is initialised then): zeros where ``run`` is abstract, its history NaN (nothing
+    was measured), nothing diverged and ``epochs`` epochs counted as done, so a caller's bookkeeping sees a finished
+    run."""
+    import jax
+    import numpy as np
+
+    def value(a):
+        if not isinstance(a, jax.ShapeDtypeStruct):
+            return a
+        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            data = jax.eval_shape(jax.random.key_data, a)
+            return jax.random.wrap_key_data(np.zeros(data.shape, data.dtype), impl=a.dtype._impl)
+        return np.zeros(a.shape, a.dtype)
+
+    run = jax.tree_util.tree_map(value, run)
+    history = {k: np.full(np.shape(v), np.nan, np.asarray(v).dtype) for k, v in run.history.items()}
+    return run._replace(epoch=np.full(np.shape(run.epoch), epochs, np.int32),
+                        diverged_epoch=np.full(np.shape(run.diverged_epoch), -1, np.int32), history=history)
