@@ -70,30 +70,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import flops, print_table
+from resjax.train import planning
 
 # ---- the chips --------------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class Chip:
-    """A TPU chip's published figures (one TensorCore's chip as Cloud TPU sells it)."""
-
-    name: str
-    peak_flops: float  # bfloat16 dense matmul, FLOP/s per chip
-    hbm_bytes: float  # HBM per chip
-    hbm_bandwidth: float  # bytes/s per chip
-    lanes: int  # the matrix unit's width (output features per pass)
-    source: str
-
-
-#: Google Cloud's published per-chip figures (the pages "TPU v4", "TPU v5e", "TPU v5p", "TPU v6e" of
-#: cloud.google.com/tpu/docs, read 2026-12-07).
-CHIPS = {
-    "v4": Chip("TPU v4", 275e12, 32 * 2**30, 1200e9, 128, "cloud.google.com/tpu/docs/v4"),
-    "v5e": Chip("TPU v5e", 197e12, 16 * 2**30, 819e9, 128, "cloud.google.com/tpu/docs/v5e"),
-    "v5p": Chip("TPU v5p", 459e12, 95 * 2**30, 2765e9, 128, "cloud.google.com/tpu/docs/v5p"),
-    "v6e": Chip("TPU v6e", 918e12, 32 * 2**30, 1640e9, 256, "cloud.google.com/tpu/docs/v6e"),
-}
+#: the chips' published figures (bfloat16 peak, HBM, bandwidth, lanes; their sources): the library's table, which
+#: ``seed_axis='auto'`` on a TPU times its layouts by
+CHIPS = planning.CHIPS
+Chip = planning.Chip
 
 #: How the topologies of a TPU VM's name are written for ``get_topology_desc`` (v4-8 = 4 chips, 2x2x1; v5e-8 =
 #: 8 chips, 2x4).
@@ -389,6 +374,7 @@ class Plan:
         self.hosts = len({d.process_index for d in self.devices})
         self.cell = "run"
         self.programs: list[ProgramPlan] = []
+        self.refusals: list[str] = []  # what the trainer would refuse before training on the chip, and why
         self._lock = threading.Lock()  # an experiment's cells may run side by side, in threads
         self._runs = 0
 
@@ -476,9 +462,15 @@ class Plan:
                        abstract(hparams, rep)), layout=f"{num} seed{'s' if num > 1 else ''}",
                       twin=trainer._compiled("init", seeded))
             layouts = [self._host_steps(cell, trainer, tpu, run, hparams, epochs - done, m, num) for m in modes]
-            if len(layouts) > 1:  # the cheaper layout whose programs all compiled and fit; else the first
-                ok = [ps for ps in layouts if all(p.compiled and p.fits for p in ps)]
-                best = min(ok, key=lambda ps: sum(p.total_s for p in ps)) if ok else layouts[0]
+            if len(layouts) > 1:  # the rule the trainer applies on a chip (ImageTrainer.laid_out), on this plan's costs
+                costs = {m: planning.LayoutCost(max(p.hbm_per_chip if p.compiled else math.inf for p in ps),
+                                                self.chip.hbm_bytes, sum(p.total_s for p in ps))
+                         for m, ps in zip(modes, layouts)}
+                try:
+                    best = layouts[modes.index(planning.choose_layout(costs, f"{cell}: the training step"))]
+                except planning.NoLayoutFits as err:
+                    best = layouts[0]
+                    self.refusals.append(str(err))
                 for ps in layouts:
                     for p in ps:
                         p.chosen = ps is best
@@ -637,6 +629,8 @@ def report(res: dict) -> None:
                 [[e["experiment"], e["programs"], e["compiled"], "yes" if e["fit"] else "NO", _fmt_s(e["total_s"]),
                   _fmt_s(e["roofline_total_s"]), _fmt_s(e["plan_s"]), (e["error_after_programs"] or "")[:60]]
                  for e in res["experiments"]])
+    for line in res.get("refusals", []):
+        print(f"refused before training on the chip: {line}")
 
 
 def markdown(res: dict) -> str:
@@ -661,6 +655,9 @@ def markdown(res: dict) -> str:
     for e in res["experiments"]:
         lines.append(f"| {e['experiment']} | {e['programs']} | {'yes' if e['compiled'] == e['programs'] else 'NO'} | "
                      f"{'yes' if e['fit'] else 'NO'} | {_fmt_s(e['total_s'])} | {_fmt_s(e['roofline_total_s'])} |")
+    if res.get("refusals"):
+        lines += ["", "Refused before training on the chip (no layout fits):", ""]
+        lines += [f"- {line}" for line in res["refusals"]]
     return "\n".join(lines) + "\n"
 
 
@@ -692,7 +689,7 @@ def main(argv=None) -> dict:
     start = time.perf_counter()
     experiments = [plan_experiment(n, args.size, plan, settings) for n in names]
     res = {"topology": plan.topology, "chips": plan.chips, "hosts": plan.hosts, "chip": dataclasses.asdict(plan.chip),
-           "size": args.size, "settings": {k: repr(v) for k, v in settings.items()}, "jax": jax.__version__, "experiments": experiments, "programs": plan.rows(),
+           "size": args.size, "settings": {k: repr(v) for k, v in settings.items()}, "jax": jax.__version__, "experiments": experiments, "programs": plan.rows(), "refusals": plan.refusals,
            "wall_s": time.perf_counter() - start}
     report(res)
     path = pathlib.Path(out)

@@ -83,6 +83,42 @@ def host_mlp() -> None:
     emit(plan, "host mlp")
 
 
+def layout() -> None:
+    """The host feeder's own layout rule on one v5e chip (``ImageTrainer.laid_out``, what ``fit`` runs before its
+    first step on a TPU): a residual MLP's 8 seeds under ``seed_axis='auto'`` at three batch sizes, and an evaluation
+    batch too large for the chip. One JSON line per case: the layout chosen and the costs the rule saw, or the
+    refusal."""
+    from resjax.data import from_arrays
+    from resjax.train import image_train_config, make_image_train, run_config
+
+    chip = Plan("v5e:2x2").devices[0]
+    mesh = jax.sharding.Mesh(np.asarray([chip]), ("data",))
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    rng = np.random.default_rng(0)
+    data = from_arrays(rng.normal(size=(262144, 64)).astype(np.float32), rng.integers(0, 10, 262144))
+    for case, batch, eval_batch in (("small", 256, 256), ("vmap too large", 262144, 256),
+                                    ("eval too large", 256, 2**22)):
+        train = image_train_config(batch_size=batch, eval_batch_size=eval_batch, epochs=1, schedule="constant")
+        trainer = make_image_train(run_config(dict(kind="residual_mlp", num_blocks=4, width=1024), train), data,
+                                   data, mesh=mesh)
+        keys = jax.random.split(jax.random.key(0), 8)
+        run = jax.eval_shape(trainer._compiled("init", True), keys, jnp.arange(8, dtype=jnp.int32), {})
+        place = lambda t: jax.tree_util.tree_map(  # noqa: E731
+            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), t)
+        batch_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "data"))
+        args = (place(run), jax.ShapeDtypeStruct((8, batch, 64), jnp.float32, sharding=batch_sharding),
+                jax.ShapeDtypeStruct((8, batch), jnp.int32, sharding=batch_sharding), {})
+        said, costs = [], {}
+        try:
+            chosen = trainer.laid_out(args, chip, say=said.append, costs=costs)
+            out = {"mode": chosen.config.train.seed_axis, "said": said}
+        except planning.NoLayoutFits as err:
+            out = {"refused": str(err)}
+        out["costs"] = {m: dict(dataclasses.asdict(c), fits=c.fits, step_seconds=c.step_seconds)
+                        for m, c in costs.items()}
+        print(json.dumps({"what": "layout", "case": case, **out}, default=float), flush=True)
+
+
 def paths() -> None:
     """The exact path expansion of a 6-block residual MLP's Jacobian (``resjax.analysis.paths``)."""
     from resjax.analysis.paths import block_jacobians, expand_by_length, residual_stack_of
@@ -108,6 +144,8 @@ if __name__ == "__main__":
         resnet("v5e:4x4", (0,))
     elif which == "paths":
         paths()
+    elif which == "layout":
+        layout()
     elif which == "host_mlp":
         host_mlp()
     else:

@@ -59,6 +59,7 @@ import dataclasses
 import functools
 import inspect
 import itertools
+import math
 import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -282,6 +283,7 @@ class ImageTrainer(Core):
             bar.run_names = seed_names(keys_or_state)  # (a run that diverges is named by its seed)
         end_epoch, lr = self._compiled("end_epoch", seeded), self._compiled("lr", seeded)
         trained = [0]  # steps of this call; before the first, a stop signal stops at once with nothing to save
+        stepper = self  # the trainer that steps: on a TPU, laid out for the chip before the first step
         label = progress if isinstance(progress, str) else None  # the call's name in a stop's line
 
         def stopping(batch: int = 0):  # save (or say what is lost) and stop, `batch` minibatches into epoch done + 1
@@ -311,11 +313,11 @@ class ImageTrainer(Core):
                     if not trained[0]:  # compiled before it runs: a signal until now (the data checks, the
                         if stop.agree():  # compilation) stops with nothing trained
                             raise stopping()
-                        self._compile_step(run, images, labels, hp)
+                        stepper = self._compile_step(run, images, labels, hp)
                         if stop.agree():
                             raise stopping()
                     stop.trained = True  # from here a signal waits for this step and saves it (no exit at once)
-                    run, (loss, batch) = self.step(run, images, labels, hp)
+                    run, (loss, batch) = stepper.step(run, images, labels, hp)
                     if len(losses) >= IN_FLIGHT:  # at most IN_FLIGHT steps queued (see IN_FLIGHT)
                         losses[-IN_FLIGHT].block_until_ready()
                     trained[0] += 1
@@ -331,7 +333,7 @@ class ImageTrainer(Core):
                            **{f"batch_{m}": jnp.mean(jnp.stack([bm[m] for bm in batch_metrics]), 0)
                               for m in self.obj.metrics}}
                 if self.test_source is not None and self.evaluated(done + 1):
-                    metrics.update({f"test_{m}": v for m, v in self.evaluate(run, hparams=hp).items()})
+                    metrics.update({f"test_{m}": v for m, v in stepper.evaluate(run, hparams=hp).items()})
                 run = end_epoch(run, metrics)
                 done += 1
                 if ckpt is not None and every and done % every == 0:
@@ -359,15 +361,95 @@ class ImageTrainer(Core):
                 ckpt.close()
         return run, self.history(run)
 
-    def _compile_step(self, run: RunState, images: jax.Array, labels: jax.Array, hparams: dict | None) -> None:
+    def _compile_step(self, run: RunState, images: jax.Array, labels: jax.Array, hparams: dict | None) -> ImageTrainer:
         """Compile the step ``step(run, images, labels, hparams)`` calls (into the jitted function's own cache,
         so that call does not compile again) without running it: the single-seed program when the seeds are
-        stepped one by one (``seed_axis='loop'``)."""
+        stepped one by one (``seed_axis='loop'``). Returns the trainer to step with: ``self``, or on a TPU with
+        ``seed_axis='auto'`` and several seeds, ``self`` with the layout of the seeds chosen from the compiled
+        programs (``laid_out``). On an accelerator, a step or an evaluation that does not fit the device's memory is
+        refused here, before training (``planning.NoLayoutFits``, naming the settings to change)."""
         args = (run, images, labels, self._call_hparams(hparams))
-        seeded = _seeded(run)
+        device = (self.mesh.devices.flat[0] if self.mesh is not None else
+                  next(iter(getattr(images, "devices", lambda: jax.devices()[:1])())))
+        if device.platform == "cpu":
+            seeded = _seeded(run)
+            if seeded and seed_axis_mode(self.config) == "loop":
+                args, seeded = tuple(take_row(a, 0) for a in args), False
+            self._compiled("step", seeded).lower(*args).compile()
+            return self
+        return self.laid_out(args, device)
+
+    def laid_out(self, args: tuple, device: Any, say: Callable[[str], None] | None = print,
+                 costs: dict | None = None) -> ImageTrainer:
+        """The trainer whose programs fit ``device`` for the step arguments ``args`` (``(run, images, labels,
+        call hparams)``: arrays, or ``jax.ShapeDtypeStruct`` placed on the device's mesh), each program compiled and
+        costed (``planning.compiled_cost``). With several seeds and ``seed_axis='auto'`` on a TPU, the vmapped and
+        the looped seeds are both compiled and the cheaper layout that fits is taken (``planning.choose_layout``;
+        the line ``say`` prints says which, and why; ``costs``, a dict, receives each layout's ``LayoutCost``). Raises
+        ``planning.NoLayoutFits`` when the training step or the evaluation step (at ``eval_batch_size``) fits in no
+        layout."""
+        run, seeded = args[0], _seeded(args[0])
+        num = int(np.shape(run.epoch)[0]) if seeded else 1
+        fix = ("lower train.batch_size" + (", or train fewer seeds a call" if seeded else "")
+               + (", or use a TPU with more HBM (resjax.train.planning.CHIPS)" if device.platform == "tpu" else ""))
+        mode = seed_axis_mode(self.config) if seeded else "one seed"
+        auto = seeded and self.config.train.get("seed_axis", "auto") == "auto" and device.platform == "tpu"
+        costs = {} if costs is None else costs
+        costs.update({m: self._layout(m).step_cost(args, device, num) for m in (("vmap", "loop") if auto else (mode,))})
+        chosen = planning.choose_layout(costs, f"the training step ({num} seed{'s' if num > 1 else ''}, batch "
+                                               f"{self.config.train.batch_size})", fix)
+        trainer = self._layout(chosen)
+        if auto and say is not None:
+            say(f"seed_axis='auto': {num} seeds {'vmapped' if chosen == 'vmap' else 'looped'} on "
+                f"{getattr(device, 'device_kind', device.platform)} ("
+                + "; ".join(f"{m}: {c.needed / 2**30:.2f} GiB"
+                            + (f", {1e3 * c.step_seconds:.3g} ms a step" if c.fits else " does not fit")
+                            for m, c in costs.items()) + ", from the compiled programs)")
+        if self.test_source is not None:
+            trainer.eval_cost(args, device, chosen, fix.replace("train.batch_size", "train.eval_batch_size"))
+        return trainer
+
+    def _layout(self, mode: str) -> ImageTrainer:
+        """This trainer with its seeds stepped as ``mode`` says ('one seed': itself)."""
+        if mode in ("one seed", self.config.train.get("seed_axis", "auto")):
+            return self
+        config = ml_collections.ConfigDict(self.config.to_dict())
+        config.train.seed_axis = mode
+        return dataclasses.replace(self, config=config)
+
+    def step_cost(self, args: tuple, device: Any, num: int) -> planning.LayoutCost:
+        """The compiled training step's ``LayoutCost`` on ``device`` (its seed axis as the config says)."""
+        seeded = _seeded(args[0])
+        calls, resident = 1, 0
         if seeded and seed_axis_mode(self.config) == "loop":
-            args, seeded = tuple(take_row(a, 0) for a in args), False
-        self._compiled("step", seeded).lower(*args).compile()
+            args, seeded, calls = tuple(_row(a) for a in args), False, num
+            resident = (num - 1) * _nbytes(args[0])  # the other seeds' states wait in device memory meanwhile
+        return _costed(self._compiled("step", seeded), args, device, calls, resident)
+
+    def eval_cost(self, args: tuple, device: Any, mode: str, fix: str) -> planning.LayoutCost:
+        """The compiled evaluation step's ``LayoutCost`` at ``eval_batch_size``; ``planning.NoLayoutFits`` if it does
+        not fit."""
+        run, images, labels, hp = args
+        seeded = mode not in ("one seed", "loop")
+        resident = 0
+        if mode == "loop":
+            run, hp = _row(run), _row(hp)
+            resident = (int(np.shape(args[0].epoch)[0]) - 1) * _nbytes(run)
+        lead = 1 if _seeded(args[0]) else 0
+        e = self.config.train.eval_batch_size
+        sharding = (distributed.batch_sharding(self.mesh, False) if self.mesh is not None
+                    else jax.sharding.SingleDeviceSharding(device))
+
+        def batch(a, dtype, features=True):  # the evaluation batch of examples like ``a``'s (no seed axis)
+            return jax.ShapeDtypeStruct((e, *(np.shape(a)[lead + 1:] if features else ())), dtype, sharding=sharding)
+
+        mask = batch(labels, jnp.bool_, features=False)
+        cost = _costed(self._compiled("eval", seeded), (run, hp, batch(images, jnp.float32),
+                                                        batch(labels, labels.dtype), mask), device, 1, resident)
+        seeds = int(np.shape(args[0].epoch)[0]) if _seeded(args[0]) else 1
+        planning.choose_layout({mode: cost}, f"the evaluation step (batch {e}, {seeds} seed{'s' if seeds > 1 else ''}"
+                                             f"{'' if seeds == 1 else ' vmapped' if seeded else ' looped'})", fix)
+        return cost
 
     def _batches(self, epoch: int, data_seeds: list, seeded: bool):
         """The epoch's batches; with a mesh, this process's block of each (see ``_blocks``). In a step run, ``epoch``
@@ -497,6 +579,40 @@ def seed_axis_mode(config: ml_collections.ConfigDict) -> str:
     if mode == "auto":
         return "loop" if planning.backend() == "cpu" else "vmap"
     return mode
+
+
+def _row(tree: Any) -> Any:
+    """Row 0 of every leaf (a seed's slice): of arrays, or of ``jax.ShapeDtypeStruct`` (a named sharding loses its
+    first, seed, entry)."""
+    def row(a):
+        if not isinstance(a, jax.ShapeDtypeStruct):
+            return a[0]
+        sharding = getattr(a, "sharding", None)
+        if isinstance(sharding, jax.sharding.NamedSharding):
+            sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*sharding.spec[1:]))
+        return jax.ShapeDtypeStruct(a.shape[1:], a.dtype, sharding=sharding)
+
+    return jax.tree_util.tree_map(row, tree)
+
+
+def _nbytes(tree: Any) -> int:
+    """Bytes of the leaves of ``tree`` (arrays or ``jax.ShapeDtypeStruct``), whole."""
+    return sum(math.prod(np.shape(a)) * np.dtype(a.dtype).itemsize for a in jax.tree_util.tree_leaves(tree)
+               if not jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key))
+
+
+def _costed(fn, args: tuple, device: Any, calls: int, resident: int = 0) -> planning.LayoutCost:
+    """``fn`` compiled for ``args`` and costed on ``device``, ``resident`` more bytes held in its memory meanwhile; a
+    compilation refused for want of memory costs what the compiler said it needed (the program does not fit)."""
+    try:
+        compiled = fn.lower(*args).compile()
+    except Exception as err:  # noqa: BLE001  (only the compiler's out-of-memory refusal is a cost; others raise)
+        sizes = planning.out_of_memory(err)
+        if sizes is None:
+            raise
+        return planning.LayoutCost(sizes[0] + resident, sizes[1], math.inf, calls)
+    cost = planning.compiled_cost(compiled, device, calls)
+    return dataclasses.replace(cost, needed=cost.needed + resident)
 
 
 def _stack(*trees):

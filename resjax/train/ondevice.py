@@ -352,7 +352,15 @@ class Trainer(Core):
                     ready.add(program)
                     compiled = time.perf_counter()
                     lowered = program.lower(*args)
-                    lowered.compile()  # into the program's own cache: the call below does not compile again
+                    try:
+                        lowered.compile()  # into the program's own cache: the call below does not compile again
+                    except Exception as err:  # noqa: BLE001  (the compiler's out-of-memory refusal, said plainly)
+                        said = planning.refused(err, f"the on-device run of {num + pad} runs ({(num + pad) // len(devices)}"
+                                                f" a device, the data set on each)", "train fewer runs a call, or lower "
+                                                "train.batch_size or the data set's size")
+                        if said is err:
+                            raise
+                        raise said from err
                     chunks.compiled(time.perf_counter() - compiled)
                     if convolutions is None and not skipping:
                         convolutions = _convolutions_on_cpu(lowered, devices)
