@@ -247,7 +247,8 @@ class ProgramPlan:
     compiled: bool
     error: str | None = None
     compile_s: float = 0.0
-    hbm_per_chip: float = math.nan  # bytes: arguments + outputs + temporaries - aliased
+    hbm_per_chip: float = math.nan  # bytes: arguments + outputs + temporaries - aliased (+ resident_bytes)
+    resident_bytes: float = 0.0  # held beside the program meanwhile (a looped seed axis: the other seeds' states)
     hbm_fraction: float = math.nan
     fits: bool = False
     argument_bytes: float = math.nan
@@ -385,8 +386,13 @@ class Plan:
         self._runs += 1
         return f"{self.cell} {label}" if label else f"{self.cell} #{self._runs}"
 
-    def _add(self, *args, twin=None, **kwargs) -> ProgramPlan:
+    def _add(self, *args, twin=None, resident: int = 0, **kwargs) -> ProgramPlan:
+        """Plan one program; ``resident``: bytes a chip holds beside it meanwhile (counted in its HBM)."""
         p = plan_program(*args, chip=self.chip, chips=self.chips, twin=twin if self.check_cpu else None, **kwargs)
+        if resident and p.compiled:
+            p.resident_bytes = float(resident)
+            p.hbm_per_chip += resident
+            p.hbm_fraction, p.fits = p.hbm_per_chip / self.chip.hbm_bytes, p.hbm_per_chip <= self.chip.hbm_bytes
         self.programs.append(p)
         if self.verbose:
             what = (f"{p.hbm_per_chip / 2**30:.2f} GiB of HBM a chip, {p.calls} x {_fmt_s(p.padded_s)}" if p.compiled
@@ -511,15 +517,17 @@ class Plan:
         layout = (f"{num} seed{'s' if num > 1 else ''} ({mode}), batch {t.batch_size} data-parallel over "
                   f"{self.chips} chips, {self.hosts} host{'s' if self.hosts > 1 else ''}")
         x, y = examples(t.batch_size, lead)
+        # looped, the other seeds' states wait in HBM beside the one stepped (as ImageTrainer.step_cost counts them)
+        resident = (num - 1) * host._nbytes(state) if mode == "loop" else 0
         out = [self._add(cell, f"train step (x {steps}{f' x {num} seeds' if per > 1 else ''})",
                          tpu._compiled("step", seeded), (state, x, y, a_hp), calls=steps * per, layout=layout,
-                         twin=trainer._compiled("step", seeded))]
+                         twin=trainer._compiled("step", seeded), resident=resident)]
         if eval_calls:
             ex, ey = examples(e, ())
             mask = jax.ShapeDtypeStruct((e,), jnp.bool_, sharding=ex.sharding)
             out.append(self._add(cell, f"eval step (x {eval_calls}{f' x {num} seeds' if per > 1 else ''})",
                                  tpu._compiled("eval", seeded), (state, a_hp, ex, ey, mask), calls=eval_calls * per,
-                                 layout=layout, twin=trainer._compiled("eval", seeded)))
+                                 layout=layout, twin=trainer._compiled("eval", seeded), resident=resident))
         return out
 
     # a program of one's own

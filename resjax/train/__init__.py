@@ -24,7 +24,10 @@ from resjax.train.checkpoint import CheckpointError, Checkpoints
 from resjax.train.config import check_train_config, image_train_config, train_config
 from resjax.train.core import METRICS, Core, run_config
 from resjax.train.distributed import initialize_if_needed, make_data_mesh
-from resjax.train.grid import Grid, GridResult, fit_grid, grid, zipped
+from resjax.train.grid import Grid, GridResult, fit_grid, zipped
+# ``resjax.train.grid`` is the module, callable as its function ``grid(...)``: a function of the same name would
+# shadow the module (``resjax.train.grid.fit_grid`` an AttributeError, ``help`` the function's docstring only)
+from resjax.train import grid  # noqa: E402  (the module, callable)
 from resjax.train.host import ImageTrainer, make_image_train, seed_axis_mode
 from resjax.train.monitor import RunLog, log_to
 from resjax.train.ondevice import Trainer, make_train, shard_over_seeds

@@ -250,7 +250,7 @@ class Core:
         x = jax.ShapeDtypeStruct((2, *self.example_shape), jnp.float32)
         params = jax.eval_shape(lambda k, x: self.model.init(k, x, train=False)["params"], jax.random.key(0), x)
         traced = self.traced if traced is None else traced
-        return make_optimizer(config.train, params, self.steps_per_epoch, traced=traced, **self.optim)
+        return make_optimizer(config.train, params, self.steps_per_epoch, traced=traced, warn=False, **self.optim)
 
     @property
     def own_rate(self) -> bool:

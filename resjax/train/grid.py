@@ -104,12 +104,15 @@ import json
 import math
 import os
 import re
+import sys
+import types
 from typing import Any, Sequence
 
 import ml_collections
 import numpy as np
 
 from resjax.train.core import HPARAM_SETTINGS, HPARAMS
+from resjax.train.preemption import Preempted, _say
 from resjax.train.state import RunState
 
 __all__ = ["CPU_PROGRAM_SECONDS", "CPU_UNIT_SECONDS", "Grid", "GridResult", "Program", "Zipped", "auto_pack",
@@ -193,17 +196,25 @@ class Grid:
 
     def index(self, **settings: Any) -> int:
         """The run number of the run with ``settings`` (every axis that applies to it named, as given or by its
-        last name, e.g. ``seed=1, learning_rate=0.1`` or ``seed=0, batch_size=32``)."""
-        named = {}
+        last name, e.g. ``seed=1, learning_rate=0.1`` or ``seed=0, batch_size=32``). A label of ``labels()`` names
+        its run as it is (``index(**label)``): an axis given as None is one that does not apply to the run (a
+        conditional axis), ``run`` is checked against the rest, and ``seed`` may be left out of a grid of one seed.
+        Float values match to a relative 1e-6 (``learning_rate=0.030000001`` is the 0.03 run)."""
+        named, run_no = {}, settings.pop("run", None)
         for k, v in settings.items():
             named[self.axis(k)] = _plain(v)
+        if "seed" not in named and len(set(self.seeds)) == 1:
+            named["seed"] = self.seeds[0]
         if "seed" not in named or not set(named) <= set(self.axes):
             raise ValueError(f"index: name every axis of the grid {list(self.axes)}, got {sorted(settings)}")
+        given = {k: v for k, v in named.items() if v is not None}
         for r, s in enumerate(self.seeds):
-            if s != named["seed"]:
+            if s != given["seed"]:
                 continue
             run = {k: v[r] for k, v in self.values.items() if v[r] is not None}
-            if set(run) == set(named) - {"seed"} and all(_same(run[k], named[k]) for k in run):
+            if set(run) == set(given) - {"seed"} and all(_same(run[k], given[k]) for k in run):
+                if run_no is not None and run_no != r:
+                    raise ValueError(f"index: run={run_no} is not the run with {settings} (that is run {r})")
                 return r
         if set(named) != set(self.axes) and all(None not in v for v in self.values.values()):
             raise ValueError(f"index: name every axis of the grid {list(self.axes)}, got {sorted(settings)}")
@@ -402,7 +413,7 @@ class GridResult:
             for e in range(epochs):
                 rows.append({**label, "epoch": e + 1, **{m: float(self.history[m][r, e]) for m in names},
                              "diverged": d >= 0 and e + 1 >= d, "diverged_epoch": d if d >= 0 else None})
-        return pd.DataFrame(rows)
+        return _none_kept(pd.DataFrame(rows), self.grid)
 
     def summary(self, maximize: str | Sequence[str] = ()) -> Any:
         """A pandas DataFrame with one row per run: the labels, ``final_<m>``, ``best_<m>`` (over finite epochs)
@@ -437,7 +448,17 @@ class GridResult:
                 row[f"last_finite_{m}"] = float(v[finite[-1]]) if len(finite) else np.nan
             row["diverged_epoch"] = int(diverged[r]) if diverged[r] >= 0 else None
             rows.append(row)
-        return pd.DataFrame(rows)
+        return _none_kept(pd.DataFrame(rows), self.grid)
+
+
+def _none_kept(frame: Any, g: Grid) -> Any:
+    """``frame`` with None, not NaN, where a conditional axis does not apply to a run (pandas turns a None among
+    numbers into NaN): those axis columns as objects, as ``labels()`` and ``select`` have them."""
+    for axis, values in g.values.items():
+        col = g.column(axis)
+        if col in frame and any(v is None for v in values):
+            frame[col] = frame[col].astype(object).where(frame[col].notna(), None)
+    return frame
 
 
 # ---- resolving axes against a trainer ---------------------------------------------------------------------------
@@ -455,12 +476,10 @@ def _lookup(config: Any, path: str) -> bool:
     return not hasattr(node, "keys")  # a setting, not a block of them
 
 
-def _model_field(config: Any, path: str) -> bool:
-    """Whether ``path`` (``'model.depth'``) is a field of the model ``config.model`` builds (by its ``kind``), named
-    in the config or not (then the model's default is the axis's base value)."""
-    parts = path.split(".")
-    if len(parts) != 2 or parts[0] != "model" or "model" not in config or "kind" not in config.model:
-        return False
+def _model_fields(config: Any) -> set | None:
+    """The fields of the model ``config.model`` builds (by its ``kind``), or None when it names no kind it knows."""
+    if "model" not in config or "kind" not in config.model:
+        return None
     import inspect
 
     from resjax.nn import _families
@@ -471,12 +490,22 @@ def _model_field(config: Any, path: str) -> bool:
     else:
         made = _families().get(kind)
     if made is None:
-        return False
+        return None
     if dataclasses.is_dataclass(made):
         names = {f.name for f in dataclasses.fields(made)} - {"parent", "name"}
     else:
-        names = set(inspect.signature(made).parameters)
-    return parts[1] in names and parts[1] != "kind"
+        names = {n for n, p in inspect.signature(made).parameters.items()
+                 if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    return (names | set(config.model.keys())) - {"kind"}
+
+
+def _model_field(config: Any, path: str) -> bool:
+    """Whether ``path`` (``'model.depth'``) is a field of the model ``config.model`` builds (by its ``kind``), named
+    in the config or not (then the model's default is the axis's base value)."""
+    parts = path.split(".")
+    if len(parts) != 2 or parts[0] != "model":
+        return False
+    return parts[1] in (_model_fields(config) or ())
 
 
 def _resolve(trainer: Any, name: str) -> str:
@@ -492,6 +521,14 @@ def _resolve(trainer: Any, name: str) -> str:
         elif path in config and not hasattr(config[path], "keys"):
             return path
     if not _lookup(config, path) and not _model_field(config, path):
+        fields = _model_fields(config)
+        if path.startswith("model.") and fields is not None:  # the model's own fields, the closest first
+            import difflib
+
+            close = difflib.get_close_matches(path.split(".", 1)[1], sorted(fields), n=1, cutoff=0.7)
+            raise ValueError(f"{name}: a {config.model.kind!r} model has no field {path.split('.', 1)[1]!r}"
+                             + (f" (did you mean 'model.{close[0]}'?)" if close else "")
+                             + f"; its fields: {', '.join(sorted(fields))}")
         known = sorted(config.train.keys()) if "train" in config else []
         raise ValueError(f"{name}: not a setting of the trainer's config (a dotted path such as 'train.batch_size' "
                          f"or 'model.width', or a setting of config.train: {known})")
@@ -538,6 +575,16 @@ def _no_effect(t: Any, h: str) -> str:
     if h == "label_smoothing":
         return "the objective has no label smoothing"
     return f"optimizer {t.config.train.get('optimizer', 'sgd')!r} has no {h}"
+
+
+def _remedy(h: str) -> str:
+    """How to give the hyperparameter ``h`` an axis where ``_no_effect`` says it has none."""
+    if h == "learning_rate":  # the rate is the transformation's own: a factory of the rate lets resjax set it
+        return ("To vary the learning rate, pass your optimiser as a factory of the rate: "
+                "make_train(..., optimizer=lambda learning_rate: optax.adamw(learning_rate))")
+    return "Give it only where it applies, with a conditional axis: " + (
+        "grid(..., {'model.scaling': {'tau': dict(tau=[0.5, 1.0]), 'none': {}}})" if h == "tau" else
+        "grid(..., optimizer={'sgd': dict(momentum=[0.0, 0.9]), 'adam': dict(adam_b1=[0.8, 0.9])})")
 
 
 def _base(t: Any, h: str) -> float:
@@ -637,9 +684,7 @@ def programs(trainer: Any, g: Grid, pack: bool | str = "auto") -> list[Program]:
             raise ValueError(
                 f"{a}: has no effect on runs {runs}{f' and {more} more' if more else ''} of the grid"
                 f"{f' ({where})' if where else ''}: {_no_effect(t, h)}; its values would train identical runs. "
-                "Give it only where it applies, with a conditional axis: " + (
-                    "grid(..., {'model.scaling': {'tau': dict(tau=[0.5, 1.0]), 'none': {}}})" if h == "tau" else
-                    "grid(..., optimizer={'sgd': dict(momentum=[0.0, 0.9]), 'adam': dict(adam_b1=[0.8, 0.9])})"))
+                + _remedy(h))
     out = []
     for combo, runs, t, values in packed:
         mine = [a for a in traced if any(g.values[a][r] is not None for r in runs)]
@@ -807,6 +852,7 @@ def fit_grid(trainer: Any, grid: Grid, *, pack: bool | str = "auto", **fit_kwarg
         if pack == "auto" and not chosen and _packed_axes(trainer, {a: _resolve(trainer, a) for a in grid.values}):
             said += ("\n  (depth and width not packed: on the CPU, the arithmetic packing adds is predicted to cost "
                      "more than the compilations it saves, resjax.train.grid.packing_pays; pack=True packs)")
+        said = "\n".join([said, *_resume_lines(progs, fit_kwargs.get("checkpoint_dir"), len(progs) == 1)])
         print(said, flush=True)
     if len(progs) == 1:
         p = progs[0]
@@ -835,9 +881,44 @@ def fit_grid(trainer: Any, grid: Grid, *, pack: bool | str = "auto", **fit_kwarg
         jobs = [functools.partial(p.trainer.sweep, s, p.hparams or None, **kwargs(p)) for p, s in zip(progs, seeds)]
         results = side_by_side(jobs, devices)
     else:
-        results = [p.trainer.fit(s, hparams=p.hparams or None, **kwargs(p)) for p, s in zip(progs, seeds)]
+        results = []
+        for i, (p, s) in enumerate(zip(progs, seeds)):
+            try:
+                results.append(p.trainer.fit(s, hparams=p.hparams or None, **kwargs(p)))
+            except Preempted:
+                if i:  # the line the program printed speaks for it alone: say what the programs before it kept
+                    where = (f"saved in {_join(root, '')}<program>" if root is not None
+                             else "not saved (no checkpoint_dir): lost when this process ends")
+                    _say(f"resjax: the grid stopped in its program {i + 1} of {len(progs)} ({p.name}); its programs "
+                         f"{', '.join(q.name for q in progs[:i])} had finished and are {where}"
+                         + (": run the same command again to go on" if root is not None else ""))
+                raise
     trained = [dataclasses.replace(p, run=run, history=history) for p, (run, history) in zip(progs, results)]
     return GridResult(grid, None, _merge(grid, trained), tuple(trained))
+
+
+def _resume_lines(progs: list, root: Any, single: bool) -> list[str]:
+    """What a grid with checkpoints in ``root`` reads back (each program's folder and its newest step) and what
+    it starts afresh; folders of ``root`` that are no program of this grid (a changed setting names another
+    folder) are named as left alone. Nothing when nothing was saved before (a fresh grid)."""
+    if root is None:
+        return []
+    from resjax.paths import as_path
+    from resjax.train import checkpoint
+
+    lines, resumed = [], False
+    for p in progs:
+        folder = os.fspath(root) if single else _join(root, p.name)
+        step = checkpoint.latest(folder)
+        resumed |= step is not None
+        lines.append(f"  {p.name}: " + (f"resumes from its step {step} in {folder}" if step is not None
+                                       else "starts afresh (nothing saved yet)"))
+    base = as_path(os.fspath(root), "checkpoint_dir")
+    others = ([] if single or not base.is_dir() else
+              sorted(q.name for q in base.iterdir() if q.is_dir() and q.name not in {p.name for p in progs}))
+    if others:
+        lines.append(f"  left as they are, no program of this grid (another setting): {', '.join(others)}")
+    return ["grid: resuming from " + os.fspath(root), *lines] if resumed or others else []
 
 
 def _join(folder: str | os.PathLike, name: str) -> str:
@@ -862,3 +943,15 @@ def _write_manifest(root: Any, g: Grid, progs: list[Program]) -> None:
            "programs": [{"folder": p.name, "settings": p.settings, "runs": p.runs} for p in progs]}
     write_atomically(folder / "grid.json", lambda path: path.write_text(json.dumps(doc, indent=1, default=str)),
                      ".grid.json.tmp")
+
+
+class _GridModule(types.ModuleType):
+    """This module, callable as its function :func:`grid` (``resjax.train.grid(3, {...})``): the package exports
+    the module under that name, so that ``resjax.train.grid.fit_grid`` and ``help(resjax.train.grid)`` reach the
+    module while ``grid(...)`` still builds a grid."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Grid:
+        return grid(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _GridModule

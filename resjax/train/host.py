@@ -673,6 +673,11 @@ def make_image_train(config: ml_collections.ConfigDict, train_source: Any, test_
             raise ValueError("config.model: no model config and no model given")
         from resjax.nn import build_model
 
+        kind, shape = config.model.get("kind"), tuple(train_source.image_shape)
+        if kind in VECTOR_MODELS and len(shape) > 1:  # its Dense layers would act on the last axis alone
+            raise ValueError(f"model.kind: {kind!r} takes vectors, and the examples are {'x'.join(map(str, shape))} "
+                             f"arrays: flatten them (from_arrays(x.reshape(len(x), -1), y)), or use a convolutional "
+                             f"model (cifar_resnet)")
         model = build_model(config.model, num_classes=train_source.num_classes)
     y_train, y_test = _source_targets(train_source), None if test_source is None else _source_targets(test_source)
     if y_train is not None:
@@ -689,12 +694,17 @@ def make_image_train(config: ml_collections.ConfigDict, train_source: Any, test_
     params = jax.eval_shape(lambda k, x: model.init(k, x, train=False)["params"], jax.random.key(0), x)  # traced, not compiled
     optim = {k: v for k, v in dict(optimizer=optimizer, schedule=schedule, param_groups=param_groups).items()
              if v is not None}
-    tx = make_optimizer(t, params, steps, **optim)
+    tx = make_optimizer(t, params, steps, warn=False, **optim)
     return ImageTrainer(config=config, model=model, tx=tx, example_shape=tuple(train_source.image_shape), optim=optim,
                         objective=objective,
                         uses_tau=getattr(model, "scaling", None) == "tau", steps_per_epoch=int(steps),
                         train_source=train_source, data_steps=data_steps,
                         test_source=test_source, mesh=mesh, make_args=make_args)
+
+
+#: The models built by name (``config.model.kind``) that take one vector per example (their Dense layers act on the
+#: last axis): the host feeder refuses examples of more axes for them, naming the shape.
+VECTOR_MODELS = ("plain_mlp", "residual_mlp", "residual_stack", "tau_resnet")
 
 
 def _source_targets(source: Any) -> np.ndarray | None:

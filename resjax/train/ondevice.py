@@ -629,7 +629,7 @@ def make_train(config: ml_collections.ConfigDict, data: Dataset | ArrayData | No
     params = jax.eval_shape(lambda k, x: model.init(k, x, train=False)["params"], jax.random.key(0), x)
     optim = {k: v for k, v in dict(optimizer=optimizer, schedule=schedule, param_groups=param_groups).items()
              if v is not None}
-    tx = make_optimizer(t, params, steps, **optim)
+    tx = make_optimizer(t, params, steps, warn=False, **optim)
     return Trainer(config=config, model=model, tx=tx, optim=optim, objective=objective,
                    example_shape=tuple(data.x_train.shape[1:]), uses_tau=uses_tau, steps_per_epoch=steps, data=data,
                    step_hook=step_hook, epoch_hook=epoch_hook, make_args=make_args)

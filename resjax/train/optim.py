@@ -354,10 +354,32 @@ def _coupled_decay(weight_decay, factors_of: Callable[[Any], Any]) -> optax.Grad
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
+#: How a factory composes a schedule of its own with resjax's rate (``check_factory``'s refusal, the grid tutorial).
+OWN_SCHEDULE = ("for a schedule of your own, set train.schedule='constant' and multiply it in: optimizer=lambda lr: "
+                "optax.adamw(lambda step: lr(step) * optax.warmup_cosine_decay_schedule(0.0, 1.0, 10, 60)(step))")
+
+
+def check_factory(factory: Callable, rate: Callable) -> None:
+    """Call the optimiser factory ``factory`` once, as training will, with resjax's learning rate ``rate`` (a
+    schedule: a function of the step), before anything is built: a factory that cannot take a function (one that
+    hands the rate to an optax schedule as its peak, or does arithmetic on it) or that returns no
+    ``GradientTransformation`` is refused in one line that says what it receives."""
+    receives = ("optimizer: your factory f(learning_rate) is called with resjax's learning rate, a schedule (a "
+                "function of the step: train.learning_rate x train.schedule, the run's own rate where hparams "
+                "vary it), which optax optimisers take as their learning_rate")
+    try:
+        out = factory(rate)
+    except Exception as err:  # noqa: BLE001  (the user's code: refused with what it was given)
+        raise ValueError(f"{receives}; it raised {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}."
+                         f" Hand it to the optimiser as it is (lambda lr: optax.adamw(lr)); {OWN_SCHEDULE}") from err
+    if not isinstance(out, optax.GradientTransformation):
+        raise ValueError(f"{receives}; it returned {type(out).__name__}, not an optax.GradientTransformation")
+
+
 def make_optimizer(config: Any, params: Any = None, steps_per_epoch: int = 1, *,
                    optimizer: optax.GradientTransformation | Callable | None = None,
                    schedule: Callable | None = None, param_groups: Any = None,
-                   traced: Any = ()) -> optax.GradientTransformation:
+                   traced: Any = (), warn: bool = True) -> optax.GradientTransformation:
     """The optax transformation for ``config`` (see the module docstring).
 
     The learning rate and the weight decay are ``optax.inject_hyperparams`` values: they live in the
@@ -370,7 +392,8 @@ def make_optimizer(config: Any, params: Any = None, steps_per_epoch: int = 1, *,
     transformation or factory (module docstring); ``schedule``: a learning-rate multiplier function of the step
     (``resjax.train.schedules``); ``param_groups``: rules added before the config's (they may hold ``where``
     functions); ``traced``: names of ``TRACEABLE`` to inject as well (``opt_state.hyperparams[name]``, starting
-    at the config's value; ``ValueError`` naming one the optimiser does not use).
+    at the config's value; ``ValueError`` naming one the optimiser does not use). ``warn=False``: the schedule's
+    warnings (milestones past the run's end) left out, where the config was checked, and warned about, already.
     """
     check_optimizer(config)
     traced = tuple(traced)
@@ -381,11 +404,14 @@ def make_optimizer(config: Any, params: Any = None, steps_per_epoch: int = 1, *,
             why = (f"its optimizer {own!r} has no {t}" if optimizer is None and t in TRACEABLE
                    else "your own optimizer's settings are its own" if t in TRACEABLE else "not an optimiser setting")
             raise ValueError(f"traced: {t} cannot be injected ({why}); traceable here: {list(usable)}")
-    check_schedule(config, steps_per_epoch)
+    check_schedule(config, steps_per_epoch, warn=warn)
     check_param_groups(param_groups)
     if optimizer is not None and not (isinstance(optimizer, optax.GradientTransformation) or callable(optimizer)):
         raise ValueError(f"optimizer: must be an optax.GradientTransformation or a function of the learning rate "
                          f"returning one, got {optimizer!r}")
+    if optimizer is not None and not isinstance(optimizer, optax.GradientTransformation):
+        check_factory(optimizer, make_schedule(config, steps_per_epoch, float(_get(config, "learning_rate", 0.1)),
+                                               schedule))
     name = _get(config, "optimizer", "sgd")
     on = _get(config, "weight_decay_on", "all")
     wd = float(_get(config, "weight_decay", 0.0))

@@ -119,9 +119,10 @@ def optax_schedule(name: str, args: dict | None = None) -> optax.Schedule:
         raise ValueError(f"schedule_args: optax.{name}({args}) failed: {e}") from None
 
 
-def check_schedule(config: Any, steps_per_epoch: int) -> None:
+def check_schedule(config: Any, steps_per_epoch: int, warn: bool = True) -> None:
     """Raise ``ValueError`` naming the first bad schedule setting of ``config`` (a ``train_config``, or any
-    mapping or object with its fields) or a bad ``steps_per_epoch``."""
+    mapping or object with its fields) or a bad ``steps_per_epoch``. ``warn``: warn of milestones at or past the
+    run's end (a trainer checks its config once with it, then builds its optimiser without)."""
     name = _get(config, "schedule", "constant")
     if name not in SCHEDULES:
         optax_schedule(name, _get(config, "schedule_args", None))
@@ -151,7 +152,7 @@ def check_schedule(config: Any, steps_per_epoch: int) -> None:
             raise ValueError(f"milestones: must be increasing, got {milestones}")
         epochs = _get(config, "epochs", None)
         late = [m for m in milestones if isinstance(epochs, int) and m >= epochs]
-        if late:  # image_train_config(epochs=3) keeps He et al.'s (100, 150): the rate would never fall
+        if late and warn:  # image_train_config(epochs=3) keeps He et al.'s (100, 150): the rate would never fall
             warnings.warn(f"milestones: {tuple(late)} at or past the run's epochs={epochs}; the learning rate will "
                           "not fall there (set train.milestones for this run's length)", stacklevel=3)
     if name == "cosine":
