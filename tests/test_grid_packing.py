@@ -92,7 +92,8 @@ def test_values_that_have_no_effect_are_refused_naming_the_runs_before_training(
     with pytest.raises(ValueError, match=r"tau: has no effect on runs \[0, 1, 2, 3\] of the grid \(scaling='none'\): "
                                          r"the model has no scaling='tau'"):
         fit_grid(trainer, grid(2, {"model.scaling": ["none", "tau"]}, tau=[0.5, 1.0]))
-    with pytest.raises(ValueError, match=r"model\.widht: not a setting"):
+    with pytest.raises(ValueError, match=r"model\.widht: a .residual_mlp. model has no field .widht. "
+                                         r"\(did you mean .model\.width.\?\)"):
         fit_grid(trainer, grid(1, {"model.widht": [4, 8]}))
 
 

@@ -70,7 +70,8 @@ def test_an_axis_that_is_not_a_setting_is_refused_by_name_before_training(no_tra
     trainer = make_train(_config(), VECTORS)
     for axes, match in [({"train.batch_sise": [16, 32]}, r"train\.batch_sise: not a setting"),
                         ({"batch_sise": [16, 32]}, r"batch_sise: not a setting"),
-                        ({"model.widht": [4, 8]}, r"model\.widht: not a setting"),
+                        ({"model.widht": [4, 8]}, r"model\.widht: a .residual_mlp. model has no field .widht. "
+                                                  r"\(did you mean .model\.width.\?\); its fields: "),
                         ({"train.optimizer_args": [1, 2]}, r"train\.optimizer_args: not a setting"),
                         ({"tau": [0.5, 1.0]}, r"tau: has no effect on runs \[0, 1, 2, 3\] of the grid: the model "
                                               r"has no scaling='tau'"),  # the model has no tau
