@@ -176,12 +176,14 @@ class HbmBytes(flops.Program):
         if op == "fusion":
             fused = self.comps.get(ins.called().get("calls", [None])[0])
             if fused is not None:
-                reads, written = self._fused_traffic(fused, reads, written)
+                reads, written = self._fused_traffic(fused, reads, written, ins.shape)
         return written + sum(reads)
 
-    def _fused_traffic(self, fused: flops.Computation, reads: list, written: int) -> tuple[list, int]:
+    def _fused_traffic(self, fused: flops.Computation, reads: list, written: int,
+                       outer_shape: str = "") -> tuple[list, int]:
         """A fusion reads only the slices of a parameter that only slicing instructions use, and writes only the
-        update of a dynamic-update-slice at its root into a parameter (in place)."""
+        update of a dynamic-update-slice into a parameter (in place) at its root, or at an element of its root
+        tuple (a multi-output fusion; ``outer_shape``: the fusion's own shape, whose layouts say what is in HBM)."""
         users: dict[str, list] = {}
         for ins in fused.instrs.values():
             for o in ins.operands:
@@ -195,13 +197,34 @@ class HbmBytes(flops.Program):
                                                                 for u in use):
                 reads[k] = sum(hbm_bytes(u.shape) for u in use)
         root = fused.instrs.get(fused.root)
-        if root is not None and root.opcode == "dynamic-update-slice" and root.operands[0] in params:
-            p = params[root.operands[0]]
+        if root is None:
+            return reads, written
+
+        def in_place(ins) -> int | None:  # the update's bytes of a dynamic-update-slice into a parameter, read too
+            while ins is not None and ins.opcode == "bitcast" and ins.operands:  # a bitcast of it moves nothing
+                ins = fused.instrs.get(ins.operands[0])
+            if ins is None or ins.opcode != "dynamic-update-slice":
+                return None
+            into = fused.instrs.get(ins.operands[0])
+            while into is not None and into.opcode == "bitcast" and into.operands:  # into a bitcast of a parameter
+                into = fused.instrs.get(into.operands[0])
+            if into is None or into.name not in params:
+                return None
+            p = params[into.name]
             k = int(p.operands[0]) if p.operands and p.operands[0].isdigit() else None
-            update = hbm_bytes(fused.instrs[root.operands[1]].shape) if root.operands[1] in fused.instrs else 0
+            update = hbm_bytes(fused.instrs[ins.operands[1]].shape) if ins.operands[1] in fused.instrs else 0
             if k is not None and k < len(reads):
-                reads[k], written = update, update
-        return reads, written
+                reads[k] = update
+            return update
+
+        if root.opcode == "tuple":  # a multi-output fusion: each output a dynamic-update-slice writes its update
+            outs = [m.group(0) for m in _ARRAY.finditer(outer_shape)] if outer_shape else []
+            if len(outs) == len(root.operands):
+                written = sum(hbm_bytes(out) if (u := in_place(fused.instrs.get(o))) is None else u
+                              for o, out in zip(root.operands, outs))
+            return reads, written
+        update = in_place(root)
+        return reads, (written if update is None else update)
 
 
 class LaneFlops(flops.Program):
@@ -248,7 +271,6 @@ class ProgramPlan:
     error: str | None = None
     compile_s: float = 0.0
     hbm_per_chip: float = math.nan  # bytes: arguments + outputs + temporaries - aliased (+ resident_bytes)
-    resident_bytes: float = 0.0  # held beside the program meanwhile (a looped seed axis: the other seeds' states)
     hbm_fraction: float = math.nan
     fits: bool = False
     argument_bytes: float = math.nan
@@ -270,6 +292,7 @@ class ProgramPlan:
     flops: float = math.nan  # one call, every chip (the program as lowered: global shapes)
     cpu_flops: float = math.nan  # the same program as the CPU runs it (with ``Plan(check_cpu=True)``)
     chosen: bool = True  # False: a layout planned beside the one chosen (seed_axis='auto'), not in the totals
+    resident_bytes: float = 0.0  # held beside the program meanwhile (a looped seed axis: the other seeds' states)
 
     @property
     def total_s(self) -> float:
