@@ -195,6 +195,7 @@ def documented(pages: dict[str, str]) -> set[str]:
                 if _has_doc(_resolve(target), ("", name) in attr_docs):
                     found.add(target)
                 continue
+            found.add(target)  # the module's own entry (a module exported by name, as resjax.train.grid is)
             if "no-members" in options:
                 continue
             module = importlib.import_module(target)

@@ -49,6 +49,8 @@ def test_vmapped_seeds_are_taken_where_they_fit_and_cost_less(cases):
     small = cases["small"]
     vmap, loop = small["costs"]["vmap"], small["costs"]["loop"]
     assert vmap["fits"] and loop["fits"] and loop["calls"] == 8  # the looped program runs once per seed
+    # looped, the other 7 seeds' states wait in HBM beside the one stepped: counted in what the layout needs
+    assert loop["needed"] == small["loop_alone"] + 7 * small["state_bytes"]
     assert small["mode"] == min(("vmap", "loop"), key=lambda m: small["costs"][m]["step_seconds"]) == "vmap"
     (line,) = small["said"]
     assert line.startswith("seed_axis='auto': 8 seeds vmapped on TPU v5 lite (vmap: ") and "loop: " in line

@@ -116,6 +116,11 @@ def layout() -> None:
             out = {"refused": str(err)}
         out["costs"] = {m: dict(dataclasses.asdict(c), fits=c.fits, step_seconds=c.step_seconds)
                         for m, c in costs.items()}
+        if case == "small":  # the looped program alone (no other seed's state beside it), and one seed's state
+            from resjax.train.host import _nbytes, _row
+
+            out["loop_alone"] = trainer._layout("loop").step_cost(args, chip, 1).needed
+            out["state_bytes"] = _nbytes(_row(args[0]))
         print(json.dumps({"what": "layout", "case": case, **out}, default=float), flush=True)
 
 

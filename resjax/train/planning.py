@@ -133,10 +133,12 @@ class LayoutCost:
 
     @property
     def fits(self) -> bool:
+        """Whether the program's memory fits the device's (``needed <= limit``)."""
         return self.needed <= self.limit
 
     @property
     def step_seconds(self) -> float:
+        """The estimated seconds of one training step of every seed: ``calls`` calls of ``seconds`` each."""
         return self.calls * self.seconds
 
 
