@@ -22,10 +22,15 @@ check, so the lock is an object created only if absent, with the store's own pre
 every ``lease/3`` seconds (on the condition that it is still the version the holder wrote: GCS
 ``ifGenerationMatch``, S3 ``If-Match``), so a run that is alive keeps it. A lock whose lease has run out (the
 object not rewritten for ``lease`` seconds: a lost VM) is taken over with a message, by a conditional rewrite that
-only one taker can win; a live one is refused naming its holder. The lease is :data:`LEASE_S` seconds
-(``RESJAX_LOCK_LEASE_S`` overrides it). The local GCS emulator the tests use ignores preconditions, so there the
-race between two runs starting at the same instant is not excluded; the same protocol is raced against an S3
-server that honours them (``tests/test_buckets.py``).
+only one taker can win; a live one is refused naming its holder. A lock whose holder ran on this machine (the
+same kernel boot and process namespace, recorded with it) and whose process is gone (SIGKILL, a crash) is taken
+over at once, with a message, as a local folder's is: a restart loop on the VM does not wait out the lease. After
+its write the taker reads the lock back and holds it only if the record there is its own. Giving the lock up
+deletes it only while it is still the version this run wrote (a conditional delete): a run that stalled past its
+lease never removes the lock of the run that took over. The lease is :data:`LEASE_S` seconds
+(``RESJAX_LOCK_LEASE_S`` overrides it). The tests' stores (a GCS server and an S3 server) both honour the
+preconditions; each step of the protocol is tested against a run that interleaves with it
+(``tests/test_bucket_lock.py``).
 
 Judging a lock that is there (in a local folder):
 
@@ -70,6 +75,16 @@ class LockHeldError(ValueError):
     def __init__(self, message: str, directory: pathlib.Path, path: pathlib.Path, holder: dict) -> None:
         super().__init__(message)
         self.directory, self.path, self.holder = directory, path, holder
+
+
+def _machine() -> str:
+    """This kernel's boot id and this process's pid namespace: two processes with the same value see the same
+    process ids, so one of them can tell whether the other is running ('' where it cannot be read)."""
+    try:
+        boot = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""
 
 
 def _running(pid: int) -> bool:
@@ -273,8 +288,8 @@ class _BucketLock:
 
     def _record(self) -> bytes:
         lease = float(os.environ.get("RESJAX_LOCK_LEASE_S", LEASE_S))
-        return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": self.started,
-                           "token": self.token, "lease_s": lease}).encode()
+        return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "machine": _machine(),
+                           "started": self.started, "token": self.token, "lease_s": lease}).encode()
 
     def acquire(self) -> None:
         from resjax.paths import check_url
@@ -307,13 +322,17 @@ class _BucketLock:
         lease = float(held.get("lease_s", LEASE_S)) if isinstance(held, dict) else LEASE_S
         who = (f"process {held.get('pid', '?')} on host {held.get('host', '?')} (since {held.get('started', '?')})"
                if isinstance(held, dict) and held else "an unreadable lock object")
+        if isinstance(held, dict) and _dead_here(held):
+            print(f"resjax: {self.lock.setting}: taking over the lock of {self.lock.directory} from {who}: that "
+                  "process ran on this machine and is not running", file=sys.stderr, flush=True)
+            return
         if age < lease:
             raise LockHeldError(
                 f"{self.lock.setting}: {self.lock.directory} is in use by {who}, whose lease was renewed {age:.0f} s "
                 f"ago; if that run is gone, the lock is taken over {lease:.0f} s after its last renewal, or remove "
                 f"{self.lock.path}", self.lock.directory, self.lock.path, held if isinstance(held, dict) else {})
         print(f"resjax: {self.lock.setting}: taking over the lock of {self.lock.directory} from {who}: its lease "
-              f"ran out {age - lease:.0f} s ago (renewed every {lease / 3:.0f} s while a run lives)",
+              f"ran out {age - lease:.0f} s ago (renewed every {lease / 3:.3g} s while a run lives)",
               file=sys.stderr, flush=True)
 
     def _renew_in_background(self) -> None:
@@ -346,8 +365,19 @@ class _BucketLock:
         fs, key = self._store()
         current = _object(fs, key)
         if current is not None and current["record"].get("token") == self.token:
-            with contextlib.suppress(FileNotFoundError):
-                fs.rm_file(key)
+            # only that version: a run that took the lock over since it was read keeps it
+            with contextlib.suppress(FileNotFoundError, FileExistsError):
+                _delete(fs, key, current["version"])
+
+
+def _dead_here(held: dict) -> bool:
+    """Whether the lock's holder ran on this machine (its recorded ``machine`` is ours) and its process is gone."""
+    try:
+        pid = int(held.get("pid", 0))
+    except (TypeError, ValueError):
+        return False
+    machine = held.get("machine")
+    return bool(machine) and machine == _machine() and 0 < pid != os.getpid() and not _running(pid)
 
 
 def _object(fs, key: str) -> dict | None:
@@ -383,10 +413,36 @@ def _age(written) -> float:
     return max(0.0, time.time() - float(written))
 
 
+def _protocol(fs) -> str:
+    return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+
+
+def _delete(fs, key: str, match: str | None) -> None:
+    """Delete the object ``key`` only if it is still at version ``match`` (GCS ``ifGenerationMatch``, S3
+    ``If-Match``); ``FileExistsError`` when it is not (another run rewrote it). Unconditional where the store has
+    no version to match."""
+    protocol = _protocol(fs)
+    bucket, _, name = key.partition("/")
+    if match is not None and protocol in ("gs", "gcs"):
+        from urllib.parse import quote
+
+        fs.call("DELETE", f"{fs._location}/storage/v1/b/{bucket}/o/{quote(name, safe='')}", ifGenerationMatch=match)
+    elif match is not None and protocol in ("s3", "s3a"):
+        try:
+            fs.call_s3("delete_object", Bucket=bucket, Key=name, IfMatch=match)
+        except OSError as err:
+            if "pre-condition" in str(err) or "PreconditionFailed" in str(err) or isinstance(err, FileExistsError):
+                raise FileExistsError(key) from None
+            raise
+    else:
+        fs.rm_file(key)
+    fs.invalidate_cache()
+
+
 def _put(fs, key: str, data: bytes, create: bool = False, match: str | None = None) -> str | None:
     """Write the object ``key`` only if it is absent (``create``) or still at version ``match``; returns its new
     version. ``FileExistsError`` when the condition does not hold (another run wrote it)."""
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    protocol = _protocol(fs)
     bucket, _, name = key.partition("/")
     if protocol in ("gs", "gcs"):
         # one multipart upload (the object's name, then its bytes), as gcsfs's own simple_upload sends it, with
