@@ -9,6 +9,17 @@ Layout of a checkpoint directory (``orbax.checkpoint.CheckpointManager``, one fo
                          ``integrity``: a SHA-256 per saved array (with its shape and dtype) and one of the
                          rest of the JSON
     DIR/damaged/<step>   a step that failed verification, set aside by ``set_aside`` (never read again)
+    DIR/unfinished/<step>  a save that never finished (a run killed inside it), set aside by
+                         ``set_aside_unfinished`` before a run trains there again (never read again)
+
+A save that never finished is not damage. On a local disk Orbax writes a step into a temporary folder
+(``<step>.orbax-checkpoint-tmp-*``) and renames it when complete, so an interrupted save leaves no step folder.
+On ``gs://`` Orbax writes the step folder in place and its commit marker (``commit_success.txt``) last, so a step
+folder without the marker is a save that was cut off; on other buckets the rename is a copy, so a step folder with
+its temporary folder still beside it is one too. Those are :meth:`Checkpoints.unfinished`; a training run sets
+them aside when it opens its directory (``Core.open_checkpoints``, holding the directory's lock) and resumes from
+the newest committed step, or starts from the beginning when there is none. A committed step that fails its
+checks stays damage: reported, and refused when no older step is good.
 
 ``<step>`` is a number that grows with the run; the trainers use the number of training steps (batches)
 done. Saving is synchronous (no background thread, so the next jitted step may donate the buffers just
@@ -39,6 +50,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -90,6 +102,10 @@ def _from_savable(restored, template):
             return jax.random.wrap_key_data(r, impl=jax.random.key_impl(t))
         return r
     return jax.tree_util.tree_map(one, restored, template)
+
+
+_TMP = ".orbax-checkpoint-tmp"  # Orbax's temporary folder of a step being written: <step>.orbax-checkpoint-tmp-<time>
+_COMMITTED = "commit_success.txt"  # Orbax's commit marker of a step written in place (gs://), written last
 
 
 class CheckpointError(ValueError):
@@ -251,6 +267,29 @@ class Checkpoints:
         folders = [p for p in self._path.iterdir() if p.name.isdigit()] if self._path.is_dir() else []
         return sorted((int(p.name) for p in folders if p.is_dir()), reverse=True)
 
+    def unfinished(self) -> list[int]:
+        """The step folders whose save never finished (see the module docstring), newest first: on ``gs://``
+        those without Orbax's commit marker, on any store those with Orbax's temporary folder beside them."""
+        if not self._path.is_dir():
+            return []
+        names = [p.name for p in self._path.iterdir()]
+        renaming = {n.split(".", 1)[0] for n in names if _TMP in n}
+        marked = self.directory.startswith("gs://")  # Orbax's rule (gcs_utils.is_gcs_path): a commit file there
+        return [step for step in self.steps()
+                if str(step) in renaming or (marked and not (self._path / str(step) / _COMMITTED).exists())]
+
+    def set_aside_unfinished(self) -> list[str]:
+        """Move every unfinished save (:meth:`unfinished`) to ``DIR/unfinished/<step>``, with one line each
+        saying so; returns where they went. Called by the run that holds the directory's lock, before it trains."""
+        steps = self.unfinished()
+        barrier("resjax_unfinished_listed")  # every process has listed them before any is moved
+        moved = []
+        for step in steps:
+            moved.append(self.set_aside(step, into="unfinished"))
+            print(f"resjax: checkpoint_dir: step {step} in {self.directory} is a save that never finished (the run "
+                  f"was stopped inside it): moved to {moved[-1]}; it is not read again", file=sys.stderr, flush=True)
+        return moved
+
     def save(self, step: int, state: Any, meta: dict | None = None) -> None:
         """Save ``state`` as ``step`` with ``meta`` and the checksums (an existing step is left as it is)."""
         step = int(step)
@@ -337,20 +376,25 @@ class Checkpoints:
                                           "match the SHA-256 recorded when it was saved (the files were changed or damaged)")
         return _from_savable(restored.state, template)
 
-    def set_aside(self, step: int) -> str:
-        """Move a damaged step folder to ``DIR/damaged/<step>`` (numbered if that exists); returns the new path."""
-        target = self._path / "damaged" / str(step)
+    def set_aside(self, step: int, into: str = "damaged") -> str:
+        """Move a step folder to ``DIR/<into>/<step>`` (``damaged``, or ``unfinished`` for a save that never
+        finished; numbered if that exists), with Orbax's temporary folders of that step; returns the new path."""
+        target = self._path / into / str(step)
         n = 1
         while target.exists():
-            target, n = self._path / "damaged" / f"{step}-{n}", n + 1
+            target, n = self._path / into / f"{step}-{n}", n + 1
+        temporary = [p.name for p in self._path.iterdir() if p.name.startswith(f"{step}{_TMP}")]
         if is_main_process():  # one process moves it; the others wait until it is gone
+            moves = [(str(step), target.name)] + [(name, f"{target.name}/{name}") for name in temporary]
             if is_url(self.directory):  # a bucket has no folders to rename: its objects are moved
                 fs, inner = filesystem(self.directory)
-                fs.mv(f"{inner.rstrip('/')}/{step}", f"{inner.rstrip('/')}/damaged/{target.name}", recursive=True)
+                for source, dest in moves:
+                    fs.mv(f"{inner.rstrip('/')}/{source}", f"{inner.rstrip('/')}/{into}/{dest}", recursive=True)
                 fs.invalidate_cache()
             else:
                 os.makedirs(os.path.dirname(target), exist_ok=True)
-                shutil.move(os.path.join(self.directory, str(step)), target)
+                for source, dest in moves:
+                    shutil.move(os.path.join(self.directory, source), os.path.join(os.path.dirname(target), dest))
         target = os.fspath(target)
         barrier(f"resjax_set_aside_{step}")
         with root_logger_kept():

@@ -621,6 +621,7 @@ class Core:
         if is_main_process():  # a full disk named before training, not at the first save after it (#22)
             check_free_space(ckpt.directory, estimated_size(run))
         try:
+            ckpt.set_aside_unfinished()  # a save cut off by a kill is no checkpoint: resume from the one before
             if ckpt.latest() is not None:
                 if not resume:
                     raise ValueError(f"checkpoint_dir: {ckpt.directory} already holds checkpoints; pass resume=True "
