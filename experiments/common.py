@@ -12,7 +12,7 @@ or (nested) lists of numbers; NaN and infinities are written as JSON ``null``. E
 checkpoints into ``--checkpoint_dir`` (default ``DIR/checkpoints``; ``none``: off) and the same command
 resumes; ``--fresh`` starts every cell over; SIGTERM/SIGINT exit 143/130 cleanly (``experiments.checkpoints``).
 A folder another running run holds (the output folder, the checkpoint folder) is refused before anything in it
-changes, naming that run's process (``experiments.files``; exit status 1).
+changes, naming that run's process (``experiments.files``; exit status 75, ``EX_TEMPFAIL``).
 
 This module holds nothing of its own: it re-exports the helpers, which live by concern in
 

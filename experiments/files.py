@@ -8,7 +8,8 @@ Locks (issue #22 item 4, #32): a run takes the lock of each folder it writes or 
 checkpoint root for the whole run once the root exists (``experiments.checkpoints``), and a cell's folder before
 ``--fresh`` empties it. A folder another running process holds is refused with :class:`FolderInUseError`, a
 ``ValueError`` naming the folder's setting, the folder and the process (its id, host, start time and, on this host,
-its command line); the entry points print it as one line and exit with status 1, nothing in that folder changed.
+its command line); the entry points print it as one line and exit with status 75 (``EX_TEMPFAIL``: try again
+later), nothing in that folder changed.
 """
 
 from __future__ import annotations

@@ -160,20 +160,26 @@ def unusable_checkpoints_end_the_run(name: str):
         raise SystemExit(1) from None
 
 
+#: The exit status of a run refused because another run holds its folder (``os.EX_TEMPFAIL``): a restart loop
+#: tries again later (``docs/howto/buckets.md``); every other refusal exits with 1 or 2.
+IN_USE_STATUS = 75
+
+
 @contextlib.contextmanager
 def folder_in_use_ends_the_run(name: str):
-    """An entry point's unusable folder as one line, exit status 1, without a Python traceback: a
-    ``FolderInUseError`` (its output or checkpoint folder held by another running process: ``experiments.files``;
-    nothing in that folder was changed), or a ``resjax.train.storage.StorageError`` (a full disk, a read-only file
+    """An entry point's unusable folder as one line, without a Python traceback: a ``FolderInUseError`` (its output
+    or checkpoint folder held by another running process: ``experiments.files``; nothing in that folder was
+    changed) exits with :data:`IN_USE_STATUS`, 75 (``EX_TEMPFAIL``: try again later, as a restart loop does when a
+    lost VM's lease has not yet run out); a ``resjax.train.storage.StorageError`` (a full disk, a read-only file
     system, no permission, while locking, saving a checkpoint or writing results: the line names the folder, what
-    to free or change and which checkpoint is intact)."""
+    to free or change and which checkpoint is intact) exits with status 1."""
     from resjax.train.storage import StorageError
 
     try:
         yield
     except (FolderInUseError, StorageError) as err:
         print(f"{name}: {err}", file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
+        raise SystemExit(IN_USE_STATUS if isinstance(err, FolderInUseError) else 1) from None
 
 
 def main(module, argv=None) -> dict:

@@ -132,8 +132,9 @@ def test_fresh_does_not_empty_a_cell_folder_another_process_trains_in(holder, tm
     assert not (paths.other_root / LOCK_FILE).exists()  # the refused run gave its root's lock up
 
 
-def test_the_command_line_refuses_with_one_line_and_status_1(holder):
-    """``python -m experiments.<name> --fresh --out <a running run's folder>``: exit 1, one line naming the running
+def test_the_command_line_refuses_with_one_line_and_status_75(holder):
+    """``python -m experiments.<name> --fresh --out <a running run's folder>``: exit 75 (``EX_TEMPFAIL``: a restart
+    loop tries again later), one line naming the running
     process and its command, no traceback; the running run's files all there (#32: both exited 0 and the
     running run's checkpoints were gone)."""
     process, paths = holder
@@ -141,7 +142,7 @@ def test_the_command_line_refuses_with_one_line_and_status_1(holder):
     done = subprocess.run([sys.executable, "-m", "experiments.batchnorm_example", "--quick", "--fresh", "--out",
                            str(paths.out), "--checkpoint_dir", str(paths.root)], cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=300)
-    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.returncode == 75, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert f"batchnorm_example: out: {paths.out} is in use by process {process.pid} on host" in done.stderr
     assert "holder_run.py" in done.stderr and _holders_files(paths) == before
