@@ -127,10 +127,13 @@ def test_the_command_line_says_one_line_on_a_full_disk(small_disk):
                                 "can be written: no space is left on its disk"), done.stderr[-3000:]
 
 
-@pytest.mark.parametrize("damage", ["bytes", "folder"])
+# Broken on purpose: _lines without its check of each line -> the text that is not JSON is dropped without a word
+# (the 'text' case: no "cannot be read" line, nothing set aside).
+@pytest.mark.parametrize("damage", ["bytes", "folder", "text"])
 def test_an_unreadable_metrics_file_is_set_aside_and_the_run_resumes(tmp_path, capfd, damage):
-    """A metrics.jsonl with bytes that are not UTF-8 (or a folder in its place) is set aside, named, and the resumed
-    run writes its epochs again from its checkpoint: the new file holds every epoch, as the first run wrote them."""
+    """A metrics.jsonl with bytes that are not UTF-8, a line of text that is not a JSON record (not a last line
+    cut short by a kill), or a folder in its place is set aside, named, and the resumed run writes its epochs
+    again from its checkpoint: the new file holds every epoch, as the first run wrote them."""
     trainer = _trainer(epochs=2)
     trainer.fit(0, checkpoint_dir=tmp_path / "ck", log=tmp_path, progress=False)
     path = tmp_path / "metrics.jsonl"
@@ -138,6 +141,8 @@ def test_an_unreadable_metrics_file_is_set_aside_and_the_run_resumes(tmp_path, c
              for line in path.read_text().splitlines()]
     if damage == "bytes":
         path.write_bytes(b'{"cell": "run", "epoch": 1}\n\xff\xfe\x00 not text\n')
+    elif damage == "text":
+        path.write_text('{"cell": "run", "epoch": 1}\nsomething else written here\n')
     else:
         path.unlink()
         path.mkdir()

@@ -63,6 +63,13 @@ def format_seconds(seconds: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
+def _is_json(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
 def _is_main() -> bool:
     from resjax.train.distributed import is_main_process
 
@@ -151,16 +158,25 @@ class RunLog:
         if not self.path.exists() and not (isinstance(self.path, pathlib.Path) and self.path.is_symlink()):
             return []
         try:
-            return self.path.read_text().splitlines(keepends=True)
+            lines = self.path.read_text().splitlines(keepends=True)
         except (UnicodeDecodeError, OSError) as err:
-            aside, n = self.path.with_name(f"{METRICS_FILE}.unreadable"), 1
-            while aside.exists():
-                aside, n = self.path.with_name(f"{METRICS_FILE}.unreadable-{n}"), n + 1
-            self.path.rename(aside)
             reason = err.reason if isinstance(err, UnicodeDecodeError) else (err.strerror or str(err))
-            print(f"resjax: log: {self.path} cannot be read ({reason}); set aside as {aside}, and a new file is "
-                  "started (a resumed run writes its epochs again from its checkpoint)", file=sys.stderr, flush=True)
-            return []
+            return self._set_aside(reason)
+        # a line that is not JSON: the last one, cut short by a kill (no newline), is dropped by the rewrite; any
+        # other is not this log's (a file of something else, damaged), so the file is kept aside, not overwritten
+        bad = [i for i, line in enumerate(lines) if not _is_json(line)]
+        if bad and (bad != [len(lines) - 1] or lines[-1].endswith("\n")):
+            return self._set_aside(f"line {bad[0] + 1} of {len(lines)} is not a JSON record")
+        return lines
+
+    def _set_aside(self, reason: str) -> list[str]:
+        aside, n = self.path.with_name(f"{METRICS_FILE}.unreadable"), 1
+        while aside.exists():
+            aside, n = self.path.with_name(f"{METRICS_FILE}.unreadable-{n}"), n + 1
+        self.path.rename(aside)
+        print(f"resjax: log: {self.path} cannot be read ({reason}); set aside as {aside}, and a new file is "
+              "started (a resumed run writes its epochs again from its checkpoint)", file=sys.stderr, flush=True)
+        return []
 
     @contextlib.contextmanager
     def _storage_refusal(self, doing: str) -> Iterator[None]:
