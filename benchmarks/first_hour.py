@@ -3,13 +3,16 @@ as a user runs them, in one table.
 
 Run from the project root, in the virtual environment the README makes::
 
-    python -m benchmarks.first_hour [--only install,quick,tests,docs,reproduce] [--json PATH] [--keep-others]
+    python -m benchmarks.first_hour [--only install,install_unbounded,quick,tests,docs,reproduce] [--json PATH]
+                                    [--keep-others]
 
 Each step runs as a child process of its own, from an empty compilation cache (``RESJAX_COMPILATION_CACHE`` set to
 a new temporary folder, so nothing compiled by an earlier run is reused) and writing into a temporary folder:
 
-- ``install``: a new virtual environment and ``pip install -e '.[test]'`` into it, as the README's first line does
-  (its time is mostly the package index's downloads and pip's byte-compiling, so it depends on the network);
+- ``install``: a new virtual environment and ``pip install -e '.[test]' -c constraints.txt`` into it, as the
+  README's first line does, with an empty pip cache (its time is mostly the package index's downloads, so it
+  depends on the network); ``install_unbounded``: the same without the constraints file (issue #62: the resolver's
+  backtracking through boto3's releases, which the file's bounds spare);
 - ``quick``: ``python -m experiments.reproduce --quick``, the pipeline check of every experiment at small sizes;
 - ``tests``: ``python -m pytest -q tests``, the README's test command (the suite on every core);
 - ``docs``: ``python -m sphinx -W --keep-going -b html docs OUT``, the site with its tutorials executed;
@@ -47,15 +50,20 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: Where each step's whole output is kept.
 LOGS = ROOT / "runs" / "benchmarks"
 
-#: The install step: a new virtual environment in the step's folder, and the README's ``pip install -e '.[test]'``.
+#: The install steps: a new virtual environment in the step's folder, and the README's ``pip install -e '.[test]'
+#: -c constraints.txt`` into it with an empty cache (``--no-cache-dir``: every package downloaded, as on a new
+#: machine); the arguments after the folder are added to pip's.
 INSTALL = ("import subprocess, sys, venv\n"
            "venv.create(sys.argv[1], with_pip=True)\n"
-           "sys.exit(subprocess.call([sys.argv[1] + '/bin/python', '-m', 'pip', 'install', '-q', '-e', '.[test]']))")
+           "sys.exit(subprocess.call([sys.argv[1] + '/bin/python', '-m', 'pip', 'install', '-q', '--no-cache-dir', "
+           "'-e', '.[test]', *sys.argv[2:]]))")
 
 #: step name -> (what it does, the command's arguments after ``python``; ``{out}`` is the step's temporary folder)
 STEPS = {
-    "install": ("a new virtual environment with resjax and its test extra (downloads included)",
-                ["-c", INSTALL, "{out}"]),
+    "install": ("a new virtual environment with resjax and its test extra (downloads included, an empty pip cache)",
+                ["-c", INSTALL, "{out}", "-c", "constraints.txt"]),
+    "install_unbounded": ("the same without `constraints.txt`: pip's resolver tries boto3's releases one by one",
+                          ["-c", INSTALL, "{out}"]),
     "quick": ("every experiment at small sizes (a pipeline check)",
               ["-m", "experiments.reproduce", "--quick", "--out", "{out}"]),
     "tests": ("the test suite, on every core", ["-m", "pytest", "-q", "tests", "-p", "no:cacheprovider"]),
@@ -65,7 +73,8 @@ STEPS = {
 }
 
 #: The command a user types for each step (the table's first column).
-SHOWN = {"install": "python3.11 -m venv .venv && pip install -e '.[test]'",
+SHOWN = {"install": "python3.11 -m venv .venv && pip install -e '.[test]' -c constraints.txt",
+         "install_unbounded": "python3.11 -m venv .venv && pip install -e '.[test]'",
          "quick": "python -m experiments.reproduce --quick", "tests": "python -m pytest -q tests",
          "docs": "python -m sphinx -W --keep-going -b html docs docs/_build/html",
          "reproduce": "python -m experiments.reproduce"}

@@ -293,3 +293,50 @@ def test_a_checkpoint_written_by_two_processes_to_a_bucket_resumes_in_two_and_in
     assert [int(r["process_count"]) for r in resumed] == [2, 2]
     for r in (*resumed, mp._loaded(os.path.join(out, f"resume-{name}-one-0.npz"), one_log)):
         mp._assert_close(r, whole, "image_")
+
+
+def _scalars(data: bytes) -> dict:
+    """``{tag: [(step, value)]}`` of a TensorBoard event file's bytes (TFRecord framing: length, its CRC, the
+    Event proto, its CRC)."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    found, at = {}, 0
+    while at < len(data):
+        (length,) = struct.unpack("<Q", data[at:at + 8])
+        event = event_pb2.Event.FromString(data[at + 12:at + 12 + length])
+        at += 12 + length + 4
+        for value in event.summary.value:
+            found.setdefault(value.tag, []).append((event.step, round(value.simple_value, 6)))
+    return found
+
+
+# Broken on purpose: RunLog's SummaryWriter given the URL (tensorboardX's own gs:// writer) -> ImportError
+# "`google-cloud-storage` must be installed" at the first write.
+def test_tensorboard_event_files_of_a_run_reach_the_bucket_with_its_numbers(gcs, monkeypatch):
+    """``log=gs://...`` with ``tensorboard=True``: the event files are in the bucket after each epoch's write, through
+    the same path layer as the checkpoints, and hold every number of the metrics file; a resumed process's file
+    comes beside the first. As a user's ``resjax[cloud,tensorboard]`` install has it: without google-cloud-storage
+    (tensorboardX's own gs:// writer needs it; the tests' GCS server brings it into this environment)."""
+    import tensorboardX.record_writer
+
+    from resjax.train.monitor import RunLog
+
+    monkeypatch.setattr(tensorboardX.record_writer, "GCS_ENABLED", False)
+
+    url = gcs.url("tensorboard")
+    for first, losses in ((0, [[0.5, 0.25]]), (2, [[0.125]])):  # two epochs, then a resumed process's third
+        log = RunLog(url, cell="run", tensorboard=True)
+        log.write(first, {"loss": losses})
+        assert [p.name for p in as_path(url).iterdir() if p.name.startswith("events.out.tfevents")]  # before close
+        log.close()
+        time.sleep(1.1)  # tensorboardX names an event file by the second it was opened
+    files = sorted(p for p in as_path(url).iterdir() if p.name.startswith("events.out.tfevents"))
+    assert len(files) == 2
+    merged = {}
+    for f in files:
+        for tag, points in _scalars(f.read_bytes()).items():
+            merged.setdefault(tag, []).extend(points)
+    assert merged["run/loss/run0"] == [(1, 0.5), (2, 0.25), (3, 0.125)]
+    assert set(merged) == {"run/loss/run0", "run/elapsed_s/run0"}

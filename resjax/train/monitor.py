@@ -110,6 +110,7 @@ class RunLog:
                 raise ValueError("log: tensorboard=True needs tensorboardX "
                                  "(pip install 'resjax[tensorboard]')") from None
         self._writer = None
+        self._staging: pathlib.Path | None = None  # a bucket log's local folder of event files (_tensorboard)
         self._names: dict[str, int] = {}
         self._start = time.time()
 
@@ -121,7 +122,7 @@ class RunLog:
             count = self._names[name] = self._names.get(name, 0) + 1
         other = copy.copy(self)  # shares the count of names (self._names) with this log
         other.name = name if count == 1 else f"{name}#{count}"
-        other._writer, other._start = None, time.time()
+        other._writer, other._staging, other._start = None, None, time.time()
         return other
 
     def start(self, done: int, history: dict | None = None) -> None:
@@ -244,19 +245,43 @@ class RunLog:
                     if k not in ("cell", "run", "epoch", "time") and v is not None:
                         writer.add_scalar(f"{self.name}/{k}/run{row['run']}", v, row["epoch"])
             writer.flush()
+            self._upload_events()
 
     def _tensorboard(self):
         if self._writer is None:
             from tensorboardX import SummaryWriter
 
-            self._writer = SummaryWriter(str(self.directory))
+            if is_url(self.directory):  # tensorboardX's own bucket writers need other clients: staged here
+                import tempfile
+
+                self._staging = pathlib.Path(tempfile.mkdtemp(prefix="resjax-tensorboard-"))
+            self._writer = SummaryWriter(str(self._staging or self.directory))
         return self._writer
 
+    def _upload_events(self) -> None:
+        """A bucket log's event files, written by tensorboardX into a local folder, copied whole into the bucket
+        after each flush (an object cannot be appended to), through the path layer: the run's own credentials
+        and endpoint, as its checkpoints and metrics. A resumed process writes an event file of its own beside
+        the earlier ones (tensorboardX names each by time, host and process), which TensorBoard reads together."""
+        if self._staging is None:
+            return
+        with self._storage_refusal("writing the TensorBoard events beside"):
+            for event in sorted(self._staging.rglob("*")):
+                if event.is_file():
+                    (self.directory / event.relative_to(self._staging).as_posix()).write_bytes(event.read_bytes())
+
     def close(self) -> None:
-        """Close the TensorBoard writer (the metrics file is closed after every write)."""
+        """Close the TensorBoard writer (the metrics file is closed after every write); a bucket log's event files
+        are copied there a last time."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+            self._upload_events()
+            if self._staging is not None:
+                import shutil
+
+                shutil.rmtree(self._staging, ignore_errors=True)
+                self._staging = None
 
 
 @contextlib.contextmanager
