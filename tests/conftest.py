@@ -74,6 +74,10 @@ resjax.enable_compilation_cache()
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+# the local object stores' fixtures, defined once for every test module: a session fixture imported into two modules
+# is two fixtures, and the second S3 server's endpoint would replace the first's under fsspec's cached file systems
+from tests.buckets import gcs, s3, s3_reader  # noqa: E402, F401
+
 try:  # JAX's own module (not public API): without it the run keeps the default emitters (_loop_emitters_wanted)
     from jax._src import compiler as _jax_compiler  # noqa: E402
 except ImportError:  # pragma: no cover - a JAX that moved it

@@ -28,7 +28,6 @@ import time
 import pytest
 
 from resjax.paths import filesystem
-from tests.buckets import gcs  # noqa: F401  (fixtures)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRIALS = int(os.environ.get("RESJAX_KILL_TRIALS", "1"))

@@ -21,7 +21,6 @@ import pytest
 from resjax.paths import as_path
 from resjax.train import lock as lockmod
 from resjax.train.lock import LOCK_FILE, DirectoryLock, LockHeldError
-from tests.buckets import gcs, s3  # noqa: F401  (fixtures)
 
 STORES = ["gcs", "s3"]
 

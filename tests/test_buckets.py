@@ -23,7 +23,6 @@ import pytest
 
 from resjax.paths import as_path, check_url
 from resjax.train.lock import LOCK_FILE, DirectoryLock, LockHeldError
-from tests.buckets import gcs, s3, s3_reader  # noqa: F401  (fixtures)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

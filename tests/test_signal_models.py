@@ -97,11 +97,13 @@ def test_small_resnet1d_is_the_reference_cnns_size():
         small_resnet1d(width=0)
 
 
-@pytest.mark.parametrize("kind, count", [("logistic", 410), ("reference_mlp", 15210), ("reference_cnn", 5210),
-                                         ("reference_gru", 5110)])
-def test_reference_models_shapes_and_parameter_counts(kind, count):
-    """The counts of the mnist1d repository's models (the GRU's: flax's cell, 24 fewer; see its docstring)."""
-    model = build_model(kind, num_classes=10)
+@pytest.mark.parametrize("kind, kwargs, count", [("logistic", {}, 410), ("reference_mlp", {}, 15210),
+                                                 ("reference_cnn", {}, 5210), ("reference_gru", {}, 5134),
+                                                 ("reference_gru", {"cell": "flax"}, 5110)])
+def test_reference_models_shapes_and_parameter_counts(kind, kwargs, count):
+    """The counts of the mnist1d repository's models (the GRU's with flax's cell, ``cell='flax'``: 24 fewer, no
+    hidden-side reset and update biases; see ``resjax.nn.reference``'s docstring)."""
+    model = build_model(kind, num_classes=10, **kwargs)
     assert kind in CLASSIFIERS
     x = jax.random.normal(jax.random.key(4), (3, 40))
     variables = _params(model, x)

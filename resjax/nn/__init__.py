@@ -11,6 +11,9 @@ Every name below is importable from ``resjax.nn`` (``__all__`` lists them):
   ``small_resnet1d`` (``resjax.nn.signal``); the MNIST-1D paper's reference models ``LogisticRegression``,
   ``ReferenceMLP``, ``ReferenceCNN``, ``ReferenceGRU`` (``resjax.nn.reference``). ``build_model`` builds any of them from a config
   (``CLASSIFIERS``: the kinds that take ``num_classes``; ``check_model_fields`` checks a config's fields);
+- recurrent cells (``resjax.nn.recurrent``): ``TorchGRUCell``, a GRU cell with PyTorch's parameters (two biases
+  per gate, ``torch.nn.GRU``'s layout) for ``nn.RNN`` and ``nn.Bidirectional``, and ``from_torch_gru`` (its
+  parameters from a ``torch.nn.GRU``);
 - blocks: one residual block, ``ResidualBlock`` (``resjax.nn.block``: skip, a branch of kind ``BRANCH_KINDS``
   (``'mlp'``, ``'basic'``, ``'bottleneck'``, ``'conv'``) or of one's own, scale, merge; its settings
   ``BlockSettings``, by kind ``CommonSettings``, ``MLPSettings`` (the MLPs take these), ``ConvSettings`` (``ResNet``
@@ -145,6 +148,7 @@ from resjax.nn.resnet import (  # after init, norms and residual, which it impor
     taki_resnet,
 )
 from resjax.nn.signal import ResNet1D, small_resnet1d  # noqa: I001 (after resnet, which it subclasses)
+from resjax.nn.recurrent import TorchGRUCell, from_torch_gru
 from resjax.nn.reference import LogisticRegression, ReferenceCNN, ReferenceGRU, ReferenceMLP
 from resjax.nn.tau_mlp import num_blocks_for, plain_params_from_residual, tau_resnet, tau_resnet_config, tau_value
 from resjax.nn.unet import ConvBlock, UNet
@@ -159,11 +163,12 @@ __all__ = [
     "ConvSettings", "DenseBlock", "DenseLayer", "DenseNet", "GroupNorm", "Hourglass", "LogisticRegression",
     "MLPSettings", "PlainLayer", "PlainMLP", "ReferenceCNN", "ReferenceGRU", "ReferenceMLP", "ResNet", "ResNet1D",
     "ResNetBlock", "ResidualBlock", "ResidualMLP", "ResidualStack", "StackedHourglass", "TakiBlock",
-    "TakiResNet", "Transition", "UNet", "UnbiasedBatchNorm",
+    "TakiResNet", "TorchGRUCell", "Transition", "UNet", "UnbiasedBatchNorm",
     # functions
     "build_model", "check_call_tau", "check_model_fields", "check_norm", "check_tau_field", "check_tau_value",
     "cifar_resnet", "close_block", "computed_once", "concat_merge", "conv_kernel_weights", "default_groups", "densenet121",
-    "densenet_bc_cifar", "fixup_kernel_init", "get_bias_initializer", "get_initializer", "imagenet_resnet",
+    "densenet_bc_cifar", "fixup_kernel_init", "from_torch_gru", "get_bias_initializer", "get_initializer",
+    "imagenet_resnet",
     "imagenet_tau", "is_batch_norm", "layer_dtypes", "make_norm", "moved_settings", "num_blocks_for",
     "plain_params_from_residual", "residual_add", "residual_stack", "resolve_block", "resolve_dtype", "resolve_tau",
     "route_to_block", "running_variance_of", "scale_branch", "small_resnet1d", "stack_blocks", "stack_unrolled",

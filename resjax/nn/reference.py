@@ -22,11 +22,21 @@ kernels and biases uniform in +-1/sqrt(fan_in) (``'torch_default'``; a convoluti
   linear weights permuted.
 - ``ReferenceGRU`` (the paper's "GRU", ``GRUBase``): a bidirectional GRU of hidden size 6 over the positions (one
   input feature a step), initial state zero, every position's outputs of both directions (backward outputs at
-  their own positions) flattened (40 x 12 = 480) into one linear layer. Built from flax's ``nn.GRUCell``,
-  ``nn.RNN`` and ``nn.Bidirectional``. Flax's cell has no bias on the hidden-to-hidden reset and update gates
-  (PyTorch has ``b_hr`` and ``b_hz`` besides ``b_ir``, ``b_iz``: the same function class, the sums of two biases
-  being one free bias), so it has 150 parameters per direction where PyTorch's has 162: 5,110 in all where the
-  reference has 5,134.
+  their own positions) flattened (40 x 12 = 480) into one linear layer; ``nn.RNN`` and ``nn.Bidirectional``
+  around one of two cells, chosen by ``cell``:
+
+  - ``cell='torch'`` (the default): ``TorchGRUCell`` (``resjax.nn.recurrent``), PyTorch's ``nn.GRU`` step with its
+    parameters (two biases on every gate: ``b_ir`` and ``b_hr``, ``b_iz`` and ``b_hz``, ``b_in`` and ``b_hn``),
+    162 parameters per direction, 5,134 in all: the reference's count, and its training dynamics;
+  - ``cell='flax'``: flax's ``nn.GRUCell``, the same formulas (``b_hn`` inside the reset product, the same sign of
+    the update gate) without the hidden-side biases ``b_hr`` and ``b_hz``: the same function class (the sum of a
+    gate's two biases is one free bias), 150 parameters per direction, 5,110 in all. It trains differently: the
+    reference's two biases of a gate move together, about twice one bias's step under SGD or Adam, and start as
+    a sum of two uniform draws (``resjax.nn.recurrent``'s docstring).
+
+  Both draw every weight and bias uniform in +-1/sqrt(hidden). The parameter trees differ (``input_kernel``,
+  ``input_bias``, ``hidden_kernel``, ``hidden_bias`` per direction against flax's ``ir``, ``iz``, ``in``, ``hr``,
+  ``hz``, ``hn`` layers).
 
 ``build_model`` kinds: ``logistic``, ``reference_mlp``, ``reference_cnn``, ``reference_gru``.
 """
@@ -43,12 +53,17 @@ import jax.numpy as jnp
 from resjax.nn.block import ResidualBlock
 from resjax.nn.init import drawn_in_float32, get_bias_initializer, get_initializer
 from resjax.nn.precision import layer_dtypes, resolve_dtype
+from resjax.nn.recurrent import TorchGRUCell
 from resjax.nn.residual import check_positive
 from resjax.nn.signal import as_signal
 
 __all__ = ["LogisticRegression", "ReferenceCNN", "ReferenceGRU", "ReferenceMLP"]
 
 TORCH = "torch_default"
+
+#: The values of ``ReferenceGRU.cell``: ``'torch'`` (``TorchGRUCell``, PyTorch's parameters) and ``'flax'``
+#: (flax's ``nn.GRUCell``).
+GRU_CELLS = ("torch", "flax")
 
 
 def _flat(x: jax.Array) -> jax.Array:
@@ -72,7 +87,7 @@ class _Reference(nn.Module):
     """What the reference models share: ``num_classes`` and ``param_dtype`` (every parameter's dtype, flax's
     ``param_dtype``: ``None``, float32, or one of ``DTYPES``), checked at construction. They compute in float32
     (``dtype`` is not theirs: ``build_model`` drops a float32 one and refuses a half one), except the GRU's
-    recurrence under a half ``param_dtype``, which runs in that dtype (flax's cell keeps its carry in it)."""
+    recurrence under a half ``param_dtype``, which runs in that dtype (either cell keeps its carry in it)."""
 
     num_classes: int = 10
     param_dtype: Any = None
@@ -167,22 +182,27 @@ class ReferenceGRU(_Reference):
     Attributes:
         hidden: the GRU's state size per direction. Default 6.
         bidirectional: default ``True`` (the reference's).
+        cell: ``'torch'`` (the default: ``TorchGRUCell``, PyTorch's parameters, 5,134 at the defaults) or ``'flax'``
+            (flax's ``nn.GRUCell``, no hidden-side reset and update biases, 5,110); see the module docstring.
         num_classes: default 10; param_dtype: every parameter's dtype (``None``: float32), as ``_Reference``'s.
     """
 
     hidden: int = 6
     bidirectional: bool = True
+    cell: str = "torch"
 
     def __post_init__(self):
         check_positive("hidden", self.hidden)
         if not isinstance(self.bidirectional, bool):
             raise ValueError(f"bidirectional: must be True or False, got {self.bidirectional!r}")
+        if not isinstance(self.cell, str) or self.cell not in GRU_CELLS:
+            raise ValueError(f"cell: unknown value {self.cell!r}; choose one of {GRU_CELLS}")
         super().__post_init__()
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool | None = None) -> jax.Array:
         """The logits ``(batch, num_classes)``; ``train`` is accepted and unused."""
-        # flax's cell keeps its carry in the parameters' dtype: with a half param_dtype the recurrence runs in it
+        # either cell keeps its carry in the parameters' dtype: with a half param_dtype the recurrence runs in it
         h = as_signal(x).astype(_param_dtype(self))
         bound = 1.0 / math.sqrt(self.hidden)
 
@@ -191,6 +211,9 @@ class ReferenceGRU(_Reference):
             return jax.random.uniform(key, shape, dtype, -bound, bound)
 
         def rnn(name: str) -> nn.RNN:
+            if self.cell == "torch":  # U(+-1/sqrt(hidden)) by default, drawn in float32 (resjax.nn.init)
+                return nn.RNN(TorchGRUCell(self.hidden, param_dtype=_param_dtype(self), name=f"{name}_cell"),
+                              name=name)
             cell = nn.GRUCell(self.hidden, kernel_init=uniform, recurrent_kernel_init=uniform, bias_init=uniform,
                               param_dtype=_param_dtype(self), name=f"{name}_cell")
             return nn.RNN(cell, name=name)
