@@ -281,13 +281,22 @@ def _previous(out_dir: pathlib.Path, config) -> dict | None:
     return results if _without_added(results.get("config")) == _without_added(common.to_jsonable(config)) else None
 
 
+#: An experiment's settings added after results were first written, with the default that runs as before them:
+#: ``pack_cells`` 'auto' packs cells on accelerators only, so on the CPUs that wrote those results it trains each
+#: cell alone, as the code before it did.
+ADDED_SETTINGS = {"pack_cells": "auto"}
+
+
 def _without_added(config):
-    """A results' ``config`` (JSON) without the training settings added after results were first written, where
-    they hold their defaults (``resjax.train.core.ADDED``: ``train.steps`` 0, ...): results written before them
-    are results of the same run."""
+    """A results' ``config`` (JSON) without the settings added after results were first written, where they hold
+    their defaults (``resjax.train.core.ADDED``: ``train.steps`` 0, ...; :data:`ADDED_SETTINGS`): results written
+    before them are results of the same run."""
     from resjax.train.core import ADDED
 
-    if not isinstance(config, dict) or not isinstance(config.get("train"), dict):
+    if not isinstance(config, dict):
+        return config
+    config = {k: v for k, v in config.items() if ADDED_SETTINGS.get(k, object()) != v}
+    if not isinstance(config.get("train"), dict):
         return config
     train = {k: v for k, v in config["train"].items() if ADDED.get(f"train.{k}", object()) != v}
     return {**config, "train": train}
