@@ -29,6 +29,18 @@ def _holder(url: str) -> dict:
     return json.loads((as_path(url) / LOCK_FILE).read_text())
 
 
+def _second_refused_first_holds(url: str, first: DirectoryLock, second: DirectoryLock) -> None:
+    """``second.acquire()`` (during which ``first`` acquires, by the test's interleaving) is refused, and ``first``
+    alone holds the lock."""
+    try:
+        with pytest.raises(LockHeldError, match="is in use by process"):
+            second.acquire()
+        assert first.held and not second.held
+        assert _holder(url)["token"] == first.token
+    finally:
+        first.release()
+
+
 def _once(monkeypatch, name: str, before=None, after=None):
     """Replace ``resjax.train.lock.<name>`` so that its first call runs ``before()`` first, or ``after(result,
     *args)`` after it; later calls (the other run's among them) are the real function."""
@@ -62,13 +74,7 @@ def test_a_run_overtaken_between_finding_no_lock_and_creating_it_is_refused(stor
         return None
 
     monkeypatch.setattr(lockmod, "_object", stale_read)
-    try:
-        with pytest.raises(LockHeldError, match="is in use by process"):
-            second.acquire()
-        assert first.held and not second.held
-        assert _holder(url)["token"] == first.token
-    finally:
-        first.release()
+    _second_refused_first_holds(url, first, second)
 
 
 # Broken on purpose: the takeover's _put without match= (an unconditional rewrite) -> both takers hold the lock.
@@ -87,13 +93,7 @@ def test_of_two_runs_taking_over_one_expired_lease_the_overtaken_one_is_refused(
         first.acquire()
 
     monkeypatch.setattr(lockmod._BucketLock, "_judge", judge_then_overtaken)
-    try:
-        with pytest.raises(LockHeldError, match="is in use by process"):
-            second.acquire()
-        assert first.held and not second.held
-        assert _holder(url)["token"] == first.token
-    finally:
-        first.release()
+    _second_refused_first_holds(url, first, second)
 
 
 # Broken on purpose: acquire without reading the lock back (holding it once its write returned) -> the run whose
