@@ -137,6 +137,9 @@ _ARRAY = re.compile(r"\b([a-z]+\d*[a-z0-9]*)\[([^\]]*)\](\{[^}]*\})?")
 _NO_TRAFFIC = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id",
                "replica-id", "while", "conditional", "call", "opt-barrier", "add-dependency"}
 _SLICES = ("dynamic-slice", "slice", "gather")
+#: A nested fusion whose output is its first operand's buffer (XLA:TPU's copy fusion under a dynamic-update-slice,
+#: which changes the tiling in place): what is written into it is only the update (XLA's own cycle estimate agrees).
+_ALIASED = "output_to_operand_aliasing={{}: (0, {})}"
 
 
 def hbm_bytes(shape: str) -> int:
@@ -179,6 +182,38 @@ class HbmBytes(flops.Program):
                 reads, written = self._fused_traffic(fused, reads, written, ins.shape)
         return written + sum(reads)
 
+    def _sliced_bytes(self, comp: flops.Computation, name: str, users: dict) -> int | None:
+        """The bytes of ``name`` (a parameter of the fused computation ``comp``) read when every use of it slices it:
+        a slicing instruction's result, a nested fusion whose own parameter is only sliced (a scan's loop body reads
+        one layer of a stacked array that way), or an in-place relayout (:data:`_ALIASED`) whose uses slice it; None
+        when some use reads it whole."""
+        uses, total = users.get(name, []), 0
+        for u in uses:
+            if u.opcode in _SLICES and u.operands[0] == name:
+                total += hbm_bytes(u.shape)
+                continue
+            if _ALIASED in u.attrs and u.operands[0] == name:  # relaid out in place: what its uses read of it
+                read = self._sliced_bytes(comp, u.name, users)
+                if read is None:
+                    return None
+                total += read
+                continue
+            inner = self.comps.get(u.called().get("calls", [None])[0]) if u.opcode == "fusion" else None
+            if inner is None or u.operands.count(name) != 1:
+                return None
+            index = str(u.operands.index(name))
+            param = next((i.name for i in inner.instrs.values() if i.opcode == "parameter" and i.operands
+                          and i.operands[0] == index), None)
+            inner_users: dict[str, list] = {}
+            for ins in inner.instrs.values():
+                for o in ins.operands:
+                    inner_users.setdefault(o, []).append(ins)
+            read = None if param is None else self._sliced_bytes(inner, param, inner_users)
+            if read is None:
+                return None
+            total += read
+        return total if uses else None
+
     def _fused_traffic(self, fused: flops.Computation, reads: list, written: int,
                        outer_shape: str = "") -> tuple[list, int]:
         """A fusion reads only the slices of a parameter that only slicing instructions use, and writes only the
@@ -192,10 +227,9 @@ class HbmBytes(flops.Program):
         reads = list(reads)
         for name, p in params.items():
             k = int(p.operands[0]) if p.operands and p.operands[0].isdigit() else None
-            use = users.get(name, [])
-            if k is not None and k < len(reads) and use and all(u.opcode in _SLICES and u.operands[0] == name
-                                                                for u in use):
-                reads[k] = sum(hbm_bytes(u.shape) for u in use)
+            sliced = self._sliced_bytes(fused, name, users)
+            if k is not None and k < len(reads) and sliced is not None:
+                reads[k] = sliced
         root = fused.instrs.get(fused.root)
         if root is None:
             return reads, written
@@ -206,7 +240,8 @@ class HbmBytes(flops.Program):
             if ins is None or ins.opcode != "dynamic-update-slice":
                 return None
             into = fused.instrs.get(ins.operands[0])
-            while into is not None and into.opcode == "bitcast" and into.operands:  # into a bitcast of a parameter
+            while into is not None and into.operands and (  # into a bitcast of a parameter, or a relayout of it that
+                    into.opcode == "bitcast" or _ALIASED in into.attrs):  # aliases it (written in place: its update)
                 into = fused.instrs.get(into.operands[0])
             if into is None or into.name not in params:
                 return None

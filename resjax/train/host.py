@@ -430,12 +430,13 @@ class ImageTrainer(Core):
         """The compiled evaluation step's ``LayoutCost`` at ``eval_batch_size``; ``planning.NoLayoutFits`` if it does
         not fit."""
         run, images, labels, hp = args
+        lead = 1 if _seeded(run) else 0  # the seed axis of the arguments
+        seeds = int(np.shape(run.epoch)[0]) if lead else 1
         seeded = mode not in ("one seed", "loop")
         resident = 0
         if mode == "loop":
             run, hp = _row(run), _row(hp)
-            resident = (int(np.shape(args[0].epoch)[0]) - 1) * _nbytes(run)
-        lead = 1 if _seeded(args[0]) else 0
+            resident = (seeds - 1) * _nbytes(run)  # the other seeds' states wait in device memory meanwhile
         e = self.config.train.eval_batch_size
         sharding = (distributed.batch_sharding(self.mesh, False) if self.mesh is not None
                     else jax.sharding.SingleDeviceSharding(device))
@@ -446,7 +447,6 @@ class ImageTrainer(Core):
         mask = batch(labels, jnp.bool_, features=False)
         cost = _costed(self._compiled("eval", seeded), (run, hp, batch(images, jnp.float32),
                                                         batch(labels, labels.dtype), mask), device, 1, resident)
-        seeds = int(np.shape(args[0].epoch)[0]) if _seeded(args[0]) else 1
         planning.choose_layout({mode: cost}, f"the evaluation step (batch {e}, {seeds} seed{'s' if seeds > 1 else ''}"
                                              f"{'' if seeds == 1 else ' vmapped' if seeded else ' looped'})", fix)
         return cost
