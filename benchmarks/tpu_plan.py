@@ -292,6 +292,19 @@ class LaneFlops(flops.Program):
         return 0
 
 
+class OpCount(flops.Program):
+    """The instructions a call executes one after another on the chip, loops by their trip counts: each top-level
+    instruction that does work (a fusion as one; ``*-done`` halves and bookkeeping not counted). A program of many
+    small ops (a depth-1000 MLP at width 128) is bound by each op's launch latency, which the roofline does not
+    count: its estimate is then a lower bound, and this count says how many such latencies a call holds."""
+
+    DESCEND = ("call",)
+    DESCEND_ASYNC = False
+
+    def own(self, comp: flops.Computation, ins: flops.Instr) -> float:
+        return 0 if ins.opcode in _NO_TRAFFIC or ins.opcode.endswith("-done") else 1
+
+
 # ---- one program ------------------------------------------------------------------------------------------
 
 
@@ -328,6 +341,7 @@ class ProgramPlan:
     cpu_flops: float = math.nan  # the same program as the CPU runs it (with ``Plan(check_cpu=True)``)
     chosen: bool = True  # False: a layout planned beside the one chosen (seed_axis='auto'), not in the totals
     resident_bytes: float = 0.0  # held beside the program meanwhile (a looped seed axis: the other seeds' states)
+    ops: float = math.nan  # instructions one call executes in sequence (OpCount: each a launch latency)
 
     @property
     def total_s(self) -> float:
@@ -378,6 +392,7 @@ def plan_program(cell: str, name: str, fn, args: tuple, chip: Chip, chips: int, 
         cpu_flops = _dense_flops(twin.lower(*plain), values, count)[0]
     tpu_text = compiled.as_text()
     moved, bmisses = HbmBytes(tpu_text).flops(argv)
+    ops = OpCount(tpu_text).flops(argv)[0]
     mem = compiled.memory_analysis()
     arg_b, out_b, tmp_b = (float(getattr(mem, f"{k}_size_in_bytes", math.nan)) for k in ("argument", "output", "temp"))
     alias = float(getattr(mem, "alias_size_in_bytes", 0) or 0)
@@ -393,7 +408,8 @@ def plan_program(cell: str, name: str, fn, args: tuple, chip: Chip, chips: int, 
         "compute" if padded_compute >= memory else "memory",
         len(re.findall(r"\b(?:all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(",
                        tpu_text)),
-        misses + bmisses, _as_float(cost, "flops"), _as_float(cost, "bytes accessed"), layout, dense, cpu_flops)
+        misses + bmisses, _as_float(cost, "flops"), _as_float(cost, "bytes accessed"), layout, dense, cpu_flops,
+        ops=ops)
 
 
 def _with_seed_axis(config, mode: str):

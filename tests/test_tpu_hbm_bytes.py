@@ -6,7 +6,7 @@ the counter reads the text."""
 
 from __future__ import annotations
 
-from benchmarks.tpu_plan import HbmBytes
+from benchmarks.tpu_plan import HbmBytes, OpCount
 
 LAYER = 256 * 128  # one layer's elements; the stack holds 1000 of them
 STACK = 1000 * LAYER
@@ -84,3 +84,7 @@ def test_a_scan_body_moves_one_layer_of_its_stacked_arrays_not_the_stack():
     # reading layer i of the bf16 stack and of the pred stack (through the relayout), writing the f32 result
     assert per_instr["grad"] == LAYER * 2 + LAYER * 1 + 4 + LAYER * 4
     assert counter.flops()[0] == sum(per_instr.values()) < STACK  # far below one stack, let alone one per layer
+
+
+def test_the_ops_a_call_executes_count_each_fusion_once():
+    assert OpCount(HLO).flops()[0] == 2  # the two fusions of the entry; parameters and the fused bodies not
