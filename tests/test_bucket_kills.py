@@ -11,7 +11,8 @@ after a kill inside the first save was refused, forever).
   new working directory, empty caches: another VM) exits 0 and ends bit-identical to an unbroken run. The suite
   runs one trial of each: the kill as the first save's first object appears, so that save is cut off and set
   aside (the case that was broken). ``RESJAX_KILL_TRIALS=10`` runs ten of each, the others at a save and a moment
-  drawn at random (seeded by the trial's number).
+  drawn at random (seeded by the trial's number): ``RESJAX_KILL_TRIALS=10 python -m pytest -n 0 -s --timeout 2400
+  tests/test_bucket_kills.py`` (each trial is two processes; ten outlast the suite's 300 s a test).
 """
 
 from __future__ import annotations
