@@ -105,11 +105,18 @@ def libtpu_available() -> bool:
 _TOPOLOGIES: dict[str, Any] = {}
 
 
+#: The VMs whose chips are all on one host, where libtpu's topology of the same shape spreads them over several
+#: (``v5e:2x4`` alone is 2 hosts of 4 chips; a v5e-8 VM is one host of 8): their chips per host.
+VM_HOST_BOUNDS = {"v5e-8": (2, 4, 1), "v6e-8": (2, 4, 1)}
+
+
 def topology_devices(topology: str) -> list:
-    """The TPU devices of ``topology`` (``'v5e:2x2'``, or a VM name such as ``'v5e-8'``), compile-only."""
-    topology = VM_TOPOLOGIES.get(topology, topology)
+    """The TPU devices of ``topology`` (``'v5e:2x2'``, or a VM name such as ``'v5e-8'``: its chips on as many
+    hosts as the VM has, :data:`VM_HOST_BOUNDS`), compile-only."""
+    bounds = VM_HOST_BOUNDS.get(topology)
+    key, topology = topology, VM_TOPOLOGIES.get(topology, topology)
     chip_of(topology)
-    if topology not in _TOPOLOGIES:
+    if key not in _TOPOLOGIES:
         if not libtpu_available():
             raise RuntimeError("libtpu is not installed: pip install -e '.[tpu]' (jax[tpu] at the installed jax's "
                                "version), then run again")
@@ -120,12 +127,13 @@ def topology_devices(topology: str) -> list:
         # drives none, so several plans (the test suite's workers) may run at once
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
         try:
-            _TOPOLOGIES[topology] = topologies.get_topology_desc(topology_name=topology, platform="tpu")
+            _TOPOLOGIES[key] = topologies.get_topology_desc(
+                topology_name=topology, platform="tpu", **({"chips_per_host_bounds": bounds} if bounds else {}))
         except Exception as err:  # noqa: BLE001
             raise ValueError(f"topology: libtpu does not know {topology!r} ({type(err).__name__}: "
                              f"{str(err).splitlines()[0] if str(err) else ''}); e.g. v5e:2x2, v5e:4x4, v4:2x2x1 "
                              "(v5e:1x1 is refused: one chip of v5e:2x2 is the same chip)") from None
-    return list(_TOPOLOGIES[topology].devices)
+    return list(_TOPOLOGIES[key].devices)
 
 
 # ---- costs of a program's HLO -----------------------------------------------------------------------------
@@ -444,8 +452,16 @@ class Plan:
         self.check_cpu, self.verbose = check_cpu, verbose  # verbose: a line per program as it is compiled  # lower each program's CPU twin too (ProgramPlan.cpu_flops)
         self.topology = VM_TOPOLOGIES.get(topology, topology)
         self.chip = chip_of(self.topology)
-        self.devices = topology_devices(self.topology)
-        self.chips = len(self.devices)
+        self.devices = topology_devices(topology)
+        # libtpu compiles a v4 topology for each TensorCore as a device (2 a chip, each with half its HBM): each
+        # device is costed with its share of the chip's figures
+        cores = len(self.devices) // max(1, len({tuple(getattr(d, "coords", (i,))) for i, d in enumerate(self.devices)}))
+        if cores > 1:
+            c = self.chip
+            self.chip = dataclasses.replace(c, name=f"{c.name} TensorCore (1/{cores} of a chip)",
+                                            peak_flops=c.peak_flops / cores, hbm_bytes=c.hbm_bytes / cores,
+                                            hbm_bandwidth=c.hbm_bandwidth / cores)
+        self.chips = len(self.devices)  # devices: chips, or a v4's TensorCores
         self.hosts = len({d.process_index for d in self.devices})
         self.cell = "run"
         self.programs: list[ProgramPlan] = []
