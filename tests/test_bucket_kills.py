@@ -34,7 +34,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRIALS = int(os.environ.get("RESJAX_KILL_TRIALS", "1"))
 LIBRARY = [str(ROOT / "tests" / "bucket_child.py"), "ondevice"]
 EXPERIMENT = ["-m", "experiments.degradation", "--quick", "--cells", "plain:2,plain:8", "--train.epochs", "4",
-              "--chunk_epochs", "1", "--num_seeds", "1", "--pack_cells", "false"]
+              "--train.checkpoint_every", "1", "--chunk_epochs", "1", "--num_seeds", "1", "--pack_cells", "false"]
 
 
 def _machine(tmp_path, name: str) -> tuple[pathlib.Path, dict]:
@@ -54,18 +54,18 @@ def _run(tmp_path, name: str, kind: str, url: str) -> subprocess.CompletedProces
     return subprocess.run(_command(kind, url), cwd=home, env=env, capture_output=True, text=True, timeout=600)
 
 
-def _steps_begun(url: str) -> list[str]:
-    """The step folders (``.../<digits>``) that have objects in the bucket under ``url``, in the order of their
-    first object's creation."""
+def _steps_begun(url: str, seen: dict[str, str]) -> list[str]:
+    """The step folders (``.../<digits>``) that have had objects in the bucket under ``url`` (``seen``: those of
+    earlier calls, kept: a run deletes its older steps), in the order of their first object's creation."""
     fs, inner = filesystem(url)
     fs.invalidate_cache()
-    made: dict[str, list[str]] = {}
     for path, info in fs.find(inner, detail=True).items():
         parts = path[len(inner):].strip("/").split("/")
         cut = next((i for i, p in enumerate(parts[:-1]) if p.isdigit()), None)
         if cut is not None:
-            made.setdefault("/".join(parts[:cut + 1]), []).append(str(info.get("timeCreated") or info.get("updated")))
-    return sorted(made, key=lambda step: min(made[step]))
+            step, made = "/".join(parts[:cut + 1]), str(info.get("timeCreated") or info.get("updated"))
+            seen[step] = min(seen.get(step, made), made)
+    return sorted(seen, key=seen.get)
 
 
 def _kill_inside_save(tmp_path, name: str, kind: str, url: str, save: int, delay_s: float) -> str:
@@ -75,9 +75,9 @@ def _kill_inside_save(tmp_path, name: str, kind: str, url: str, save: int, delay
     with open(home / "out.txt", "w") as out:
         child = subprocess.Popen(_command(kind, url), cwd=home, env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
-            deadline = time.time() + 300
+            deadline, seen = time.time() + 300, {}
             while time.time() < deadline and child.poll() is None:
-                begun = _steps_begun(url)
+                begun = _steps_begun(url, seen)
                 if len(begun) > save:
                     time.sleep(delay_s)
                     child.send_signal(signal.SIGKILL)
@@ -118,7 +118,7 @@ def test_runs_killed_at_random_moments_inside_their_saves_restart_and_end_as_an_
         unbroken = subprocess.run([sys.executable, *EXPERIMENT, "--out", str(local)], cwd=home, env=env,
                                   capture_output=True, text=True, timeout=600)
     assert unbroken.returncode == 0, unbroken.stderr[-3000:]
-    saves = 3 if kind == "library" else 8  # checkpoints written by an unbroken run
+    saves = 3 if kind == "library" else 8  # checkpoints written by an unbroken run (the experiment: 2 cells x 4)
     trials = []
     for trial in range(TRIALS):
         draw = random.Random(trial)
