@@ -63,8 +63,17 @@ def cells(plan: dict) -> list[dict]:
     return list(out.values())
 
 
+def _label(plan: dict) -> str:
+    """``v4-8 (v4:2x2x1, 8 x TPU v4 TensorCore ...)``: the VM's name where the topology is one."""
+    from benchmarks.tpu_plan import VM_TOPOLOGIES
+
+    vm = next((name for name, t in VM_TOPOLOGIES.items() if t == plan["topology"]), None)
+    where = f"{plan['topology']}, {plan['chips']} x {plan['chip']['name']}, {plan['hosts']} host{'s' * (plan['hosts'] > 1)}"
+    return f"{vm} ({where})" if vm else where
+
+
 def table(plans: list[dict]) -> str:
-    topologies = [f"{p['topology']} ({p['chips']} x {p['chip']['name']})" for p in plans]
+    topologies = [_label(p) for p in plans]
     by_cell: dict[str, dict] = {}
     for plan, topology in zip(plans, topologies):
         for c in cells(plan):
@@ -92,7 +101,7 @@ def figure(plans: list[dict], path: pathlib.Path) -> None:
     height = 0.8 / max(1, len(plans))
     for k, plan in enumerate(plans):
         found = {c["cell"]: c for c in cells(plan)}
-        label = f"{plan['topology']} ({plan['chips']} x {plan['chip']['name']})"
+        label = _label(plan)
         ys = [i + k * height for i in range(len(names))]
         hours = [found[n]["seconds"] / 3600 if n in found and found[n]["fits"] else 0 for n in names]
         bars = ax.barh(ys, hours, height=height, label=label)
