@@ -68,7 +68,9 @@ def _label(plan: dict) -> str:
     from benchmarks.tpu_plan import VM_TOPOLOGIES
 
     vm = next((name for name, t in VM_TOPOLOGIES.items() if t == plan["topology"]), None)
-    where = f"{plan['topology']}, {plan['chips']} x {plan['chip']['name']}, {plan['hosts']} host{'s' * (plan['hosts'] > 1)}"
+    hosts = sorted(plan.get("all_hosts") or {plan["hosts"]})  # the plans merged may differ (planned at other times)
+    where = (f"{plan['topology']}, {plan['chips']} x {plan['chip']['name']}, {' or '.join(map(str, hosts))} "
+             f"host{'s' * (max(hosts) > 1)}")
     return f"{vm} ({where})" if vm else where
 
 
@@ -116,8 +118,10 @@ def figure(plans: list[dict], path: pathlib.Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("estimated hours of the cell on the topology (roofline at the layers' lane fill; log scale)")
     ax.set_title("The seed papers' runs at their own scale on TPUs: compile-time estimates, not measured times\n"
-                 + "; ".join(f"{k}: {v}" for k, v in SOURCES.items() if any(n.startswith(k) for n in names)),
+                 + "\n".join(f"{k}: {v}" for k, v in SOURCES.items() if any(n.startswith(k) for n in names)),
                  fontsize=8)
+    longest = max((c["seconds"] for plan in plans for c in cells(plan) if c["fits"]), default=3600) / 3600
+    ax.set_xlim(right=longest * 12)  # room for the bars' notes
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
@@ -133,7 +137,8 @@ def main(argv=None) -> str:
     merged: dict[str, dict] = {}
     for name in args.plans:  # one plan per topology: the experiments' programs of each file together
         plan = json.loads(pathlib.Path(name).read_text())
-        into = merged.setdefault(plan["topology"], {**plan, "programs": [], "refusals": []})
+        into = merged.setdefault(plan["topology"], {**plan, "programs": [], "refusals": [], "all_hosts": set()})
+        into["all_hosts"].add(plan["hosts"])
         into["programs"] += plan["programs"]
         into["refusals"] += plan.get("refusals", [])
     plans = list(merged.values())
