@@ -163,6 +163,15 @@ def hbm_bytes(shape: str) -> int:
     return total
 
 
+def _users(comp: flops.Computation) -> dict[str, list]:
+    """``{name: [instructions that take it as an operand]}`` of a computation."""
+    users: dict[str, list] = {}
+    for ins in comp.instrs.values():
+        for o in ins.operands:
+            users.setdefault(o, []).append(ins)
+    return users
+
+
 class HbmBytes(flops.Program):
     """HBM bytes of a compiled program per device: each top-level instruction reads its operands and writes its
     result (a fusion as a whole), loops by their trip counts; ``*-done`` halves of asynchronous pairs count
@@ -212,11 +221,7 @@ class HbmBytes(flops.Program):
             index = str(u.operands.index(name))
             param = next((i.name for i in inner.instrs.values() if i.opcode == "parameter" and i.operands
                           and i.operands[0] == index), None)
-            inner_users: dict[str, list] = {}
-            for ins in inner.instrs.values():
-                for o in ins.operands:
-                    inner_users.setdefault(o, []).append(ins)
-            read = None if param is None else self._sliced_bytes(inner, param, inner_users)
+            read = None if param is None else self._sliced_bytes(inner, param, _users(inner))
             if read is None:
                 return None
             total += read
@@ -227,10 +232,7 @@ class HbmBytes(flops.Program):
         """A fusion reads only the slices of a parameter that only slicing instructions use, and writes only the
         update of a dynamic-update-slice into a parameter (in place) at its root, or at an element of its root
         tuple (a multi-output fusion; ``outer_shape``: the fusion's own shape, whose layouts say what is in HBM)."""
-        users: dict[str, list] = {}
-        for ins in fused.instrs.values():
-            for o in ins.operands:
-                users.setdefault(o, []).append(ins)
+        users = _users(fused)
         params = {i.name: i for i in fused.instrs.values() if i.opcode == "parameter"}
         reads = list(reads)
         for name, p in params.items():

@@ -417,6 +417,18 @@ def _protocol(fs) -> str:
     return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
 
 
+@contextlib.contextmanager
+def _precondition_refused(key: str) -> Iterator[None]:
+    """S3's refusal of a conditional write or delete (412, which s3fs raises as an ``OSError``) as
+    ``FileExistsError(key)``: another run wrote the object since."""
+    try:
+        yield
+    except OSError as err:
+        if "pre-condition" in str(err) or "PreconditionFailed" in str(err) or isinstance(err, FileExistsError):
+            raise FileExistsError(key) from None
+        raise
+
+
 def _delete(fs, key: str, match: str | None) -> None:
     """Delete the object ``key`` only if it is still at version ``match`` (GCS ``ifGenerationMatch``, S3
     ``If-Match``); ``FileExistsError`` when it is not (another run rewrote it). Unconditional where the store has
@@ -428,12 +440,8 @@ def _delete(fs, key: str, match: str | None) -> None:
 
         fs.call("DELETE", f"{fs._location}/storage/v1/b/{bucket}/o/{quote(name, safe='')}", ifGenerationMatch=match)
     elif match is not None and protocol in ("s3", "s3a"):
-        try:
+        with _precondition_refused(key):
             fs.call_s3("delete_object", Bucket=bucket, Key=name, IfMatch=match)
-        except OSError as err:
-            if "pre-condition" in str(err) or "PreconditionFailed" in str(err) or isinstance(err, FileExistsError):
-                raise FileExistsError(key) from None
-            raise
     else:
         fs.rm_file(key)
     fs.invalidate_cache()
@@ -455,12 +463,8 @@ def _put(fs, key: str, data: bytes, create: bool = False, match: str | None = No
         return str(out.get("generation"))
     if protocol in ("s3", "s3a"):
         condition = {"IfNoneMatch": "*"} if create else {"IfMatch": match}
-        try:
+        with _precondition_refused(key):
             out = fs.call_s3("put_object", Bucket=bucket, Key=name, Body=data, **condition)
-        except OSError as err:
-            if "pre-condition" in str(err) or "PreconditionFailed" in str(err) or isinstance(err, FileExistsError):
-                raise FileExistsError(key) from None
-            raise
         return out.get("ETag")
     # another file system: no precondition to ask for; check, then write (no protection against a race)
     if create and fs.exists(key):
