@@ -271,3 +271,19 @@ def test_quick_runs_are_weighed_by_their_measured_quick_times():
     default = json.loads((reproduce.REFERENCE / "degradation" / "results.json").read_text())["seconds"]
     assert reproduce._expected_seconds("degradation", "default") == default
     assert reproduce._expected_seconds("degradation", "full") is None
+
+
+# Broken on purpose: _without_added without ADDED_SETTINGS -> the results written before pack_cells existed are run
+# again (None), and docs/report's degradation with them.
+def test_results_written_before_a_setting_existed_are_reused_where_it_holds_the_old_behaviour(tmp_path):
+    """``pack_cells='auto'`` (on CPUs: each cell alone, as before it existed) reuses results whose config lacks it;
+    another value of it, or a changed setting, runs them again."""
+    config = degradation.get_config("default")
+    written = common.to_jsonable(config)
+    del written["pack_cells"]  # as the committed report's results were written
+    folder = tmp_path / "degradation"
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps({"config": written, "metrics": {}, "seconds": 1.0}))
+    assert config.pack_cells == "auto" and reproduce._previous(folder, config) is not None
+    config.pack_cells = "true"
+    assert reproduce._previous(folder, config) is None
